@@ -1,0 +1,50 @@
+"""Events and windowed counters for training code, with ``torch.monitor``'s API and a
+non-blocking dispatcher: ``import monitor_bus as monitor``."""
+
+from __future__ import annotations
+
+from ._bus import EventBus as EventBus
+from ._default import aflush as aflush
+from ._default import flush as flush
+from ._default import get_default_bus as get_default_bus
+from ._default import log_event as log_event
+from ._default import register_event_handler as register_event_handler
+from ._default import unregister_event_handler as unregister_event_handler
+from ._event import Event as Event
+from ._event import data_value_t as data_value_t
+from ._handler import EventHandler as EventHandler
+from ._handler import EventHandlerHandle as EventHandlerHandle
+from ._stat import STAT_EVENT as STAT_EVENT
+from ._stat import Aggregation as Aggregation
+from ._stat import Stat as Stat
+from ._tensorboard_handler import TensorboardEventHandler as TensorboardEventHandler
+
+__all__ = [
+    "STAT_EVENT",
+    "Aggregation",
+    "Event",
+    "EventBus",
+    "EventHandler",
+    "EventHandlerHandle",
+    "Stat",
+    "TensorboardEventHandler",
+    "aflush",
+    "data_value_t",
+    "flush",
+    "get_default_bus",
+    "log_event",
+    "register_event_handler",
+    "unregister_event_handler",
+]
+
+# Public objects report the public module, so reprs and tracebacks show monitor_bus.X.
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("monitor_bus._"):
+        try:
+            _obj.__module__ = __name__
+        except (AttributeError, TypeError):
+            pass
+del _name, _obj
+
+__version__ = "0.1.0"

@@ -1,0 +1,692 @@
+"""The event bus: a bounded queue in front of a dispatcher thread.
+
+Guarantees
+----------
+- Ordering: each handler sees events in the order they were appended to the queue, so events
+  from one producing thread arrive in the order that thread logged them.
+- Blocking: ``log_event`` appends to a ``deque`` and returns. It takes no lock and makes no
+  cross-thread call unless the dispatcher is idle, when it schedules one wake-up. Only the
+  ``"block"`` overflow policy makes it wait, for at most ``block_timeout``; a thread of the bus
+  itself (a handler, the dispatcher) never waits there: it would be waiting on itself.
+- Threads: one daemon thread per bus runs an asyncio loop (anyio) with a blocking portal. Its
+  tasks drain the queue in batches, run the async handlers and close Stat windows on time.
+  Each sync handler runs on a daemon thread of its own, so a slow one delays nobody else.
+- Overflow: the queue and each handler's backlog hold at most ``capacity`` events; past that
+  the policy drops the newest or the oldest (counted per handler and in ``stats()``) or, for
+  ``"block"``, holds the producer back. Memory stays bounded by the capacity.
+- Fork: the child gets a fresh, stopped dispatcher, an empty queue and the same handlers; the
+  dispatcher starts again on the first event the child logs. Open Stat windows are left to the
+  parent.
+- Exit: at interpreter exit (``atexit``) and at the end of a ``multiprocessing`` child (its
+  finalizers), open Stat windows are logged and every bus is closed within its
+  ``exit_timeout``. Nothing starts a thread there.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import anyio
+from anyio.from_thread import BlockingPortal
+
+from ._event import Event
+from ._handler import EventHandler, EventHandlerHandle, _bus_threads, _Handler, in_bus_thread
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from ._stat import Stat
+
+logger = logging.getLogger("monitor_bus")
+
+Overflow = Literal["drop_newest", "drop_oldest", "block"]
+_OVERFLOWS = ("drop_newest", "drop_oldest", "block")
+_T = TypeVar("_T")
+
+# Drops are reported by a warning at most once per this many seconds.
+_DROP_WARNING_INTERVAL = 10.0
+# Wake a timer this long after a window's end, so the window is surely over by its clock.
+_TIMER_SLACK = 0.0005
+
+_all_buses: weakref.WeakSet[EventBus] = weakref.WeakSet()
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+class _TimedOut(Exception):
+    pass
+
+
+class EventBus:
+    """A bounded queue of events and the dispatcher that fans them out to handlers.
+
+    The module-level functions (``log_event``, ``register_event_handler``, ...) use a default
+    bus; make your own for isolation (tests, several trainers in one process). A bus starts
+    its thread when its first handler is registered and stops it in ``close()``.
+
+    Args:
+        capacity: most events held in the queue, and in each handler's backlog.
+        overflow: what ``log_event`` does when the queue is full: ``"drop_newest"`` (the
+            default), ``"drop_oldest"`` or ``"block"`` (wait up to ``block_timeout`` seconds,
+            then drop the newest).
+        block_timeout: seconds ``log_event`` may wait under ``"block"``; None waits as long
+            as it takes.
+        exit_timeout: seconds the bus may take at interpreter exit to deliver what is queued.
+        name: shown in thread names and ``repr``.
+
+    Raises:
+        TypeError, ValueError: an argument is invalid (the message names it).
+
+    Example:
+        >>> with EventBus() as bus:
+        ...     seen = []
+        ...     handle = bus.register_event_handler(seen.append)
+        ...     bus.log_event(Event("hello", datetime.now(), {"x": 1}))
+        ...     bus.flush()
+        ...     len(seen)
+        True
+        1
+    """
+
+    def __init__(
+        self,
+        capacity: int = 65536,
+        overflow: Overflow = "drop_newest",
+        block_timeout: float | None = None,
+        exit_timeout: float = 5.0,
+        *,
+        name: str = "bus",
+    ) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int):
+            raise TypeError(f"capacity must be an int, not {type(capacity).__name__}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        if overflow not in _OVERFLOWS:
+            raise ValueError(f"overflow must be one of {', '.join(_OVERFLOWS)}; got {overflow!r}")
+        _check_timeout("block_timeout", block_timeout)
+        _check_timeout("exit_timeout", exit_timeout, allow_none=False)
+        self._capacity = capacity
+        self._overflow = overflow
+        self._block_timeout = block_timeout
+        self._exit_timeout = exit_timeout
+        self._name = name
+        self._stat_groups: dict[float, weakref.WeakSet[Stat]] = {}
+        self._init_runtime()
+        _all_buses.add(self)
+
+    def _init_runtime(self) -> None:
+        """State that a forked child starts afresh."""
+        self._lock = threading.Lock()  # start, stop and registration changes
+        self._space = threading.Condition(threading.RLock())  # producers blocked on a full queue
+        self._queue: deque[Event] = deque()
+        self._handlers: tuple[_Handler, ...] = ()  # published snapshot; replaced, never mutated
+        self._idle = True  # True: the next log_event schedules a wake-up (or a start)
+        self._thread: threading.Thread | None = None
+        self._loop: Any = None
+        self._portal: BlockingPortal | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._wakeup: anyio.Event | None = None
+        self._timers_changed: anyio.Event | None = None
+        self._stopped: anyio.Event | None = None
+        self._stopping = False
+        self._closed = False
+        self._waiting_for_room = False
+        self._consumed = 0  # events taken off the queue by the dispatcher
+        self._dropped = 0  # events the queue turned away (no handler got them)
+        self._dropped_reported = 0
+        self._last_drop_warning = -math.inf
+        self._blocked = 0  # producers waiting for room
+        self._errors = 0
+        self._errors_lock = threading.Lock()
+        self._room: anyio.Event | None = None
+
+    # -- the caller's side --
+
+    def log_event(self, event: Event) -> None:
+        """Queue ``event`` for every registered handler and return at once.
+
+        A no-op when no handler is registered. Never raises because of a handler. Safe from
+        any thread, from a garbage-collection finalizer and from a signal handler.
+
+        Raises:
+            TypeError: ``event`` is not an ``Event``.
+        """
+        if event.__class__ is not Event and not isinstance(event, Event):
+            raise TypeError(f"event must be an Event, not {type(event).__name__}")
+        if not self._handlers:
+            return
+        queue = self._queue
+        if len(queue) < self._capacity:
+            queue.append(event)
+        else:
+            self._overflowed(event)
+        if self._idle:
+            self._wake()
+
+    def _log_nowait(self, event: Event) -> None:
+        """``log_event`` for the bus's own callers (Stat windows): never blocks."""
+        if not self._handlers:
+            return
+        if len(self._queue) < self._capacity:
+            self._queue.append(event)
+        else:
+            self._drop_one(event)
+        if self._idle:
+            self._wake()
+
+    def _overflowed(self, event: Event) -> None:
+        if self._overflow == "block" and not in_bus_thread():
+            with self._space:
+                self._blocked += 1
+                try:
+                    if self._space.wait_for(
+                        lambda: len(self._queue) < self._capacity or self._closed,
+                        self._block_timeout,
+                    ) and not self._closed:
+                        self._queue.append(event)
+                        return
+                finally:
+                    self._blocked -= 1
+        self._drop_one(event)
+
+    def _drop_one(self, event: Event) -> None:
+        with self._space:
+            if self._overflow == "drop_oldest":
+                try:
+                    self._queue.popleft()
+                except IndexError:
+                    pass
+                else:
+                    self._queue.append(event)
+            self._dropped += 1
+
+    def _wake(self) -> None:
+        self._idle = False
+        loop = self._loop
+        if loop is None:
+            # Only after a fork: the child's dispatcher starts on its first event. A finalizer
+            # or signal handler that lands while another start is under way leaves it be.
+            if self._lock.acquire(blocking=False):
+                try:
+                    if self._handlers and not self._closed:
+                        self._start_locked()
+                finally:
+                    self._lock.release()
+            return
+        try:
+            loop.call_soon_threadsafe(self._set_wakeup)
+        except RuntimeError:  # the loop has closed: the bus is shutting down
+            pass
+
+    def _set_wakeup(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    # -- registration --
+
+    def register_event_handler(self, callback: EventHandler, *, name: str | None = None) -> EventHandlerHandle:
+        """Deliver every event logged from now on to ``callback``.
+
+        ``callback`` may be a plain callable, run on a thread of its own, or an async one
+        (a coroutine function, or an object whose ``__call__`` is one), run on the bus's
+        event loop. It receives each event logged after this call returns, once, in order.
+        Safe to call from any thread, including from inside a handler.
+
+        Args:
+            callback: the handler.
+            name: shown in ``stats()``, logs and thread names; defaults to the callback's name.
+
+        Raises:
+            TypeError: ``callback`` is not callable.
+            RuntimeError: the bus is closed.
+        """
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, not {type(callback).__name__}")
+        if name is None:
+            name = getattr(callback, "__qualname__", None) or type(callback).__qualname__
+        elif not isinstance(name, str):
+            raise TypeError(f"name must be a str, not {type(name).__name__}")
+        handler = _Handler(self, callback, name)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self!r} is closed")
+            if self._loop is None:
+                self._start_locked()
+        if not handler.is_async:
+            handler.start_thread()
+        self._in_loop(self._publish_add, handler)
+        return EventHandlerHandle._new(handler)
+
+    def unregister_event_handler(self, handle: EventHandlerHandle, timeout: float | None = None) -> bool:
+        """Deliver to the handler everything logged before this call, then detach it.
+
+        Once this returns, no call of the handler starts. From inside a handler (its own
+        handle included) this does not wait: the handler still gets the events logged before
+        the call, then is detached. An already-removed handle is a no-op.
+
+        Args:
+            handle: what ``register_event_handler`` returned.
+            timeout: seconds to wait for delivery; None waits as long as it takes. Events
+                not delivered in time are counted as dropped for that handler.
+
+        Returns:
+            True if everything was delivered in time.
+
+        Raises:
+            TypeError: ``handle`` is not an ``EventHandlerHandle``.
+            ValueError: ``handle`` belongs to another bus.
+        """
+        if not isinstance(handle, EventHandlerHandle):
+            raise TypeError(f"handle must be an EventHandlerHandle, not {type(handle).__name__}")
+        handler = handle._handler
+        if handler.bus is not self:
+            raise ValueError("handle was returned by another bus")
+        _check_timeout("timeout", timeout)
+        if not handler.registered:
+            return True
+        deadline = _deadline(timeout)
+        try:
+            target = self._in_loop(self._publish_remove, handler, timeout=timeout)
+        except _TimedOut:
+            return False
+        if target is None:  # removed meanwhile by another caller
+            return True
+        if in_bus_thread():
+            handler.stop()
+            return True
+        done = handler.wait_settled(target, _remaining(deadline))
+        if not done:
+            handler.cut = True
+        handler.stop()
+        return done
+
+    # -- delivery control --
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every event logged before the call has reached every handler.
+
+        Returns:
+            True when done, False if ``timeout`` seconds passed first.
+
+        Raises:
+            RuntimeError: called from inside a handler (it would wait on itself).
+        """
+        _check_timeout("timeout", timeout)
+        if in_bus_thread():
+            raise RuntimeError("flush() cannot be called from inside an event handler")
+        if self._loop is None:
+            return not self._queue
+        deadline = _deadline(timeout)
+        try:
+            targets = self._in_loop(self._drain_targets, timeout=timeout)
+        except _TimedOut:
+            return False
+        return all(h.wait_settled(target, _remaining(deadline)) for h, target in targets)
+
+    async def aflush(self, timeout: float | None = None) -> bool:
+        """``flush`` for async callers: waits on a worker thread, not the caller's loop."""
+        _check_timeout("timeout", timeout)
+        if in_bus_thread():
+            raise RuntimeError("aflush() cannot be called from inside an event handler")
+        return await anyio.to_thread.run_sync(self.flush, timeout, abandon_on_cancel=True)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Deliver what is queued, detach every handler and stop the dispatcher thread.
+
+        Idempotent; later ``log_event`` calls are no-ops and registration raises.
+
+        Returns:
+            True if everything was delivered and every thread stopped within ``timeout``.
+        """
+        _check_timeout("timeout", timeout)
+        if in_bus_thread():
+            raise RuntimeError("close() cannot be called from inside an event handler")
+        deadline = _deadline(timeout)
+        with self._lock:
+            self._closed = True
+        with self._space:
+            self._space.notify_all()
+        try:
+            targets = self._in_loop(self._detach_all, timeout=timeout)
+        except _TimedOut:
+            return False
+        # The handlers settle concurrently: one stuck handler does not eat the others' time.
+        settled = [h.wait_settled(target, _remaining(deadline)) for h, target in targets]
+        for (handler, _), done in zip(targets, settled):
+            if not done:
+                handler.cut = True
+            handler.stop()
+        if self._queue and self._loop is None:
+            lost = len(self._queue)
+            self._queue.clear()
+            self._dropped += lost
+            logger.warning("%r closed with %d undelivered events (dispatcher not running)", self, lost)
+        return self._stop(deadline) and all(settled)
+
+    def _stop(self, deadline: float | None) -> bool:
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            if loop is None or thread is None:
+                return True
+            self._stopping = True
+            try:
+                loop.call_soon_threadsafe(self._set_stopped)
+            except RuntimeError:
+                pass
+            thread.join(_remaining(deadline))
+            if thread.is_alive():
+                return False
+            self._loop = self._thread = self._portal = None
+            return True
+
+    def _set_stopped(self) -> None:
+        assert self._stopped is not None
+        self._stopped.set()
+
+    def __enter__(self) -> EventBus:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> EventBus:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await anyio.to_thread.run_sync(self.close)
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+        return self._closed
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot of the bus's counters.
+
+        Keys: ``logged``, ``dropped`` (turned away by the full queue), ``queued``,
+        ``handler_errors``, ``handler_dropped`` (sum over handlers, queue drops included) and
+        ``handlers``: one mapping per registered handler with ``name``, ``async``, ``logged``
+        (events logged while it was registered), ``delivered``, ``errors``, ``dropped`` and
+        ``pending``. For each handler, ``logged == delivered + dropped + pending``.
+        """
+        queued = len(self._queue)
+        dropped = self._dropped
+        handlers = [h.snapshot(queued, dropped) for h in self._handlers]
+        return {
+            "logged": self._consumed + queued + dropped,
+            "dropped": dropped,
+            "queued": queued,
+            "handler_errors": self._errors,
+            "handler_dropped": sum(h["dropped"] for h in handlers),
+            "handlers": handlers,
+        }
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "running" if self._loop is not None else "idle"
+        return f"<EventBus {self._name!r} {state}, {len(self._handlers)} handlers>"
+
+    # -- the dispatcher thread --
+
+    def _start_locked(self) -> None:
+        """Start the dispatcher and wait until it runs (``self._lock`` held)."""
+        ready: Future[BlockingPortal] = Future()
+        thread = threading.Thread(
+            target=self._thread_main, args=(ready,), name=f"monitor_bus-{self._name}", daemon=True
+        )
+        thread.start()
+        self._portal = ready.result()  # re-raises a failure to start
+        self._thread = thread
+        self._stopping = False
+        for handler in self._handlers:  # after a fork: the handlers' runners are gone
+            if handler.is_async:
+                self._portal.call(self._start_async, handler)
+            else:
+                handler.start_thread()
+        if "multiprocessing" in sys.modules:
+            from ._default import _finalize_with_multiprocessing
+
+            _finalize_with_multiprocessing()
+
+    def _thread_main(self, ready: Future[BlockingPortal]) -> None:
+        _bus_threads.add(threading.get_ident())
+        try:
+            anyio.run(self._main, ready, backend="asyncio")
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            else:
+                logger.exception("%r: dispatcher stopped with an error", self)
+        finally:
+            _bus_threads.discard(threading.get_ident())
+
+    async def _main(self, ready: Future[BlockingPortal]) -> None:
+        import asyncio
+
+        self._wakeup = anyio.Event()
+        self._timers_changed = anyio.Event()
+        self._stopped = anyio.Event()
+        async with BlockingPortal() as portal, anyio.create_task_group() as tg:
+            self._task_group = tg
+            self._loop = asyncio.get_running_loop()
+            tg.start_soon(self._distribute)
+            tg.start_soon(self._run_timers)
+            ready.set_result(portal)
+            await self._stopped.wait()
+            self._drain(force=True)
+            for handler in self._handlers:
+                handler.stop()
+            tg.cancel_scope.cancel()
+        self._task_group = None
+
+    def _in_loop(self, func: Callable[..., _T], *args: Any, timeout: float | None = None) -> _T:
+        """Run ``func`` on the dispatcher's loop and return its result."""
+        if self._loop is None:
+            return func(*args)  # no dispatcher: nothing runs concurrently with us on it
+        if self._thread is threading.current_thread():
+            return func(*args)
+        assert self._portal is not None
+        future = self._portal.start_task_soon(func, *args)
+        try:
+            return future.result(timeout)
+        except FutureTimeout:
+            future.cancel()
+            raise _TimedOut from None
+
+    def _start_async(self, handler: _Handler) -> None:
+        assert self._task_group is not None
+        handler.running = True
+        self._task_group.start_soon(handler.run_async, name=f"monitor_bus-handler-{handler.name}")
+
+    def _publish_add(self, handler: _Handler) -> None:
+        self._drain(force=True)  # what is queued was logged before the registration returned
+        handler.bus_dropped_base = self._dropped
+        if handler.is_async and self._task_group is not None:
+            self._start_async(handler)
+        self._handlers = (*self._handlers, handler)
+
+    def _publish_remove(self, handler: _Handler) -> int | None:
+        if not handler.registered:
+            return None
+        self._drain(force=True)
+        handler.registered = False
+        handler.bus_dropped_end = self._dropped
+        self._handlers = tuple(h for h in self._handlers if h is not handler)
+        return handler.offered
+
+    def _detach_all(self) -> list[tuple[_Handler, int]]:
+        self._drain(force=True)
+        handlers, self._handlers = self._handlers, ()
+        for handler in handlers:
+            handler.registered = False
+            handler.bus_dropped_end = self._dropped
+        return [(h, h.offered) for h in handlers]
+
+    def _drain_targets(self) -> list[tuple[_Handler, int]]:
+        self._drain(force=True)
+        return [(h, h.offered) for h in self._handlers]
+
+    def _drain(self, *, force: bool = False) -> bool:
+        """Move queued events to the handlers' inboxes; False if ``block`` left some queued."""
+        queue = self._queue
+        n = len(queue)
+        if not n:
+            return True
+        handlers = self._handlers
+        overflow = self._overflow
+        if overflow == "block":
+            if not force and handlers:
+                n = min(n, min(self._capacity - h.backlog for h in handlers))
+            overflow = "force"  # room was made above, or a flush asks for everything
+        if n > 0:
+            pop = queue.popleft
+            batch = [pop() for _ in range(n)]
+            self._consumed += n
+            for handler in handlers:
+                handler.push(batch, self._capacity, overflow)
+            if self._blocked:
+                with self._space:
+                    self._space.notify_all()
+        return not queue
+
+    async def _distribute(self) -> None:
+        queue = self._queue
+        while True:
+            if not self._drain():
+                # "block": every handler's backlog is full; wait until one makes progress.
+                room = self._room = anyio.Event()
+                self._waiting_for_room = True
+                await room.wait()
+                continue
+            self._report_drops()
+            self._wakeup = anyio.Event()
+            self._idle = True
+            if queue:
+                self._idle = False
+                await anyio.lowlevel.checkpoint()
+                continue
+            await self._wakeup.wait()
+
+    def _handler_progressed(self) -> None:
+        """Called by a runner after a batch: wake the distributor if it waits for room."""
+        if self._waiting_for_room:
+            self._waiting_for_room = False
+            loop = self._loop
+            if loop is not None and self._room is not None:
+                try:
+                    loop.call_soon_threadsafe(self._room.set)
+                except RuntimeError:
+                    pass
+
+    def _count_error(self) -> None:
+        with self._errors_lock:
+            self._errors += 1
+
+    def _report_drops(self) -> None:
+        dropped = self._dropped
+        if dropped == self._dropped_reported:
+            return
+        now = time.monotonic()
+        if now - self._last_drop_warning < _DROP_WARNING_INTERVAL:
+            return
+        logger.warning(
+            "%r: queue full (capacity %d, policy %s): %d events dropped since the last report, "
+            "%d in all",
+            self,
+            self._capacity,
+            self._overflow,
+            dropped - self._dropped_reported,
+            dropped,
+        )
+        self._dropped_reported = dropped
+        self._last_drop_warning = now
+
+    # -- Stat windows on a timer --
+
+    def _watch_stat(self, stat: Stat) -> None:
+        window = stat._window
+        with self._lock:
+            group = self._stat_groups.get(window)
+            if group is None:
+                group = self._stat_groups[window] = weakref.WeakSet()
+                new = True
+            else:
+                new = False
+            group.add(stat)
+            loop = self._loop
+        if new and loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._timers_changed_set)
+            except RuntimeError:
+                pass
+
+    def _timers_changed_set(self) -> None:
+        assert self._timers_changed is not None
+        self._timers_changed.set()
+
+    async def _run_timers(self) -> None:
+        """Close every Stat window at its end, so a stalled producer still reports."""
+        next_end: dict[float, float] = {}
+        while True:
+            assert self._timers_changed is not None
+            self._timers_changed = anyio.Event()
+            now = anyio.current_time()
+            for window, group in list(self._stat_groups.items()):
+                end = next_end.get(window)
+                if end is None or now >= end:
+                    if end is not None:
+                        for stat in list(group):
+                            if stat._clock_due():
+                                stat._roll()
+                    next_end[window] = (math.floor(now / window) + 1) * window + _TIMER_SLACK
+            if not next_end:
+                await self._timers_changed.wait()
+                continue
+            delay = min(next_end.values()) - anyio.current_time()
+            with anyio.move_on_after(max(delay, 0.0)):
+                await self._timers_changed.wait()
+
+    # -- fork and exit --
+
+    def _after_fork_in_child(self) -> None:
+        handlers = self._handlers
+        self._init_runtime()
+        for handler in handlers:
+            handler.after_fork()
+        self._handlers = handlers
+
+    def _close_at_exit(self) -> None:
+        if self._loop is None and not self._queue:
+            self._closed = True
+            return
+        if not self.close(self._exit_timeout):
+            logger.warning("%r: not every event was delivered within exit_timeout=%gs", self, self._exit_timeout)
+
+
+def _check_timeout(name: str, value: float | None, *, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds{' or None' if allow_none else ''}, not {type(value).__name__}")
+    if not value >= 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+

@@ -1,0 +1,288 @@
+"""Registered handlers: each with its own inbox and its own runner.
+
+A sync handler runs on a dedicated daemon thread; an async handler runs as a task on the
+dispatcher's event loop. The dispatcher appends batches to a handler's inbox; the runner takes
+the whole inbox at once, calls the handler for each event, then records the batch as settled.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Union
+
+import anyio
+
+from ._event import Event
+
+if TYPE_CHECKING:
+    from ._bus import EventBus
+
+logger = logging.getLogger("monitor_bus")
+
+#: A handler: called with each event, from a thread or task of the bus, never the caller's.
+EventHandler = Union[Callable[[Event], None], Callable[[Event], Awaitable[None]]]
+
+# Identities of the threads that run handlers or the dispatcher: a blocking call made from one
+# of them could wait on itself.
+_bus_threads: set[int] = set()
+
+# A broken sink logs the same failure once per this many seconds, not once per event.
+_ERROR_LOG_INTERVAL = 10.0
+
+
+def in_bus_thread() -> bool:
+    """Whether the calling thread belongs to a bus (a handler or a dispatcher thread)."""
+    return threading.get_ident() in _bus_threads
+
+
+def is_async_callable(callback: object) -> bool:
+    if inspect.iscoroutinefunction(callback):
+        return True
+    call = getattr(type(callback), "__call__", None)  # noqa: B004 - the method, not callability
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+class EventHandlerHandle:
+    """What ``register_event_handler`` returns; pass it to ``unregister_event_handler``.
+
+    Handles cannot be constructed directly.
+    """
+
+    __slots__ = ("_handler",)
+
+    _handler: _Handler
+
+    def __init__(self) -> None:
+        raise TypeError("EventHandlerHandle cannot be constructed; register_event_handler returns one")
+
+    @classmethod
+    def _new(cls, handler: _Handler) -> EventHandlerHandle:
+        handle = object.__new__(cls)
+        handle._handler = handler
+        return handle
+
+    def __repr__(self) -> str:
+        state = "registered" if self._handler.registered else "unregistered"
+        return f"<EventHandlerHandle {self._handler.name!r} ({state})>"
+
+
+class _Handler:
+    """Bookkeeping and runner of one registered handler.
+
+    Counters: ``offered`` events were handed to it by the dispatcher; ``settled`` of them are
+    done with (``delivered`` to the callback, or ``dropped`` by the overflow policy).
+    ``offered - settled`` is its backlog plus the batch in flight.
+    """
+
+    def __init__(self, bus: EventBus, callback: EventHandler, name: str) -> None:
+        self.bus = bus
+        self.callback = callback
+        self.name = name
+        self.is_async = is_async_callable(callback)
+        self.registered = True
+        self._reset()
+
+    def _reset(self) -> None:
+        self.cv = threading.Condition(threading.Lock())
+        self.inbox: list[list[Event]] = []
+        self.backlog = 0
+        self.offered = 0
+        self.settled = 0
+        self.delivered = 0
+        self.dropped = 0
+        self.errors = 0
+        self.bus_dropped_base = 0
+        self.bus_dropped_end: int | None = None
+        self.stopping = False  # no more batches will come: exit once the inbox is empty
+        self.cut = False  # stop calling the callback; what is left counts as dropped
+        self.running = False
+        self.thread: threading.Thread | None = None
+        self.wakeup: anyio.Event | None = None
+        self._last_logged: dict[type[BaseException], float] = {}
+
+    def after_fork(self) -> None:
+        self._reset()
+
+    # -- called by the dispatcher, on its loop thread --
+
+    def push(self, batch: list[Event], capacity: int, overflow: str) -> None:
+        """Hand a batch over, applying the overflow policy to this handler's backlog."""
+        n = len(batch)
+        with self.cv:
+            self.offered += n
+            room = capacity - self.backlog
+            if n > room and overflow != "drop_oldest" and overflow != "force":
+                keep = max(room, 0)
+                lost = n - keep
+                self.dropped += lost
+                self.settled += lost
+                batch = batch[:keep]
+                n = keep
+            if n:
+                self.inbox.append(batch)
+                self.backlog += n
+            if overflow == "drop_oldest":
+                self._trim(capacity)
+            self.cv.notify_all()
+        if self.is_async and self.wakeup is not None:
+            self.wakeup.set()
+
+    def _trim(self, capacity: int) -> None:
+        inbox = self.inbox
+        while self.backlog > capacity:
+            excess = self.backlog - capacity
+            first = inbox[0]
+            if len(first) <= excess:
+                del inbox[0]
+                lost = len(first)
+            else:
+                inbox[0] = first[excess:]
+                lost = excess
+            self.backlog -= lost
+            self.dropped += lost
+            self.settled += lost
+
+    def stop(self) -> None:
+        """No more batches will come; the runner exits once it has settled its inbox."""
+        with self.cv:
+            self.stopping = True
+            self.cv.notify_all()
+        if self.is_async and self.wakeup is not None:
+            self.wakeup.set()
+
+    # -- waiting, from any thread --
+
+    def wait_settled(self, target: int, timeout: float | None) -> bool:
+        with self.cv:
+            return self.cv.wait_for(lambda: self.settled >= target or not self.running, timeout)
+
+    def pending(self) -> int:
+        return self.offered - self.settled
+
+    # -- runners --
+
+    def start_thread(self) -> None:
+        self.running = True
+        self.thread = threading.Thread(
+            target=self._run_sync, name=f"monitor_bus-handler-{self.name}", daemon=True
+        )
+        self.thread.start()
+
+    def _take(self) -> list[list[Event]] | None:
+        """Under ``cv``: the whole inbox, or None when stopping with nothing left."""
+        batches = self.inbox
+        if batches:
+            self.inbox = []
+            self.backlog = 0
+            return batches
+        return None
+
+    def _settle(self, delivered: int, skipped: int) -> None:
+        with self.cv:
+            self.delivered += delivered
+            self.dropped += skipped
+            self.settled += delivered + skipped
+            self.cv.notify_all()
+        self.bus._handler_progressed()
+
+    def _run_sync(self) -> None:
+        _bus_threads.add(threading.get_ident())
+        callback = self.callback
+        try:
+            while True:
+                with self.cv:
+                    while not self.inbox and not self.stopping:
+                        self.cv.wait()
+                    batches = self._take()
+                if batches is None:
+                    return
+                for batch in batches:
+                    done = 0
+                    for event in batch:
+                        if self.cut:
+                            break
+                        try:
+                            callback(event)
+                        except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
+                            self._failed(exc)
+                        done += 1
+                    self._settle(done, len(batch) - done)
+        finally:
+            self._exit()
+
+    async def run_async(self) -> None:
+        _bus_threads.add(threading.get_ident())
+        callback: Callable[[Event], Awaitable[Any]] = self.callback  # type: ignore[assignment]
+        cancelled = anyio.get_cancelled_exc_class()
+        try:
+            while True:
+                while not self.inbox and not self.stopping:
+                    self.wakeup = anyio.Event()
+                    await self.wakeup.wait()
+                with self.cv:
+                    batches = self._take()
+                if batches is None:
+                    return
+                for batch in batches:
+                    done = 0
+                    for event in batch:
+                        if self.cut:
+                            break
+                        try:
+                            await callback(event)
+                        except cancelled as exc:
+                            if self.bus._stopping:
+                                raise
+                            self._failed(exc)
+                        except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
+                            self._failed(exc)
+                        done += 1
+                    self._settle(done, len(batch) - done)
+        finally:
+            self._exit()
+
+    def _exit(self) -> None:
+        with self.cv:
+            self.running = False
+            # Whatever is still queued for it will never be delivered: count it.
+            lost = self.offered - self.settled
+            self.dropped += lost
+            self.settled += lost
+            self.inbox = []
+            self.backlog = 0
+            self.cv.notify_all()
+
+    def _failed(self, exc: BaseException) -> None:
+        self.errors += 1
+        self.bus._count_error()
+        now = time.monotonic()
+        kind = type(exc)
+        last = self._last_logged.get(kind)
+        if last is None or now - last >= _ERROR_LOG_INTERVAL:
+            self._last_logged[kind] = now
+            logger.error(
+                "event handler %r raised %s (error %d of this handler; the same error is logged "
+                "at most once per %g s)",
+                self.name,
+                kind.__name__,
+                self.errors,
+                _ERROR_LOG_INTERVAL,
+                exc_info=exc,
+            )
+
+    def snapshot(self, queued: int, bus_dropped: int) -> dict[str, Any]:
+        end = self.bus_dropped_end if self.bus_dropped_end is not None else bus_dropped
+        upstream = end - self.bus_dropped_base
+        return {
+            "name": self.name,
+            "async": self.is_async,
+            "logged": self.offered + upstream + (queued if self.registered else 0),
+            "delivered": self.delivered,
+            "errors": self.errors,
+            "dropped": self.dropped + upstream,
+            "pending": self.pending() + (queued if self.registered else 0),
+        }

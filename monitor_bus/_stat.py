@@ -1,0 +1,316 @@
+"""Windowed summary statistics, cheap to update from a hot loop.
+
+``Stat.add`` takes no lock: it reads the clock, appends the sample to a buffer and, every
+``_CHUNK`` samples, folds the buffer into the window's aggregates with C builtins under the
+Stat's lock. Folding takes samples from the front of the buffer (``buf[:n]`` then
+``del buf[:n]``, each atomic), so a sample appended by another thread while a fold or a close
+is running stays in the buffer for the next window instead of being lost.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import operator
+import threading
+import weakref
+from collections import deque
+from collections.abc import Iterable
+from datetime import datetime, timedelta, timezone
+from functools import reduce
+from itertools import chain
+from time import monotonic
+from typing import TYPE_CHECKING
+
+from ._event import Event
+
+if TYPE_CHECKING:
+    from ._bus import EventBus
+
+#: The name of the events a ``Stat`` logs when a window closes.
+STAT_EVENT = "torch.monitor.Stat"
+
+# Samples buffered before they are folded: bounds a window's memory whatever the add rate.
+_CHUNK = 4096
+
+# The window clock, a module attribute so tests can step time without sleeping.
+_clock = monotonic
+
+_live_stats: weakref.WeakSet[Stat] = weakref.WeakSet()
+
+
+class Aggregation(enum.Enum):
+    """What a ``Stat`` reports for each window."""
+
+    #: The last value added.
+    VALUE = 1
+    #: The arithmetic mean of the values added.
+    MEAN = 2
+    #: How many values were added (an ``int``).
+    COUNT = 3
+    #: The sum of the values added.
+    SUM = 4
+    #: The largest value added.
+    MAX = 5
+    #: The smallest value added.
+    MIN = 6
+
+
+class Stat:
+    """A windowed statistic: values added during a window are logged as one event.
+
+    When a window of ``window_size`` ends with at least one value in it, the Stat logs
+    ``Event(STAT_EVENT, now, {"<name>.<aggregation>": value, ...})`` with one key per
+    aggregation in lower case (``"step_time.mean"``). Windows are aligned to the monotonic
+    clock. A window closes on the first ``add`` after its end and, while the bus has handlers,
+    on a timer in the dispatcher, so a stalled loop still reports. The add that reaches
+    ``max_samples`` logs the window at once; later adds are discarded until the next window.
+
+    ``add`` is safe to call from many threads at once; no value is lost or counted twice.
+
+    Args:
+        name: prefix of the logged keys.
+        aggregations: the aggregations to report (at least one).
+        window_size: length of a window, at least one millisecond.
+        max_samples: values per window after which the window is logged early.
+        bus: the bus to log to; the default bus if omitted.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        ValueError: ``aggregations`` is empty, ``window_size`` is under a millisecond or
+            ``max_samples`` is below 1.
+
+    Example:
+        >>> from datetime import timedelta
+        >>> stat = Stat("step_time", [Aggregation.MEAN, Aggregation.MAX], timedelta(seconds=1))
+        >>> stat.add(0.25)
+        >>> stat.count
+        1
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_aggregations",
+        "_buf",
+        "_bus",
+        "_count",
+        "_end",
+        "_fold_at",
+        "_keys",
+        "_last",
+        "_lock",
+        "_max",
+        "_max_samples",
+        "_min",
+        "_name",
+        "_sum",
+        "_value",
+        "_want",
+        "_window",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        aggregations: Iterable[Aggregation],
+        window_size: timedelta,
+        max_samples: int = 2**63 - 1,
+        *,
+        bus: EventBus | None = None,
+    ) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, not {type(name).__name__}")
+        try:
+            aggs = list(dict.fromkeys(aggregations))
+        except TypeError:
+            raise TypeError(
+                f"aggregations must be an iterable of Aggregation, not {type(aggregations).__name__}"
+            ) from None
+        if not aggs:
+            raise ValueError("aggregations must name at least one Aggregation")
+        for agg in aggs:
+            if not isinstance(agg, Aggregation):
+                raise TypeError(f"aggregations must hold Aggregation members, not {agg!r}")
+        if not isinstance(window_size, timedelta):
+            raise TypeError(f"window_size must be a timedelta, not {type(window_size).__name__}")
+        if window_size < timedelta(milliseconds=1):
+            raise ValueError(f"window_size must be at least 1 millisecond, got {window_size!r}")
+        if isinstance(max_samples, bool) or not isinstance(max_samples, int):
+            raise TypeError(f"max_samples must be an int, not {type(max_samples).__name__}")
+        if max_samples < 1:
+            raise ValueError(f"max_samples must be at least 1, got {max_samples}")
+        if bus is None:
+            from ._default import get_default_bus
+
+            bus = get_default_bus()
+
+        self._name = name
+        self._aggregations = tuple(aggs)
+        self._keys = tuple(f"{name}.{agg.name.lower()}" for agg in aggs)
+        self._want = frozenset(aggs)
+        self._window = window_size.total_seconds()
+        self._max_samples = max_samples
+        self._bus = bus
+        self._lock = threading.Lock()
+        self._last: dict[Aggregation, float | int] = {}
+        self._buf: list[float] | deque[float] = []
+        self._open_window(_clock())
+        _live_stats.add(self)
+        bus._watch_stat(self)
+
+    @property
+    def name(self) -> str:
+        """The name given at construction."""
+        return self._name
+
+    @property
+    def count(self) -> int:
+        """How many values the open window holds (0 right after a window was logged)."""
+        if _clock() >= self._end:
+            self._roll()
+        return self._count + len(self._buf)
+
+    def add(self, v: float) -> None:
+        """Add a value to the open window. Thread-safe and lock-free unless a window closes.
+
+        Raises:
+            TypeError: ``v`` is not a real number.
+        """
+        if v.__class__ is not float:
+            v = _as_float(v)
+        if _clock() >= self._end:
+            self._roll()
+        buf = self._buf
+        buf.append(v)
+        if len(buf) >= self._fold_at:
+            self._fold()
+
+    def get(self) -> dict[Aggregation, float | int]:
+        """The aggregates of the last logged window (empty before the first)."""
+        if _clock() >= self._end:
+            self._roll()
+        with self._lock:
+            return dict(self._last)
+
+    def __repr__(self) -> str:
+        aggs = ", ".join(agg.name for agg in self._aggregations)
+        return f"Stat(name={self._name!r}, aggregations=[{aggs}], window={self._window}s)"
+
+    def __del__(self) -> None:
+        # Runs at arbitrary allocations; log_event never takes a lock on this path.
+        try:
+            self._close()
+        except Exception:  # noqa: S110 - a finalizer must not raise
+            pass
+
+    # -- window machinery, all under self._lock except the reads in add --
+
+    def _open_window(self, now: float) -> None:
+        window = self._window
+        self._end = (math.floor(now / window) + 1) * window
+        self._count = 0
+        self._sum = 0.0
+        self._max = self._min = self._value = math.nan
+        if self._buf.__class__ is deque:
+            self._buf = []
+        self._fold_at = min(_CHUNK, self._max_samples)
+
+    def _clock_due(self) -> bool:
+        return _clock() >= self._end
+
+    def _roll(self) -> None:
+        """Close the window if its time is up (called by ``add``, ``get`` and the timer)."""
+        with self._lock:
+            now = _clock()
+            if now >= self._end:
+                self._take()
+                self._emit()
+                self._open_window(now)
+
+    def _fold(self) -> None:
+        with self._lock:
+            self._take()
+            if self._count >= self._max_samples:
+                self._emit()
+                # Once full, adds go nowhere until the next window opens.
+                self._buf = deque(maxlen=0)
+            else:
+                self._fold_at = min(_CHUNK, self._max_samples - self._count)
+
+    def _close(self) -> None:
+        """Log the open window now (at exit and on collection) if it holds data."""
+        with self._lock:
+            self._take()
+            self._emit()
+            self._open_window(_clock())
+
+    def _take(self) -> None:
+        """Fold the buffered samples into the window's aggregates."""
+        buf = self._buf
+        n = len(buf)
+        if not n:
+            return
+        assert isinstance(buf, list)
+        chunk = buf[:n]
+        del buf[:n]
+        room = self._max_samples - self._count
+        if n > room:
+            chunk = chunk[:room]
+            n = room
+        want = self._want
+        first = self._count == 0
+        if Aggregation.SUM in want or Aggregation.MEAN in want:
+            self._sum = reduce(operator.add, chunk, self._sum)
+        if Aggregation.MAX in want:
+            self._max = max(chunk) if first else max(chain((self._max,), chunk))
+        if Aggregation.MIN in want:
+            self._min = min(chunk) if first else min(chain((self._min,), chunk))
+        self._value = chunk[-1]
+        self._count += n
+
+    def _emit(self) -> None:
+        count = self._count
+        if not count:
+            return
+        values: dict[Aggregation, float | int] = {
+            Aggregation.VALUE: self._value,
+            Aggregation.MEAN: self._sum / count,
+            Aggregation.COUNT: count,
+            Aggregation.SUM: self._sum,
+            Aggregation.MAX: self._max,
+            Aggregation.MIN: self._min,
+        }
+        last = {agg: values[agg] for agg in self._aggregations}
+        self._last = last
+        self._count = 0
+        event = Event.__new__(Event)
+        event.name = STAT_EVENT
+        event.timestamp = datetime.now(timezone.utc)
+        event.data = dict(zip(self._keys, last.values()))
+        self._bus._log_nowait(event)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent logs the windows it had open, so start empty."""
+        self._lock = threading.Lock()
+        self._buf = []
+        self._open_window(_clock())
+
+
+def _as_float(v: object) -> float:
+    if isinstance(v, (str, bytes, bytearray, complex)) or not hasattr(type(v), "__float__"):
+        raise TypeError(f"v must be a real number, not {type(v).__name__}")
+    try:
+        return float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(f"v must be a real number convertible to float: {exc}") from None
+
+
+def _close_all_windows() -> None:
+    """Log every Stat's open window (interpreter or worker-process exit)."""
+    for stat in list(_live_stats):
+        stat._close()
+
+
+def _after_fork_in_child() -> None:
+    for stat in list(_live_stats):
+        stat._after_fork()
