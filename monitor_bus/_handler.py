@@ -83,6 +83,9 @@ class _Handler:
         self.callback = callback
         self.name = name
         self.is_async = is_async_callable(callback)
+        # A sink that buffers writes exposes flush(); it runs after each delivered batch.
+        flush = getattr(callback, "flush", None)
+        self.batch_end: Callable[[], Any] | None = flush if callable(flush) else None
         self.registered = True
         self._reset()
 
@@ -210,6 +213,11 @@ class _Handler:
                         except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
                             self._failed(exc)
                         done += 1
+                    if batch is batches[-1] and self.batch_end is not None:
+                        try:
+                            self.batch_end()
+                        except BaseException as exc:  # noqa: BLE001
+                            self._failed(exc)
                     self._settle(done, len(batch) - done)
         finally:
             self._exit()
@@ -241,6 +249,15 @@ class _Handler:
                         except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
                             self._failed(exc)
                         done += 1
+                    if batch is batches[-1] and self.batch_end is not None:
+                        try:
+                            result = self.batch_end()
+                            if inspect.isawaitable(result):
+                                await result
+                        except cancelled:
+                            raise
+                        except BaseException as exc:  # noqa: BLE001
+                            self._failed(exc)
                     self._settle(done, len(batch) - done)
         finally:
             self._exit()
