@@ -240,7 +240,9 @@ class EventBus:
 
     # -- registration --
 
-    def register_event_handler(self, callback: EventHandler, *, name: str | None = None) -> EventHandlerHandle:
+    def register_event_handler(
+        self, callback: EventHandler, *, name: str | None = None
+    ) -> EventHandlerHandle:
         """Deliver every event logged from now on to ``callback``.
 
         ``callback`` may be a plain callable, run on a thread of its own, or an async one
@@ -248,21 +250,27 @@ class EventBus:
         event loop. It receives each event logged after this call returns, once, in order.
         Safe to call from any thread, including from inside a handler.
 
+        Handlers registered with an explicit ``name`` are keyed by it: registering another
+        handler under the same name replaces the first, which still gets every event logged
+        before the call. Re-running a notebook cell therefore does not double every event.
+
         Args:
             callback: the handler.
-            name: shown in ``stats()``, logs and thread names; defaults to the callback's name.
+            name: key and display name (``stats()``, logs, thread names); defaults to the
+                callback's qualified name, without keying.
 
         Raises:
-            TypeError: ``callback`` is not callable.
+            TypeError: ``callback`` is not callable, or ``name`` is not a str.
             RuntimeError: the bus is closed.
         """
         if not callable(callback):
             raise TypeError(f"callback must be callable, not {type(callback).__name__}")
+        keyed = name is not None
         if name is None:
             name = getattr(callback, "__qualname__", None) or type(callback).__qualname__
         elif not isinstance(name, str):
             raise TypeError(f"name must be a str, not {type(name).__name__}")
-        handler = _Handler(self, callback, name)
+        handler = _Handler(self, callback, name, keyed=keyed)
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"{self!r} is closed")
@@ -270,7 +278,12 @@ class EventBus:
                 self._start_locked()
         if not handler.is_async:
             handler.start_thread()
-        self._in_loop(self._publish_add, handler)
+        replaced = self._in_loop(self._publish_add, handler)
+        if replaced is not None:
+            old, target = replaced
+            if not in_bus_thread():
+                old.wait_settled(target, None)
+            old.stop()
         return EventHandlerHandle._new(handler)
 
     def unregister_event_handler(self, handle: EventHandlerHandle, timeout: float | None = None) -> bool:
@@ -517,29 +530,38 @@ class EventBus:
         handler.running = True
         self._task_group.start_soon(handler.run_async, name=f"monitor_bus-handler-{handler.name}")
 
-    def _publish_add(self, handler: _Handler) -> None:
+    def _publish_add(self, handler: _Handler) -> tuple[_Handler, int] | None:
+        """Add ``handler`` (replacing a keyed one of the same name); return what it replaced."""
         self._drain(force=True)  # what is queued was logged before the registration returned
+        replaced = None
+        if handler.keyed:
+            for old in self._handlers:
+                if old.keyed and old.name == handler.name:
+                    replaced = (old, self._retire(old))
         handler.bus_dropped_base = self._dropped
         if handler.is_async and self._task_group is not None:
             self._start_async(handler)
-        self._handlers = (*self._handlers, handler)
+        self._handlers = (*(h for h in self._handlers if h.registered), handler)
+        return replaced
+
+    def _retire(self, handler: _Handler) -> int:
+        """Mark ``handler`` unregistered (the caller republishes); return its delivery target."""
+        handler.registered = False
+        handler.bus_dropped_end = self._dropped
+        return handler.offered
 
     def _publish_remove(self, handler: _Handler) -> int | None:
         if not handler.registered:
             return None
         self._drain(force=True)
-        handler.registered = False
-        handler.bus_dropped_end = self._dropped
+        target = self._retire(handler)
         self._handlers = tuple(h for h in self._handlers if h is not handler)
-        return handler.offered
+        return target
 
     def _detach_all(self) -> list[tuple[_Handler, int]]:
         self._drain(force=True)
         handlers, self._handlers = self._handlers, ()
-        for handler in handlers:
-            handler.registered = False
-            handler.bus_dropped_end = self._dropped
-        return [(h, h.offered) for h in handlers]
+        return [(h, self._retire(h)) for h in handlers]
 
     def _drain_targets(self) -> list[tuple[_Handler, int]]:
         self._drain(force=True)

@@ -78,10 +78,11 @@ class _Handler:
     ``offered - settled`` is its backlog plus the batch in flight.
     """
 
-    def __init__(self, bus: EventBus, callback: EventHandler, name: str) -> None:
+    def __init__(self, bus: EventBus, callback: EventHandler, name: str, *, keyed: bool) -> None:
         self.bus = bus
         self.callback = callback
         self.name = name
+        self.keyed = keyed
         self.is_async = is_async_callable(callback)
         # A sink that buffers writes exposes flush(); it runs after each delivered batch.
         flush = getattr(callback, "flush", None)
