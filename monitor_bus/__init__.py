@@ -20,12 +20,12 @@ from ._stat import Stat as Stat
 from ._tensorboard_handler import TensorboardEventHandler as TensorboardEventHandler
 
 __all__ = [
-    "STAT_EVENT",
     "Aggregation",
     "Event",
     "EventBus",
     "EventHandler",
     "EventHandlerHandle",
+    "STAT_EVENT",
     "Stat",
     "TensorboardEventHandler",
     "aflush",

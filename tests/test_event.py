@@ -1,0 +1,89 @@
+"""Event construction, validation, copying, equality."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from datetime import datetime, timezone
+from enum import IntEnum
+
+import numpy as np
+import pytest
+
+from monitor_bus import Event
+
+TS = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+
+
+def test_fields_and_types_are_kept() -> None:
+    """str, int, float and bool values come back with their own types; a bool stays a bool."""
+    e = Event("n", TS, {"s": "x", "i": 3, "f": 1.5, "b": True})
+    assert (e.name, e.timestamp) == ("n", TS)
+    assert e.data == {"s": "x", "i": 3, "f": 1.5, "b": True}
+    assert [type(v) for v in e.data.values()] == [str, int, float, bool]
+
+
+def test_data_is_copied() -> None:
+    """The caller may reuse its dict after constructing the event."""
+    data = {"a": 1}
+    e = Event("n", TS, data)
+    data["a"] = 2
+    data["b"] = 3
+    assert e.data == {"a": 1}
+
+
+def test_numpy_scalars_are_converted() -> None:
+    """numpy ints become int, floats become float, bools stay bool."""
+    e = Event("n", TS, {"i": np.int64(7), "f": np.float32(0.5), "b": np.bool_(True)})
+    assert e.data == {"i": 7, "f": 0.5, "b": True}
+    assert [type(v) for v in e.data.values()] == [int, float, bool]
+
+
+def test_subclasses_are_normalized() -> None:
+    """IntEnum members and str subclasses are stored as plain int and str; mappings are accepted."""
+
+    class Color(IntEnum):
+        RED = 1
+
+    class Name(str):
+        pass
+
+    e = Event("n", TS, OrderedDict([(Name("k"), Color.RED)]))
+    assert e.data == {"k": 1}
+    assert type(next(iter(e.data))) is str
+    assert type(e.data["k"]) is int
+
+
+@pytest.mark.parametrize(
+    ("value", "type_name"),
+    [(None, "NoneType"), ([1], "list"), ({"x": 1}, "dict"), (b"x", "bytes"), (1j, "complex"), (np.zeros(2), "numpy.ndarray")],
+)
+def test_bad_value_names_the_key_and_type(value: object, type_name: str) -> None:
+    """A value that is not a plain scalar is a TypeError naming the key and the type."""
+    with pytest.raises(TypeError, match=rf"data\['bad'\] must be str, int, float or bool, not {type_name}"):
+        Event("n", TS, {"ok": 1, "bad": value})
+
+
+def test_bad_arguments() -> None:
+    """A non-str name, a non-datetime timestamp, a non-mapping data or a non-str key is a TypeError naming it."""
+    with pytest.raises(TypeError, match="name must be a str"):
+        Event(1, TS, {})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="timestamp must be a datetime"):
+        Event("n", 0, {})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="data must be a mapping"):
+        Event("n", TS, [("a", 1)])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="data keys must be str"):
+        Event("n", TS, {1: 1})  # type: ignore[dict-item]
+
+
+def test_equality_and_repr() -> None:
+    """Events compare by name, timestamp and data, and have a readable repr."""
+    a = Event("n", TS, {"x": 1})
+    assert a == Event("n", TS, {"x": 1})
+    assert a != Event("n", TS, {"x": 2})
+    assert a != Event("m", TS, {"x": 1})
+    assert a != Event("n", datetime(2026, 1, 1, tzinfo=timezone.utc), {"x": 1})
+    assert a != "n"
+    assert repr(a) == (
+        "Event(name='n', timestamp=datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc), "
+        "data={'x': 1})"
+    )
