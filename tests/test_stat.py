@@ -1,0 +1,256 @@
+"""Stat windows: aggregates, closing on add, on the timer and early at max_samples."""
+
+from __future__ import annotations
+
+import gc
+import math
+import threading
+from datetime import timedelta
+
+import pytest
+
+from monitor_bus import STAT_EVENT, Aggregation, EventBus, Stat, _stat
+
+from .conftest import Recorder
+
+ALL = list(Aggregation)
+LONG = timedelta(seconds=600)  # the real-time timer never fires within a test
+
+
+class StepClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> StepClock:
+    c = StepClock()
+    monkeypatch.setattr(_stat, "_clock", c)
+    return c
+
+
+def stat_events(recorder: Recorder) -> list[dict[str, object]]:
+    return [e.data for e in recorder.events if e.name == STAT_EVENT]
+
+
+def test_window_closes_on_add_after_its_end(bus: EventBus, recorder: Recorder, clock: StepClock) -> None:
+    """The first add after a window's end logs the window; the new value opens the next one."""
+    bus.register_event_handler(recorder)
+    stat = Stat("loss", ALL, timedelta(seconds=10), bus=bus)
+    for v in (3.0, 1.0, 2.0):
+        stat.add(v)
+    assert stat.count == 3
+    bus.flush()
+    assert stat_events(recorder) == []
+    clock.now = 1010.0  # the window [1000, 1010) is over
+    stat.add(7.0)
+    assert bus.flush()
+    assert stat_events(recorder) == [
+        {"loss.value": 2.0, "loss.mean": 2.0, "loss.count": 3, "loss.sum": 6.0, "loss.max": 3.0, "loss.min": 1.0}
+    ]
+    assert stat.get() == {
+        Aggregation.VALUE: 2.0,
+        Aggregation.MEAN: 2.0,
+        Aggregation.COUNT: 3,
+        Aggregation.SUM: 6.0,
+        Aggregation.MAX: 3.0,
+        Aggregation.MIN: 1.0,
+    }
+    assert type(stat.get()[Aggregation.COUNT]) is int
+    assert stat.count == 1
+
+
+def test_empty_window_logs_nothing(bus: EventBus, recorder: Recorder, clock: StepClock) -> None:
+    """A window without samples is not logged; get() keeps the last logged window."""
+    bus.register_event_handler(recorder)
+    stat = Stat("x", [Aggregation.SUM], timedelta(seconds=1), bus=bus)
+    stat.add(1)
+    clock.now += 1
+    assert stat.get() == {Aggregation.SUM: 1.0}
+    clock.now += 5
+    assert stat.get() == {Aggregation.SUM: 1.0}
+    assert stat.count == 0
+    bus.flush()
+    assert stat_events(recorder) == [{"x.sum": 1.0}]
+
+
+def test_get_is_empty_before_the_first_window(clock: StepClock) -> None:
+    """get() returns {} until a window was logged; count counts the open window."""
+    stat = Stat("x", [Aggregation.MEAN], LONG)
+    assert stat.get() == {}
+    stat.add(2)
+    assert (stat.get(), stat.count, stat.name) == ({}, 1, "x")
+
+
+def test_windows_are_aligned_to_the_clock(bus: EventBus, recorder: Recorder, clock: StepClock) -> None:
+    """Windows are [k*w, (k+1)*w) of the monotonic clock, as in torch."""
+    bus.register_event_handler(recorder)
+    clock.now = 1004.0
+    stat = Stat("x", [Aggregation.COUNT], timedelta(seconds=10), bus=bus)
+    stat.add(1)
+    clock.now = 1009.999
+    stat.add(1)
+    clock.now = 1010.0
+    stat.add(1)
+    bus.flush()
+    assert stat_events(recorder) == [{"x.count": 2}]
+
+
+def test_max_samples_logs_inside_the_add_and_discards_the_rest(
+    bus: EventBus, recorder: Recorder, clock: StepClock
+) -> None:
+    """The add that reaches max_samples logs the window; later adds wait for the next window."""
+    bus.register_event_handler(recorder)
+    stat = Stat("x", [Aggregation.COUNT, Aggregation.SUM], timedelta(seconds=10), max_samples=3, bus=bus)
+    for v in (1, 2, 3):
+        stat.add(v)
+    assert stat.count == 0
+    assert stat.get() == {Aggregation.COUNT: 3, Aggregation.SUM: 6.0}
+    for v in (100, 200):
+        stat.add(v)
+    assert stat.count == 0
+    clock.now += 10
+    stat.add(5)
+    assert stat.count == 1
+    clock.now += 10
+    stat.add(0)
+    bus.flush()
+    assert stat_events(recorder) == [{"x.count": 3, "x.sum": 6.0}, {"x.count": 1, "x.sum": 5.0}]
+
+
+def test_large_max_samples_across_folds(clock: StepClock) -> None:
+    """max_samples above the fold chunk still cuts the window at exactly max_samples."""
+    n = _stat._CHUNK * 2 + 17
+    stat = Stat("x", [Aggregation.COUNT, Aggregation.SUM], LONG, max_samples=n)
+    for _ in range(n + 500):
+        stat.add(1.0)
+    assert stat.get() == {Aggregation.COUNT: n, Aggregation.SUM: float(n)}
+    assert stat.count == 0
+
+
+def test_many_samples_fold_exactly(clock: StepClock) -> None:
+    """Folding every chunk gives the same aggregates as one pass over the values."""
+    values = [float((i * 7919) % 1000 - 500) for i in range(3 * _stat._CHUNK + 5)]
+    stat = Stat("x", ALL, LONG)
+    for v in values:
+        stat.add(v)
+    clock.now += 600
+    got = stat.get()
+    total = 0.0
+    for v in values:
+        total += v
+    assert got == {
+        Aggregation.VALUE: values[-1],
+        Aggregation.MEAN: total / len(values),
+        Aggregation.COUNT: len(values),
+        Aggregation.SUM: total,
+        Aggregation.MAX: max(values),
+        Aggregation.MIN: min(values),
+    }
+
+
+def test_nan_and_infinities(clock: StepClock) -> None:
+    """MAX/MIN follow add order with NaN (as torch's sequential compare); SUM follows IEEE."""
+    stat = Stat("x", [Aggregation.SUM, Aggregation.MAX, Aggregation.MIN], LONG)
+    for v in (1.0, math.nan, 3.0, -math.inf):
+        stat.add(v)
+    clock.now += 600
+    got = stat.get()
+    assert math.isnan(got[Aggregation.SUM])
+    assert got[Aggregation.MAX] == 3.0
+    assert got[Aggregation.MIN] == -math.inf
+
+
+def test_timer_closes_a_window_without_another_add(bus: EventBus, recorder: Recorder) -> None:
+    """A window with data is logged by the dispatcher's timer even if add is never called again."""
+    bus.register_event_handler(recorder)
+    stat = Stat("t", [Aggregation.SUM], timedelta(milliseconds=50), bus=bus)
+    stat.add(2)
+    stat.add(3)
+    assert recorder.wait_for(1)
+    assert stat_events(recorder) == [{"t.sum": 5.0}]
+    assert stat.count == 0
+
+
+def test_collected_stat_logs_its_open_window(bus: EventBus, recorder: Recorder) -> None:
+    """A Stat that is garbage collected logs the window it had open."""
+    bus.register_event_handler(recorder)
+    stat = Stat("gc", [Aggregation.COUNT], LONG, bus=bus)
+    stat.add(1)
+    del stat
+    gc.collect()
+    assert bus.flush()
+    assert stat_events(recorder) == [{"gc.count": 1}]
+
+
+def test_concurrent_adds_lose_nothing(bus: EventBus, recorder: Recorder) -> None:
+    """Eight threads adding at once: logged counts and sums plus the open window equal what was added."""
+    bus.register_event_handler(recorder)
+    stat = Stat("c", [Aggregation.COUNT, Aggregation.SUM], timedelta(milliseconds=5), bus=bus)
+    per_thread = 20_000
+    start = threading.Barrier(8)
+
+    def work() -> None:
+        start.wait()
+        for _ in range(per_thread):
+            stat.add(1.0)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stat._close()
+    assert bus.flush()
+    windows = stat_events(recorder)
+    assert sum(w["c.count"] for w in windows) == 8 * per_thread  # type: ignore[misc]
+    assert sum(w["c.sum"] for w in windows) == 8 * per_thread  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"aggregations": []}, ValueError, "aggregations must name at least one"),
+        ({"aggregations": [1]}, TypeError, "aggregations must hold Aggregation"),
+        ({"aggregations": 5}, TypeError, "aggregations must be an iterable"),
+        ({"window_size": 1.0}, TypeError, "window_size must be a timedelta"),
+        ({"window_size": timedelta(0)}, ValueError, "window_size must be at least 1 millisecond"),
+        ({"window_size": timedelta(seconds=-1)}, ValueError, "window_size must be at least 1 millisecond"),
+        ({"max_samples": 0}, ValueError, "max_samples must be at least 1"),
+        ({"max_samples": 1.5}, TypeError, "max_samples must be an int"),
+        ({"name": None}, TypeError, "name must be a str"),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, object], error: type[Exception], message: str) -> None:
+    """Bad constructor arguments raise a clear exception naming the argument."""
+    args: dict[str, object] = {"name": "x", "aggregations": [Aggregation.SUM], "window_size": LONG}
+    args.update(kwargs)
+    with pytest.raises(error, match=message):
+        Stat(**args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", ["1", None, b"1", 1j, [1]])
+def test_non_numeric_add_is_rejected_and_harmless(value: object, clock: StepClock) -> None:
+    """add of a non-number raises a TypeError naming v and leaves the window as it was."""
+    stat = Stat("x", [Aggregation.SUM, Aggregation.COUNT], LONG)
+    stat.add(2)
+    with pytest.raises(TypeError, match="v must be a real number"):
+        stat.add(value)  # type: ignore[arg-type]
+    clock.now += 600
+    assert stat.get() == {Aggregation.SUM: 2.0, Aggregation.COUNT: 1}
+
+
+def test_numpy_and_bool_values_are_added_as_floats(clock: StepClock) -> None:
+    """Anything with __float__ is accepted (numpy scalars, bools)."""
+    import numpy as np
+
+    stat = Stat("x", [Aggregation.SUM, Aggregation.VALUE], LONG)
+    stat.add(np.float32(1.5))
+    stat.add(True)
+    clock.now += 600
+    assert stat.get() == {Aggregation.SUM: 2.5, Aggregation.VALUE: 1.0}
