@@ -9,11 +9,14 @@ from ._default import flush as flush
 from ._default import get_default_bus as get_default_bus
 from ._default import log_event as log_event
 from ._default import register_event_handler as register_event_handler
+from ._default import subscribe as subscribe
 from ._default import unregister_event_handler as unregister_event_handler
 from ._event import Event as Event
 from ._event import data_value_t as data_value_t
 from ._handler import EventHandler as EventHandler
 from ._handler import EventHandlerHandle as EventHandlerHandle
+from ._jsonl import JsonlEventHandler as JsonlEventHandler
+from ._jsonl import read_jsonl as read_jsonl
 from ._stat import STAT_EVENT as STAT_EVENT
 from ._stat import Aggregation as Aggregation
 from ._stat import Stat as Stat
@@ -25,6 +28,7 @@ __all__ = [
     "EventBus",
     "EventHandler",
     "EventHandlerHandle",
+    "JsonlEventHandler",
     "STAT_EVENT",
     "Stat",
     "TensorboardEventHandler",
@@ -33,7 +37,9 @@ __all__ = [
     "flush",
     "get_default_bus",
     "log_event",
+    "read_jsonl",
     "register_event_handler",
+    "subscribe",
     "unregister_event_handler",
 ]
 

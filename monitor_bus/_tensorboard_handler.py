@@ -18,8 +18,14 @@ class ScalarWriter(Protocol):
 class TensorboardEventHandler:
     """Write every ``Stat`` window to TensorBoard as scalars.
 
-    Each ``STAT_EVENT`` becomes ``writer.add_scalar(key, value, walltime=...)`` per key, with
-    the event's timestamp as wall time; other events are ignored, as in ``torch.monitor``.
+    Each ``STAT_EVENT`` becomes ``writer.add_scalar(key, value, global_step=step,
+    walltime=...)`` per key, with the event's timestamp as wall time; other events are
+    ignored, as in ``torch.monitor``.
+
+    Steps: an event whose data holds an int under the key ``"step"`` gives that step to all
+    its other keys (``"step"`` itself is not written). Otherwise each tag counts its own
+    steps, 0, 1, 2, ..., so the n-th window of a Stat is drawn at x = n. (torch.monitor passes
+    no step, which puts every point of a series at step 0.) A bool is not a step.
 
     Args:
         writer: a ``SummaryWriter`` (``monitor_bus.tensorboard``, torch's or tensorboardX's).
@@ -34,11 +40,23 @@ class TensorboardEventHandler:
         if not callable(getattr(writer, "add_scalar", None)):
             raise TypeError(f"writer must have an add_scalar method, not {type(writer).__name__}")
         self._writer = writer
+        # Next step per tag; touched only by the handler's own thread.
+        self._steps: dict[str, int] = {}
 
     def __call__(self, event: Event) -> None:
         if event.name != STAT_EVENT:
             return
         walltime = event.timestamp.timestamp()
         add_scalar = self._writer.add_scalar
-        for key, value in event.data.items():
-            add_scalar(key, value, walltime=walltime)
+        data = event.data
+        step = data.get("step")
+        if step.__class__ is int:
+            for key, value in data.items():
+                if key != "step":
+                    add_scalar(key, value, global_step=step, walltime=walltime)
+            return
+        steps = self._steps
+        for key, value in data.items():
+            n = steps.get(key, 0)
+            steps[key] = n + 1
+            add_scalar(key, value, global_step=n, walltime=walltime)

@@ -1,0 +1,233 @@
+"""A JSON-lines file as a sink, and the reader that gives the events back.
+
+One line per event: ``{"name": ..., "timestamp": ..., "data": {...}}``, UTF-8.
+
+- ``timestamp`` is ISO 8601 with a UTC offset. An aware timestamp keeps its offset; a naive one
+  is taken as local time (``datetime.astimezone()``) and written with the local offset.
+  ``read_jsonl`` always returns aware timestamps, equal to the logged ones when those were
+  aware (``Stat`` windows are) and to ``logged.astimezone()`` when they were naive.
+- ``data`` values are JSON strings, integers, floats and ``true``/``false``; an ``int``
+  reads back as an ``int``, a ``float`` as a ``float`` (written with a ``.0`` or an
+  exponent), a ``bool`` as a ``bool``. JSON has no NaN or infinities, so a non-finite float
+  is written as the object ``{"$float": "NaN"}``, ``{"$float": "Infinity"}`` or
+  ``{"$float": "-Infinity"}``; no other value is ever an object, so this cannot be confused
+  with one, and every line stays standard JSON that any tool can parse.
+- Torn lines: a crash in the middle of a write leaves an incomplete last line. ``read_jsonl``
+  skips a line that is not valid JSON (or not UTF-8) with a warning naming the file and line;
+  a file in which no line at all is valid raises ``ValueError``. A handler that appends to
+  a file ending in a torn line first ends that line, so the new events start on a line of
+  their own (the torn line is then skipped wherever it is).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import warnings
+from collections.abc import Iterator
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ._event import Event
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_FLOAT_KEY = "$float"
+_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+
+
+class JsonlEventHandler:
+    """Append every event to a JSON-lines file, one line per event (format: module docs).
+
+    Events are encoded in ``__call__`` and written out together in ``flush()``, which the bus
+    calls after each delivered batch: once ``bus.flush()``, ``unregister_event_handler`` or
+    ``bus.close()`` returns, every event delivered so far is in the file (handed to the
+    operating system; not ``fsync``-ed). ``close()`` flushes and closes the file.
+
+    The file is opened for appending when the handler is made, so a bad path fails there and
+    what the file already holds is kept. ``flush()`` and ``close()`` are thread-safe.
+
+    Args:
+        path: the file to append to; its directory must exist.
+
+    Raises:
+        TypeError: ``path`` is not a str or path.
+        OSError: the file cannot be opened for appending (the message names it).
+
+    Example:
+        >>> import monitor_bus as monitor
+        >>> handler = monitor.JsonlEventHandler("run.jsonl")  # doctest: +SKIP
+        >>> monitor.register_event_handler(handler, name="jsonl")  # doctest: +SKIP
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or path, not {type(path).__name__}")
+        self._path = os.fspath(path)
+        self._lock = threading.Lock()
+        self._pending: list[str] = []
+        self._written = 0
+        self._file = open(self._path, "a+b")  # noqa: SIM115 - lives as long as the handler
+        try:
+            if self._file.seek(0, os.SEEK_END) > 0:
+                self._file.seek(-1, os.SEEK_END)
+                if self._file.read(1) != b"\n":
+                    self._file.write(b"\n")  # end a torn last line
+                    self._file.flush()
+        except BaseException:
+            self._file.close()
+            raise
+
+    @property
+    def path(self) -> str:
+        """The file written to."""
+        return self._path
+
+    @property
+    def written(self) -> int:
+        """How many events this handler has written to the file."""
+        return self._written
+
+    def __call__(self, event: Event) -> None:
+        line = _encode(
+            {
+                "name": event.name,
+                "timestamp": _timestamp(event.timestamp),
+                "data": {k: _value(v) for k, v in event.data.items()},
+            }
+        )
+        with self._lock:
+            if self._file.closed:
+                raise ValueError(f"JsonlEventHandler({self._path!r}) is closed")
+            self._pending.append(line)
+
+    def flush(self) -> None:
+        """Write the buffered events to the file in one write. A no-op once closed."""
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        pending = self._pending
+        if not pending or self._file.closed:
+            return
+        self._pending = []
+        pending.append("")
+        self._file.write("\n".join(pending).encode("utf-8"))
+        self._file.flush()
+        self._written += len(pending) - 1
+
+    def close(self) -> None:
+        """Write what is buffered and close the file. Idempotent."""
+        with self._lock:
+            if self._file.closed:
+                return
+            try:
+                self._flush_locked()
+            finally:
+                self._file.close()
+
+    def __enter__(self) -> JsonlEventHandler:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"JsonlEventHandler({self._path!r})"
+
+
+def _timestamp(ts: datetime) -> str:
+    if ts.utcoffset() is None:
+        ts = ts.astimezone()  # naive: local time
+    return ts.isoformat()
+
+
+def _value(v: Any) -> Any:
+    if v.__class__ is float and not math.isfinite(v):
+        return {_FLOAT_KEY: "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")}
+    return v
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[Event]:
+    """Read back the events a ``JsonlEventHandler`` wrote, in file order.
+
+    Lines that are not valid JSON, or not UTF-8 (a write torn by a crash), are skipped with
+    a ``UserWarning`` naming the file and line. Blank lines are ignored.
+
+    Args:
+        path: the JSON-lines file.
+
+    Returns:
+        The events, with aware timestamps and the values as logged (see the module docs).
+
+    Raises:
+        TypeError: ``path`` is not a str or path.
+        OSError: the file cannot be read (the message names it).
+        ValueError: a valid JSON line is not an event, or the file is not empty but holds no
+            valid line (the message names the file and, for a line, its number).
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or path, not {type(path).__name__}")
+    path = os.fspath(path)
+    events: list[Event] = []
+    torn = 0
+    with open(path, "rb") as f:
+        for lineno, raw in _lines(f):
+            try:
+                obj = json.loads(raw.decode("utf-8"))
+            except ValueError:  # JSONDecodeError and UnicodeDecodeError
+                torn += 1
+                warnings.warn(
+                    f"{path}, line {lineno}: skipped a line that is not valid JSON "
+                    "(a write torn by a crash?)",
+                    UserWarning,
+                    stacklevel=2,
+                )
+                continue
+            events.append(_event(obj, path, lineno))
+    if torn and not events:
+        raise ValueError(f"{path}: no line is a valid JSON event; not a monitor_bus JSONL file?")
+    return events
+
+
+def _lines(f: Any) -> Iterator[tuple[int, bytes]]:
+    for lineno, raw in enumerate(f, 1):
+        raw = raw.rstrip(b"\r\n")
+        if raw.strip():
+            yield lineno, raw
+
+
+def _event(obj: Any, path: str, lineno: int) -> Event:
+    where = f"{path}, line {lineno}"
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    name, stamp, data = obj.get("name"), obj.get("timestamp"), obj.get("data")
+    if not isinstance(name, str):
+        raise ValueError(f"{where}: 'name' must be a string")
+    if not isinstance(stamp, str):
+        raise ValueError(f"{where}: 'timestamp' must be a string")
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: 'data' must be an object")
+    try:
+        timestamp = datetime.fromisoformat(stamp)
+    except ValueError:
+        raise ValueError(f"{where}: 'timestamp' is not ISO 8601: {stamp!r}") from None
+    if timestamp.utcoffset() is None:
+        raise ValueError(f"{where}: 'timestamp' has no UTC offset: {stamp!r}")
+    values = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            special = value.get(_FLOAT_KEY) if len(value) == 1 else None
+            if not isinstance(special, str) or special not in _NONFINITE:
+                raise ValueError(f"{where}: data[{key!r}] is not a value: {value!r}")
+            value = _NONFINITE[special]
+        elif not isinstance(value, (str, int, float)):  # bool is an int
+            raise ValueError(f"{where}: data[{key!r}] is not a value: {value!r}")
+        values[key] = value
+    return Event(name, timestamp, values)

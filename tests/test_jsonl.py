@@ -1,0 +1,259 @@
+"""JsonlEventHandler and read_jsonl: the line format, batching, round trips and torn lines."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import monitor_bus
+from monitor_bus import STAT_EVENT, Aggregation, Event, JsonlEventHandler, Stat, read_jsonl
+
+UTC = timezone.utc
+T0 = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text("utf-8").splitlines()]
+
+
+def test_line_format(tmp_path: Path) -> None:
+    """Each event is one line: name, ISO 8601 timestamp with offset, data; non-finite floats as {"$float": ...}."""
+    path = tmp_path / "run.jsonl"
+    with JsonlEventHandler(path) as handler:
+        handler(Event("a", T0, {"i": 3, "f": 1.0, "b": True, "s": "x", "nan": math.nan}))
+        handler(Event("b", T0, {"inf": math.inf, "ninf": -math.inf}))
+    text = path.read_text("utf-8")
+    assert text == (
+        '{"name":"a","timestamp":"2026-03-01T12:00:00.123456+00:00","data":'
+        '{"i":3,"f":1.0,"b":true,"s":"x","nan":{"$float":"NaN"}}}\n'
+        '{"name":"b","timestamp":"2026-03-01T12:00:00.123456+00:00","data":'
+        '{"inf":{"$float":"Infinity"},"ninf":{"$float":"-Infinity"}}}\n'
+    )
+    # Standard JSON: a strict parser (no NaN/Infinity tokens) reads every line.
+    for line in text.splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard token {c}"))
+
+
+def test_round_trip_types_unicode_and_non_finite(tmp_path: Path) -> None:
+    """read_jsonl gives back equal events: unicode names, ints, floats, bools, strings, infinities; NaN stays NaN."""
+    tz = timezone(timedelta(hours=-5, minutes=-30))
+    logged = [
+        Event("训练.损失 🚀", T0, {"ключ": "значение ✓", "n": 2**70, "zero": 0.0, "t": True, "f": False}),
+        Event("inf", T0.astimezone(tz), {"pos": math.inf, "neg": -math.inf, "small": 5e-324}),
+        Event("empty", T0, {}),
+    ]
+    path = tmp_path / "run.jsonl"
+    with JsonlEventHandler(path) as handler:
+        for event in logged:
+            handler(event)
+        handler(Event("nan", T0, {"x": math.nan}))
+    back = read_jsonl(path)
+    assert back[:3] == logged
+    assert [type(v) for v in back[0].data.values()] == [str, int, float, bool, bool]
+    assert back[1].timestamp.utcoffset() == timedelta(hours=-5, minutes=-30)
+    assert back[3].name == "nan"
+    assert list(back[3].data) == ["x"]
+    assert math.isnan(back[3].data["x"])
+
+
+def test_naive_timestamps_read_back_as_local_time(tmp_path: Path) -> None:
+    """A naive timestamp is written as local time with its offset and reads back as that aware time."""
+    naive = datetime(2026, 7, 4, 9, 30, 15, 250)
+    path = tmp_path / "run.jsonl"
+    with JsonlEventHandler(path) as handler:
+        handler(Event("x", naive, {}))
+    (event,) = read_jsonl(path)
+    assert event.timestamp.utcoffset() is not None
+    assert event.timestamp == naive.astimezone()
+    assert event.timestamp.replace(tzinfo=None) == naive
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.text(min_size=0, max_size=20),
+    data=st.dictionaries(
+        st.text(max_size=10),
+        st.one_of(
+            st.integers(),
+            st.floats(allow_nan=False),
+            st.booleans(),
+            st.text(max_size=20),
+        ),
+        max_size=6,
+    ),
+    micros=st.integers(0, 10**12),
+)
+def test_round_trip_property(tmp_path_factory: pytest.TempPathFactory, name: str, data: dict[str, Any], micros: int) -> None:
+    """Any event with aware timestamp and plain data (NaN aside) reads back equal, value types included."""
+    path = tmp_path_factory.mktemp("rt") / "run.jsonl"
+    event = Event(name, T0 + timedelta(microseconds=micros), data)
+    with JsonlEventHandler(path) as handler:
+        handler(event)
+    (back,) = read_jsonl(path)
+    assert back == event
+    assert [type(v) for v in back.data.values()] == [type(v) for v in event.data.values()]
+
+
+def test_writes_happen_at_flush(tmp_path: Path) -> None:
+    """__call__ only buffers; flush() writes the batch out."""
+    path = tmp_path / "run.jsonl"
+    handler = JsonlEventHandler(path)
+    handler(Event("a", T0, {"x": 1}))
+    handler(Event("b", T0, {"x": 2}))
+    assert path.read_bytes() == b""
+    assert handler.written == 0
+    handler.flush()
+    assert [d["name"] for d in lines(path)] == ["a", "b"]
+    assert handler.written == 2
+    handler.close()
+
+
+def test_on_a_bus_everything_is_on_disk_after_flush(bus: monitor_bus.EventBus, tmp_path: Path) -> None:
+    """After bus.flush(), every logged event is in the file, Stat windows included, in order."""
+    path = tmp_path / "run.jsonl"
+    handler = JsonlEventHandler(path)
+    bus.register_event_handler(handler, name="jsonl")
+    logged = [Event("step", T0 + timedelta(seconds=i), {"i": i}) for i in range(500)]
+    for event in logged:
+        bus.log_event(event)
+    stat = Stat("lat", [Aggregation.MAX], timedelta(hours=1), max_samples=2, bus=bus)
+    stat.add(1.0)
+    stat.add(4.0)  # the window is full: it is logged now
+    assert bus.flush(timeout=10)
+    back = read_jsonl(path)
+    assert back[:500] == logged
+    assert [(e.name, e.data) for e in back[500:]] == [(STAT_EVENT, {"lat.max": 4.0})]
+    assert back[500].timestamp.tzinfo is not None
+    assert bus.stats()["handlers"][0]["delivered"] == 501
+    handler.close()
+
+
+def test_unregister_writes_the_rest(bus: monitor_bus.EventBus, tmp_path: Path) -> None:
+    """unregister_event_handler returns only once the handler has written what was logged before it."""
+    path = tmp_path / "run.jsonl"
+    handler = JsonlEventHandler(path)
+    handle = bus.register_event_handler(handler)
+    for i in range(100):
+        bus.log_event(Event("e", T0, {"i": i}))
+    assert bus.unregister_event_handler(handle, timeout=10)
+    assert [e.data["i"] for e in read_jsonl(path)] == list(range(100))
+    handler.close()
+
+
+def test_appends_and_keeps_existing_lines(tmp_path: Path) -> None:
+    """A second handler on the same file appends after what is there."""
+    path = tmp_path / "run.jsonl"
+    for i in range(2):
+        with JsonlEventHandler(path) as handler:
+            handler(Event("run", T0, {"i": i}))
+    assert [e.data for e in read_jsonl(path)] == [{"i": 0}, {"i": 1}]
+
+
+def test_torn_last_line_is_skipped_with_a_warning(tmp_path: Path) -> None:
+    """A last line cut mid-write (even mid UTF-8 character) is skipped with a warning naming it."""
+    path = tmp_path / "run.jsonl"
+    with JsonlEventHandler(path) as handler:
+        handler(Event("kept", T0, {"x": 1}))
+        handler(Event("torn ✓", T0, {"x": 2}))
+    data = path.read_bytes()
+    cut = data.index("✓".encode()) + 1  # inside the 3-byte character
+    path.write_bytes(data[:cut])
+    with pytest.warns(UserWarning, match=r"run\.jsonl, line 2: skipped a line that is not valid JSON"):
+        back = read_jsonl(path)
+    assert back == [Event("kept", T0, {"x": 1})]
+
+
+def test_appending_after_a_torn_line_starts_a_new_line(tmp_path: Path) -> None:
+    """Appending to a file that ends in a torn line keeps the new events readable."""
+    path = tmp_path / "run.jsonl"
+    path.write_bytes(b'{"name":"old","timestamp":"2026-03-01T12:00:00+00:00","data":{}}\n{"name":"cr')
+    with JsonlEventHandler(path) as handler:
+        handler(Event("new", T0, {"x": 1}))
+    with pytest.warns(UserWarning, match="line 2"):
+        back = read_jsonl(path)
+    assert [e.name for e in back] == ["old", "new"]
+
+
+def test_not_jsonl_at_all_raises(tmp_path: Path) -> None:
+    """A file with no valid line is a ValueError naming it, not a list of warnings and nothing."""
+    path = tmp_path / "picture.png"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe")
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match=r"picture\.png: no line is a valid JSON event"):
+        read_jsonl(path)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("[1, 2]", "expected a JSON object"),
+        ('{"name": 1, "timestamp": "2026-01-01T00:00:00+00:00", "data": {}}', "'name' must be a string"),
+        ('{"name": "a", "timestamp": "yesterday", "data": {}}', "not ISO 8601"),
+        ('{"name": "a", "timestamp": "2026-01-01T00:00:00", "data": {}}', "no UTC offset"),
+        ('{"name": "a", "timestamp": "2026-01-01T00:00:00+00:00", "data": []}', "'data' must be an object"),
+        ('{"name": "a", "timestamp": "2026-01-01T00:00:00+00:00", "data": {"k": [1]}}', "data\\['k'\\]"),
+        ('{"name": "a", "timestamp": "2026-01-01T00:00:00+00:00", "data": {"k": {"$float": "big"}}}', "data\\['k'\\]"),
+        ('{"name": "a", "timestamp": "2026-01-01T00:00:00+00:00", "data": {"k": null}}', "data\\['k'\\]"),
+    ],
+)
+def test_valid_json_that_is_not_an_event_raises(tmp_path: Path, line: str, message: str) -> None:
+    """A JSON line that is not an event is a ValueError naming the file, line and problem."""
+    path = tmp_path / "run.jsonl"
+    path.write_text('{"name":"ok","timestamp":"2026-01-01T00:00:00+00:00","data":{}}\n' + line + "\n")
+    with pytest.raises(ValueError, match=rf"run\.jsonl, line 2: .*{message}"):
+        read_jsonl(path)
+
+
+def test_bad_paths(tmp_path: Path) -> None:
+    """Bad paths raise at once: TypeError for a non-path, OSError naming a directory or a missing file."""
+    with pytest.raises(TypeError, match="path must be"):
+        JsonlEventHandler(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="path must be"):
+        read_jsonl(None)  # type: ignore[arg-type]
+    with pytest.raises(IsADirectoryError) as info:
+        JsonlEventHandler(tmp_path)
+    assert info.value.filename == str(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        read_jsonl(tmp_path / "missing.jsonl")
+    with pytest.raises(IsADirectoryError):
+        read_jsonl(tmp_path)
+
+
+def test_closed_handler_raises_and_close_is_idempotent(tmp_path: Path) -> None:
+    """After close(), a call raises ValueError (counted by the bus as a handler error); flush/close are no-ops."""
+    path = tmp_path / "run.jsonl"
+    handler = JsonlEventHandler(path)
+    handler(Event("a", T0, {}))
+    handler.close()
+    handler.close()
+    handler.flush()
+    with pytest.raises(ValueError, match="closed"):
+        handler(Event("b", T0, {}))
+    assert [e.name for e in read_jsonl(path)] == ["a"]
+
+
+def test_flush_is_safe_from_another_thread(tmp_path: Path) -> None:
+    """flush() from another thread while events are added loses and duplicates nothing."""
+    path = tmp_path / "run.jsonl"
+    handler = JsonlEventHandler(path)
+    done = threading.Event()
+
+    def flusher() -> None:
+        while not done.is_set():
+            handler.flush()
+
+    thread = threading.Thread(target=flusher)
+    thread.start()
+    for i in range(5000):
+        handler(Event("e", T0, {"i": i}))
+    done.set()
+    thread.join()
+    handler.close()
+    assert [e.data["i"] for e in read_jsonl(path)] == list(range(5000))

@@ -1,0 +1,236 @@
+"""TensorBoard: our torch-free SummaryWriter, and TensorboardEventHandler with ours, torch's
+and tensorboardX's writers, all read back with tensorboard's own EventAccumulator."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import struct
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+import monitor_bus
+from monitor_bus import STAT_EVENT, Event, TensorboardEventHandler
+from monitor_bus.tensorboard import SummaryWriter
+
+from .conftest import require
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+
+
+def f32(v: float) -> float:
+    """What a float becomes in a ``simple_value`` (a 32-bit float)."""
+    return struct.unpack("f", struct.pack("f", v))[0]
+
+
+def load(log_dir: Path) -> EventAccumulator:
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def scalars(acc: EventAccumulator, tag: str) -> list[tuple[int, float, float]]:
+    return [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)]
+
+
+class FakeWriter:
+    """Records add_scalar calls as (tag, value, global_step, walltime)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any, Any, Any]] = []
+
+    def add_scalar(self, tag: str, scalar_value: Any, global_step: Any = None, walltime: Any = None) -> None:
+        self.calls.append((tag, scalar_value, global_step, walltime))
+
+
+def stat_event(seconds: float, data: dict[str, Any]) -> Event:
+    return Event(STAT_EVENT, T0 + timedelta(seconds=seconds), data)
+
+
+# -- our SummaryWriter --
+
+
+def test_writer_scalars_read_back_exactly(tmp_path: Path) -> None:
+    """add_scalar's tags, steps, wall times and (32-bit) values come back from EventAccumulator."""
+    values = [0.1, -2.5, 1e-7, 123456.789, math.inf]
+    with SummaryWriter(tmp_path) as writer:
+        for i, v in enumerate(values):
+            writer.add_scalar("loss/train", v, global_step=10 * i, walltime=1000.0 + i)
+        writer.add_scalar("lr", 3, walltime=2000.5)
+    acc = load(tmp_path)
+    assert sorted(acc.Tags()["scalars"]) == ["loss/train", "lr"]
+    assert scalars(acc, "loss/train") == [(10 * i, 1000.0 + i, f32(v)) for i, v in enumerate(values)]
+    assert scalars(acc, "lr") == [(0, 2000.5, 3.0)]
+
+
+def test_writer_new_style_double_precision_keeps_all_bits(tmp_path: Path) -> None:
+    """new_style=True, double_precision=True stores a 64-bit tensor of the scalars plugin."""
+    with SummaryWriter(tmp_path) as writer:
+        writer.add_scalar("x", 0.1, global_step=4, new_style=True, double_precision=True)
+    acc = load(tmp_path)
+    assert acc.Tags()["tensors"] == ["x"]
+    (event,) = acc.Tensors("x")
+    assert (event.step, list(event.tensor_proto.double_val)) == (4, [0.1])
+    assert acc.SummaryMetadata("x").plugin_data.plugin_name == "scalars"
+
+
+def test_writer_add_scalars_uses_torch_layout(tmp_path: Path) -> None:
+    """add_scalars writes one run per key, <main_tag>_<key>, each holding the main tag."""
+    with SummaryWriter(tmp_path) as writer:
+        writer.add_scalars("loss/all", {"train": 0.5, "val": 0.75}, global_step=2, walltime=7.0)
+        writer.add_scalars("loss/all", {"train": 0.25}, global_step=3, walltime=8.0)
+    mux = EventMultiplexer().AddRunsFromDirectory(str(tmp_path))
+    mux.Reload()
+    assert sorted(mux.Runs()) == [".", "loss_all_train", "loss_all_val"]
+    assert [(e.step, e.value) for e in mux.Scalars("loss_all_train", "loss/all")] == [(2, 0.5), (3, 0.25)]
+    assert [(e.step, e.value) for e in mux.Scalars("loss_all_val", "loss/all")] == [(2, 0.75)]
+
+
+def test_writer_accepts_numpy_scalars(tmp_path: Path) -> None:
+    """numpy scalars work as values and steps."""
+    import numpy as np
+    with SummaryWriter(tmp_path) as writer:
+        writer.add_scalar("x", np.float32(0.5), global_step=np.int64(7), walltime=1.0)
+    assert scalars(load(tmp_path), "x") == [(7, 1.0, 0.5)]
+
+
+def test_writer_rejects_bad_input(tmp_path: Path) -> None:
+    """Bad tags, values and steps raise TypeError naming the argument; nothing is written."""
+    with SummaryWriter(tmp_path) as writer:
+        with pytest.raises(TypeError, match="tag"):
+            writer.add_scalar(1, 0.5)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="scalar_value"):
+            writer.add_scalar("x", "high")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="global_step"):
+            writer.add_scalar("x", 0.5, global_step=1.5)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="tag_scalar_dict"):
+            writer.add_scalars("x", [1.0])  # type: ignore[arg-type]
+        writer.add_scalar("ok", 1.0, global_step=1)
+    acc = load(tmp_path)
+    assert acc.Tags()["scalars"] == ["ok"]
+
+
+def test_writer_closed_raises_and_close_is_idempotent(tmp_path: Path) -> None:
+    """After close(), add_scalar raises RuntimeError; close() and flush() stay no-ops."""
+    writer = SummaryWriter(tmp_path)
+    writer.add_scalar("x", 1.0, global_step=0)
+    writer.close()
+    writer.close()
+    writer.flush()
+    with pytest.raises(RuntimeError, match="closed"):
+        writer.add_scalar("x", 2.0)
+    assert [v for _, _, v in scalars(load(tmp_path), "x")] == [1.0]
+
+
+def test_writer_log_dir_that_cannot_be_made(tmp_path: Path) -> None:
+    """A log_dir under a regular file raises OSError naming the directory."""
+    blocker = tmp_path / "file"
+    blocker.write_text("keep me")
+    with pytest.raises(OSError, match="cannot create log_dir") as info:
+        SummaryWriter(blocker / "run")
+    assert info.value.filename == str(blocker / "run")
+    assert blocker.read_text() == "keep me"
+
+
+def test_import_monitor_bus_does_not_import_tensorboard() -> None:
+    """`import monitor_bus` leaves tensorboard (and numpy) unimported."""
+    code = "import sys, monitor_bus; print('tensorboard' in sys.modules, 'numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+# -- TensorboardEventHandler --
+
+
+def test_handler_counts_steps_per_tag() -> None:
+    """Without a step, each tag gets its own counter 0, 1, 2, ... and the event time as wall time."""
+    writer = FakeWriter()
+    handler = TensorboardEventHandler(writer)
+    handler(stat_event(0, {"a.mean": 1.0, "b.max": 2.0}))
+    handler(stat_event(1, {"a.mean": 3.0}))
+    handler(stat_event(2, {"a.mean": 4.0, "b.max": 5.0}))
+    t = T0.timestamp()
+    assert writer.calls == [
+        ("a.mean", 1.0, 0, t),
+        ("b.max", 2.0, 0, t),
+        ("a.mean", 3.0, 1, t + 1),
+        ("a.mean", 4.0, 2, t + 2),
+        ("b.max", 5.0, 1, t + 2),
+    ]
+
+
+def test_handler_uses_the_events_step() -> None:
+    """An int under "step" is the global step of the event's other keys and is not written."""
+    writer = FakeWriter()
+    handler = TensorboardEventHandler(writer)
+    handler(stat_event(0, {"step": 40, "loss.value": 0.5}))
+    handler(stat_event(1, {"step": True, "loss.value": 0.25}))  # a bool is not a step
+    t = T0.timestamp()
+    assert writer.calls == [
+        ("loss.value", 0.5, 40, t),
+        ("step", True, 0, t + 1),
+        ("loss.value", 0.25, 0, t + 1),
+    ]
+
+
+def test_handler_ignores_other_events() -> None:
+    """Only STAT_EVENT events are written, as in torch.monitor."""
+    writer = FakeWriter()
+    TensorboardEventHandler(writer)(Event("train.epoch", T0, {"loss": 1.0}))
+    assert writer.calls == []
+
+
+def test_handler_rejects_a_writer_without_add_scalar() -> None:
+    """A writer without add_scalar is a TypeError naming the writer."""
+    with pytest.raises(TypeError, match="writer must have an add_scalar"):
+        TensorboardEventHandler(object())  # type: ignore[arg-type]
+
+
+WINDOWS = [{"t.mean": 0.5, "t.count": 3}, {"t.mean": 0.125, "t.count": 1}, {"t.mean": 2.0, "t.count": 8}]
+
+
+def run_windows_through_bus(bus: monitor_bus.EventBus, writer: Any) -> None:
+    handle = bus.register_event_handler(TensorboardEventHandler(writer), name="tb")
+    for i, data in enumerate(WINDOWS):
+        bus.log_event(stat_event(i, data))
+    assert bus.unregister_event_handler(handle, timeout=10)
+    writer.close()
+
+
+def check_windows(log_dir: Path) -> None:
+    acc = load(log_dir)
+    assert sorted(acc.Tags()["scalars"]) == ["t.count", "t.mean"]
+    t = T0.timestamp()
+    for key in ("t.mean", "t.count"):
+        assert scalars(acc, key) == [(i, t + i, f32(d[key])) for i, d in enumerate(WINDOWS)]
+
+
+def test_bus_to_our_writer(bus: monitor_bus.EventBus, tmp_path: Path) -> None:
+    """Stat windows logged on a bus reach our writer's file, one step per window."""
+    run_windows_through_bus(bus, SummaryWriter(tmp_path))
+    check_windows(tmp_path)
+
+
+def test_bus_to_torch_writer(bus: monitor_bus.EventBus, tmp_path: Path) -> None:
+    """The same windows through torch.utils.tensorboard.SummaryWriter read back the same."""
+    require(importlib.util.find_spec("torch") is not None, "torch is not installed")
+    from torch.utils.tensorboard import SummaryWriter as TorchWriter
+
+    run_windows_through_bus(bus, TorchWriter(str(tmp_path)))
+    check_windows(tmp_path)
+
+
+def test_bus_to_tensorboardx_writer(bus: monitor_bus.EventBus, tmp_path: Path) -> None:
+    """The same windows through tensorboardX.SummaryWriter read back the same."""
+    require(importlib.util.find_spec("tensorboardX") is not None, "tensorboardX is not installed")
+    from tensorboardX import SummaryWriter as XWriter
+
+    run_windows_through_bus(bus, XWriter(str(tmp_path)))
+    check_windows(tmp_path)
