@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from ._stat import Stat
+    from ._subscription import EventFilter, Subscription
 
 logger = logging.getLogger("monitor_bus")
 
@@ -702,6 +703,40 @@ class EventBus:
             return
         if not self.close(self._exit_timeout):
             logger.warning("%r: not every event was delivered within exit_timeout=%gs", self, self._exit_timeout)
+
+    # -- subscriptions --
+
+    def subscribe(self, name: EventFilter = None, *, buffer: int = 1024) -> Subscription:
+        """The events logged from now on, as an async iterator in the caller's event loop.
+
+        Use it in a task of an asyncio or trio loop (through anyio)::
+
+            async with bus.subscribe("train.step", buffer=256) as events:
+                async for event in events:
+                    ...
+
+        The subscription is an ordinary handler, registered when the block is entered and
+        unregistered when it is left; it sees the matching events logged in between, in order.
+        When its buffer is full the newest events are dropped and counted
+        (``Subscription.dropped`` and the handler's ``dropped`` in ``stats()``). Safe to call
+        from any thread that runs an event loop.
+
+        Args:
+            name: which events: None for all, a str for the events of that name, or a
+                callable ``(Event) -> bool`` run on the handler's thread.
+            buffer: most events held for the subscriber (at least 1).
+
+        Returns:
+            A ``Subscription``: an async context manager and async iterator of ``Event``.
+
+        Raises:
+            TypeError: ``name`` is neither None, a str nor callable; ``buffer`` is not an int.
+            ValueError: ``buffer`` is below 1.
+            RuntimeError: the calling thread runs no event loop (use it from async code).
+        """
+        from ._subscription import subscribe
+
+        return subscribe(self, name, buffer)
 
 
 def _check_timeout(name: str, value: float | None, *, allow_none: bool = True) -> None:

@@ -11,6 +11,7 @@ from . import _bus, _handler, _stat
 from ._bus import EventBus
 from ._event import Event
 from ._handler import EventHandler, EventHandlerHandle
+from ._subscription import EventFilter, Subscription
 
 logger = logging.getLogger("monitor_bus")
 
@@ -61,6 +62,18 @@ def flush(timeout: float | None = None) -> bool:
 async def aflush(timeout: float | None = None) -> bool:
     """``flush`` for async callers; see ``EventBus.aflush``."""
     return await get_default_bus().aflush(timeout)
+
+
+def subscribe(name: EventFilter = None, *, buffer: int = 1024) -> Subscription:
+    """Subscribe to the default bus from async code; see ``EventBus.subscribe``.
+
+    Example:
+        >>> async def watch_loss():  # doctest: +SKIP
+        ...     async with monitor_bus.subscribe("train.step") as events:
+        ...         async for event in events:
+        ...             print(event.data["loss"])
+    """
+    return get_default_bus().subscribe(name, buffer=buffer)
 
 
 def _reset_default_bus() -> None:
