@@ -1,0 +1,330 @@
+"""OpenTelemetry as a sink: Stat windows become gauge points, other events log records.
+
+Needs the ``otel`` extra (``opentelemetry-sdk`` and ``opentelemetry-exporter-otlp-proto-http``);
+both are imported when a handler is made, not when ``monitor_bus`` is.
+
+Mapping
+-------
+- A ``STAT_EVENT`` (``"torch.monitor.Stat"``) sets one synchronous gauge per data key:
+  ``{"step_time.mean": 0.25, "step_time.count": 4}`` sets the gauges ``step_time.mean`` and
+  ``step_time.count``. One instrument per ``<stat>.<aggregation>``, not one per stat with an
+  ``aggregation`` attribute, because the aggregations are not one quantity: summing or averaging
+  ``mean`` with ``max`` and ``count`` across an attribute (what backends do by default) is
+  meaningless, ``count`` is an integer where the others are floats, and the key is used as it
+  was logged, with no guess about where a dotted stat name ends. A point's timestamp is the SDK's
+  collection time, as the metrics data model has it for gauges.
+- Any other event becomes one log record: ``event_name`` and ``body`` are the event's name,
+  ``timestamp`` is the event's timestamp (nanoseconds, exact) and the data are its attributes.
+- Strings in a Stat event's data cannot be gauge values, and keys that are not valid instrument
+  names once sanitized (over 255 characters, or colliding with another key's sanitized name) have
+  no instrument: both are skipped, counted in ``skipped_values`` / ``skipped_names`` and logged
+  once per key.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from .._event import Event
+from .._stat import STAT_EVENT
+
+if TYPE_CHECKING:
+    from opentelemetry._logs import Logger, LoggerProvider
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.sdk.resources import Resource
+
+logger = logging.getLogger("monitor_bus")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+# The API's instrument-name rule: a letter, then up to 254 of [-_./a-zA-Z0-9].
+_NAME_OK = re.compile(r"[a-zA-Z][-_./a-zA-Z0-9]{0,254}")
+_NAME_BAD_CHAR = re.compile(r"[^-_./a-zA-Z0-9]")
+# Environment variables torchrun (and most launchers) set, and the resource keys they become.
+_RANK_ENV = (("RANK", "rank"), ("LOCAL_RANK", "local_rank"), ("WORLD_SIZE", "world_size"))
+
+
+def make_resource(
+    service_name: str | None = None,
+    *,
+    rank: int | None = None,
+    attributes: Mapping[str, Any] | None = None,
+) -> Resource:
+    """The OpenTelemetry resource that identifies this process among many.
+
+    Holds ``host.name``, ``process.pid`` and, when known, ``rank``, ``local_rank`` and
+    ``world_size`` (from the ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` environment variables
+    that torchrun sets; ``rank`` overrides ``RANK``), then ``attributes``. The SDK merges in
+    ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` from the environment; explicit
+    arguments win over both.
+
+    Args:
+        service_name: ``service.name``; if None, ``OTEL_SERVICE_NAME`` or the SDK's default.
+        rank: the process's rank in a distributed job.
+        attributes: more resource attributes; they override the ones above.
+
+    Raises:
+        TypeError: an argument has the wrong type (the message names it).
+    """
+    from opentelemetry.sdk.resources import Resource
+
+    if service_name is not None and not isinstance(service_name, str):
+        raise TypeError(f"service_name must be a str, not {type(service_name).__name__}")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)):
+        raise TypeError(f"rank must be an int, not {type(rank).__name__}")
+    if attributes is not None and not isinstance(attributes, Mapping):
+        raise TypeError(f"attributes must be a mapping, not {type(attributes).__name__}")
+    attrs: dict[str, Any] = {"host.name": socket.gethostname(), "process.pid": os.getpid()}
+    for var, key in _RANK_ENV:
+        value = os.environ.get(var, "").strip()
+        if value.isdigit():
+            attrs[key] = int(value)
+    if rank is not None:
+        attrs["rank"] = rank
+    if service_name is not None:
+        attrs["service.name"] = service_name
+    attrs.update(attributes or {})
+    return Resource.create(attrs)
+
+
+def _unix_nanos(ts: datetime) -> int:
+    """Nanoseconds since the epoch, exactly (a naive timestamp is local time, as in torch)."""
+    delta = (ts if ts.tzinfo is not None else ts.astimezone()) - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
+
+
+def _instrument_name(key: str) -> str | None:
+    """``key`` as a valid instrument name, or None if it cannot be one."""
+    if _NAME_OK.fullmatch(key):
+        return key
+    name = _NAME_BAD_CHAR.sub("_", key)
+    if not name[:1].isalpha():
+        name = "_" + name if name else "_"
+        name = "m" + name
+    return name if _NAME_OK.fullmatch(name) else None
+
+
+class OpenTelemetryEventHandler:
+    """Send events to OpenTelemetry: Stat windows as gauges, other events as log records.
+
+    Register it like any handler; it runs on its own thread of the bus and only hands data to
+    the SDK, whose readers and processors export on threads of their own. A slow or unreachable
+    endpoint therefore never blocks ``log_event`` nor ``bus.flush()``: the SDK retries with
+    backoff up to its exporter timeout and then drops that batch, logging the failure on its own
+    loggers (``opentelemetry.*``).
+
+    Providers you pass are used as they are (their resource, readers and exporters are yours,
+    OTLP over HTTP or gRPC alike). For a provider left as None the handler makes one with
+    ``resource`` (default ``make_resource(service_name)``) and an OTLP/HTTP exporter: to
+    ``endpoint`` if given (``/v1/metrics`` and ``/v1/logs`` are appended), else wherever the
+    standard ``OTEL_EXPORTER_OTLP_*`` environment variables say (``http://localhost:4318`` by
+    default). Metrics are exported every ``export_interval`` seconds, logs in batches.
+
+    The handler deliberately has no ``flush()`` method (the bus would call it after every
+    batch, making each batch wait on the network); call ``force_flush()`` yourself before the
+    process ends, or ``shutdown()``.
+
+    Args:
+        meter_provider: where gauge points go.
+        logger_provider: where log records go.
+        resource: for the providers the handler makes.
+        service_name: ``service.name`` of the default resource.
+        endpoint: base URL of an OTLP/HTTP receiver, for the providers the handler makes.
+        export_interval: seconds between metric exports, for the provider the handler makes.
+        scope: the instrumentation scope name of the meter and the logger.
+
+    Raises:
+        TypeError, ValueError: an argument is invalid (the message names it).
+        ImportError: the OpenTelemetry SDK is not installed (``pip install monitor_bus[otel]``).
+
+    Example:
+        >>> import monitor_bus as monitor
+        >>> from monitor_bus.exporters.otel import OpenTelemetryEventHandler
+        >>> otel = OpenTelemetryEventHandler(service_name="trainer", endpoint="http://collector:4318")
+        >>> monitor.register_event_handler(otel, name="otel")  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        meter_provider: MeterProvider | None = None,
+        logger_provider: LoggerProvider | None = None,
+        *,
+        resource: Resource | None = None,
+        service_name: str | None = None,
+        endpoint: str | None = None,
+        export_interval: float = 10.0,
+        scope: str = "monitor_bus",
+    ) -> None:
+        if endpoint is not None and not isinstance(endpoint, str):
+            raise TypeError(f"endpoint must be a str, not {type(endpoint).__name__}")
+        if isinstance(export_interval, bool) or not isinstance(export_interval, (int, float)):
+            raise TypeError(f"export_interval must be a number of seconds, not {type(export_interval).__name__}")
+        if not export_interval > 0:
+            raise ValueError(f"export_interval must be > 0, got {export_interval}")
+        if not isinstance(scope, str):
+            raise TypeError(f"scope must be a str, not {type(scope).__name__}")
+        if meter_provider is not None and logger_provider is not None and (
+            resource is not None or service_name is not None or endpoint is not None
+        ):
+            raise ValueError(
+                "resource, service_name and endpoint configure the providers the handler makes; "
+                "both meter_provider and logger_provider were given, so set them on those"
+            )
+        if resource is None and (meter_provider is None or logger_provider is None):
+            resource = make_resource(service_name)
+        self._owned: list[Any] = []
+        if meter_provider is None:
+            meter_provider = self._make_meter_provider(resource, endpoint, export_interval)
+            self._owned.append(meter_provider)
+        if logger_provider is None:
+            logger_provider = self._make_logger_provider(resource, endpoint)
+            self._owned.append(logger_provider)
+        self.meter_provider = meter_provider
+        self.logger_provider = logger_provider
+        self._meter = meter_provider.get_meter(scope)
+        self._logger: Logger = logger_provider.get_logger(scope)
+        self._gauges: dict[str, Any] = {}  # event key -> gauge, or None when skipped
+        self._names: dict[str, str] = {}  # instrument name -> the key that owns it
+        self._warned: set[str] = set()
+        #: Stat values skipped because they were strings.
+        self.skipped_values = 0
+        #: Stat values skipped because their key could not be an instrument name.
+        self.skipped_names = 0
+
+    @staticmethod
+    def _make_meter_provider(resource: Any, endpoint: str | None, interval: float) -> Any:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        exporter = OTLPMetricExporter(endpoint=_signal_url(endpoint, "metrics"))
+        reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval * 1000)
+        return MeterProvider(resource=resource, metric_readers=[reader])
+
+    @staticmethod
+    def _make_logger_provider(resource: Any, endpoint: str | None) -> Any:
+        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+        from opentelemetry.sdk._logs import LoggerProvider
+        from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+
+        provider = LoggerProvider(resource=resource)
+        provider.add_log_record_processor(
+            BatchLogRecordProcessor(OTLPLogExporter(endpoint=_signal_url(endpoint, "logs")))
+        )
+        return provider
+
+    def __call__(self, event: Event) -> None:
+        if event.name == STAT_EVENT:
+            self._set_gauges(event)
+        else:
+            self._emit_log(event)
+
+    def _set_gauges(self, event: Event) -> None:
+        gauges = self._gauges
+        for key, value in event.data.items():
+            gauge = gauges.get(key, _MISSING)
+            if gauge is _MISSING:
+                gauge = gauges[key] = self._make_gauge(key)
+            if gauge is None:
+                self.skipped_names += 1
+            elif value.__class__ is str:
+                self.skipped_values += 1
+                self._warn_once(key, f"Stat value {key!r} is a string; gauges hold numbers: skipped")
+            else:
+                gauge.set(int(value) if value.__class__ is bool else value)
+
+    def _make_gauge(self, key: str) -> Any:
+        name = _instrument_name(key)
+        owner = self._names.get(name) if name is not None else None
+        if name is None or owner is not None:
+            why = "is not a valid instrument name" if name is None else f"sanitizes to {name!r} like {owner!r}"
+            self._warn_once(key, f"Stat key {key!r} {why}: its values are skipped")
+            return None
+        self._names[name] = key
+        return self._meter.create_gauge(name)
+
+    def _emit_log(self, event: Event) -> None:
+        from opentelemetry._logs import LogRecord, SeverityNumber
+
+        self._logger.emit(
+            LogRecord(
+                timestamp=_unix_nanos(event.timestamp),
+                observed_timestamp=time.time_ns(),
+                severity_number=SeverityNumber.INFO,
+                severity_text="INFO",
+                body=event.name,
+                attributes=event.data,
+                event_name=event.name,
+            )
+        )
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned and len(self._warned) < 1000:
+            self._warned.add(key)
+            logger.warning("OpenTelemetryEventHandler: %s", message)
+
+    def force_flush(self, timeout: float | None = None) -> bool:
+        """Export what the providers hold now; True if done within ``timeout`` seconds.
+
+        Runs on a helper thread, because the SDK's batch log processor ignores its own timeout
+        while an export hangs; after a False return the flush goes on in the background.
+        Thread-safe.
+        """
+        millis = 30_000 if timeout is None else max(int(timeout * 1000), 1)
+        return _bounded(
+            lambda: bool(self.meter_provider.force_flush(millis))  # type: ignore[attr-defined]
+            & bool(self.logger_provider.force_flush(millis)),  # type: ignore[attr-defined]
+            timeout,
+        )
+
+    def shutdown(self, timeout: float | None = 30.0) -> bool:
+        """Flush, then shut down the providers this handler made (never ones passed in).
+
+        Unregister the handler first. Like ``force_flush``, waits at most ``timeout`` seconds.
+
+        Returns:
+            True if everything was exported and shut down in time.
+        """
+        owned, self._owned = self._owned, []
+        if not owned:
+            return self.force_flush(timeout)
+
+        def run() -> bool:
+            ok = True
+            for provider in owned:  # shutdown flushes first
+                ok = provider.shutdown() is not False and ok
+            return ok
+
+        return _bounded(run, timeout)
+
+
+def _bounded(func: Callable[[], bool], timeout: float | None) -> bool:
+    """``func()`` on a daemon thread; its result, or False if it is not done in ``timeout`` s."""
+    results: list[bool] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            results.append(func())
+        except Exception:
+            logger.exception("OpenTelemetryEventHandler: flush or shutdown failed")
+            results.append(False)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="monitor_bus-otel-flush", daemon=True).start()
+    return done.wait(timeout) and all(results)
+
+
+_MISSING: Any = object()
+
+
+def _signal_url(endpoint: str | None, signal: str) -> str | None:
+    return None if endpoint is None else f"{endpoint.rstrip('/')}/v1/{signal}"

@@ -1,0 +1,239 @@
+"""Prometheus as a sink: Stat windows become gauges in a ``prometheus_client`` registry.
+
+Needs the ``prometheus`` extra (``prometheus_client``), imported when a handler is made.
+
+Each key of a ``STAT_EVENT`` becomes the gauge ``<namespace>_<key>`` with every character
+outside ``[a-zA-Z0-9_:]`` replaced by ``_``: ``step_time.mean`` is
+``monitor_bus_step_time_mean``. Prometheus stores no strings and stamps samples with the scrape
+time, so string values are skipped and counted, and the event's timestamp is not exported. Other
+events are ignored, as ``torch.monitor``'s TensorBoard handler does.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import re
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .._event import Event
+from .._stat import STAT_EVENT
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+logger = logging.getLogger("monitor_bus")
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_BAD_CHAR = re.compile(r"[^a-zA-Z0-9_:]")
+
+
+def metric_name(namespace: str, key: str) -> str:
+    """The gauge name for ``key``: ``<namespace>_<key>`` with invalid characters as ``_``.
+
+    Example:
+        >>> metric_name("monitor_bus", "step_time.mean")
+        'monitor_bus_step_time_mean'
+    """
+    name = _BAD_CHAR.sub("_", f"{namespace}_{key}" if namespace else key)
+    return name if _METRIC_NAME.fullmatch(name) else f"_{name}"
+
+
+class PrometheusEventHandler:
+    """Keep the latest value of every Stat aggregate as a Prometheus gauge.
+
+    The gauges live in ``registry``: by default a fresh ``CollectorRegistry`` of this handler,
+    not ``prometheus_client``'s global ``REGISTRY``, so two handlers (or a test) never collide;
+    pass ``prometheus_client.REGISTRY`` to expose them beside your other metrics. Serve the
+    registry with ``serve()`` or any ``prometheus_client`` exposition.
+
+    Skipped values are counted, never raised: ``skipped_values`` (strings) and ``skipped_names``
+    (keys whose sanitized name is taken, by another key or by another metric of the registry),
+    also exported as ``<namespace>_skipped_total{reason="string_value"|"name_taken"}``. Each
+    skipped key is logged once.
+
+    Args:
+        registry: where the gauges are registered; None makes a fresh ``CollectorRegistry``.
+        namespace: prefix of every metric name (``""`` for none).
+        labels: constant labels on every gauge, e.g. ``{"rank": "0"}`` when several ranks of
+            one host are scraped as one target.
+
+    Raises:
+        TypeError, ValueError: an argument is invalid (the message names it).
+        ImportError: ``prometheus_client`` is not installed (``pip install monitor_bus[prometheus]``).
+
+    Example:
+        >>> import monitor_bus as monitor
+        >>> from monitor_bus.exporters.prometheus import PrometheusEventHandler
+        >>> prom = PrometheusEventHandler(labels={"rank": "0"})
+        >>> server = prom.serve(9464)  # doctest: +SKIP
+        >>> monitor.register_event_handler(prom, name="prometheus")  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        namespace: str = "monitor_bus",
+        *,
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
+        from prometheus_client import CollectorRegistry, Counter
+
+        if registry is None:
+            registry = CollectorRegistry(auto_describe=True)
+        elif not isinstance(registry, CollectorRegistry):
+            raise TypeError(f"registry must be a CollectorRegistry, not {type(registry).__name__}")
+        if not isinstance(namespace, str):
+            raise TypeError(f"namespace must be a str, not {type(namespace).__name__}")
+        if namespace and not _METRIC_NAME.fullmatch(namespace):
+            raise ValueError(f"namespace must match [a-zA-Z_:][a-zA-Z0-9_:]*, got {namespace!r}")
+        labels = dict(labels or {})
+        for key, value in labels.items():
+            if not isinstance(key, str) or not _LABEL_NAME.fullmatch(key) or key.startswith("__"):
+                raise ValueError(f"labels: {key!r} is not a valid Prometheus label name")
+            if not isinstance(value, str):
+                raise TypeError(f"labels[{key!r}] must be a str, not {type(value).__name__}")
+        self.registry = registry
+        self.namespace = namespace
+        self._labels = labels
+        self._gauges: dict[str, Any] = {}  # event key -> labelled gauge child, or None if skipped
+        self._names: dict[str, str] = {}  # metric name -> the key that owns it
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+        #: String values skipped (Prometheus holds numbers only).
+        self.skipped_values = 0
+        #: Values skipped because their key's metric name was taken.
+        self.skipped_names = 0
+        skipped = Counter(
+            "skipped",
+            "Stat values the Prometheus exporter could not hold, by reason",
+            ["reason", *labels],
+            namespace=namespace,
+            registry=registry,
+        )
+        self._skipped_string = skipped.labels(reason="string_value", **labels)
+        self._skipped_name = skipped.labels(reason="name_taken", **labels)
+
+    def __call__(self, event: Event) -> None:
+        if event.name != STAT_EVENT:
+            return
+        gauges = self._gauges
+        for key, value in event.data.items():
+            gauge = gauges.get(key, _MISSING)
+            if gauge is _MISSING:
+                gauge = self._make_gauge(key)
+            if gauge is None:
+                self.skipped_names += 1
+                self._skipped_name.inc()
+            elif value.__class__ is str:
+                self.skipped_values += 1
+                self._skipped_string.inc()
+                self._warn_once(key, f"Stat value {key!r} is a string; Prometheus holds numbers: skipped")
+            else:
+                gauge.set(value)
+
+    def _make_gauge(self, key: str) -> Any:
+        from prometheus_client import Gauge
+
+        with self._lock:  # one handler object may serve several buses
+            if key in self._gauges:
+                return self._gauges[key]
+            name = metric_name(self.namespace, key)
+            owner = self._names.get(name)
+            gauge = None
+            if owner is None:
+                try:
+                    parent = Gauge(name, f"monitor_bus Stat {key}", list(self._labels), registry=self.registry)
+                except ValueError as exc:  # the registry already has a metric of that name
+                    owner = str(exc)
+                else:
+                    gauge = parent.labels(**self._labels) if self._labels else parent
+                    self._names[name] = key
+            if gauge is None:
+                self._warn_once(key, f"Stat key {key!r} maps to {name!r}, which is taken ({owner}): skipped")
+            self._gauges[key] = gauge
+            return gauge
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned and len(self._warned) < 1000:
+            self._warned.add(key)
+            logger.warning("PrometheusEventHandler: %s", message)
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> MetricsServer:
+        """Serve this handler's registry over HTTP; see ``serve``."""
+        return serve(port, addr, registry=self.registry)
+
+
+_MISSING: Any = object()
+
+
+class MetricsServer:
+    """A running ``/metrics`` endpoint; ``close()`` (or ``with``) stops it."""
+
+    def __init__(self, server: Any, thread: threading.Thread) -> None:
+        self._server = server
+        self._thread = thread
+        #: The address it listens on.
+        self.addr: str = server.server_address[0]
+        #: The port it listens on (the chosen one when ``serve(0)`` was asked).
+        self.port: int = server.server_address[1]
+
+    @property
+    def url(self) -> str:
+        """The URL Prometheus should scrape."""
+        host = f"[{self.addr}]" if ":" in self.addr else self.addr
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving and release the port. Idempotent."""
+        if self._thread.is_alive():
+            self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<MetricsServer {self.url}>"
+
+
+def serve(port: int, addr: str = "127.0.0.1", *, registry: CollectorRegistry) -> MetricsServer:
+    """Expose ``registry`` for Prometheus at ``http://addr:port/metrics`` on a daemon thread.
+
+    Binds the loopback interface by default, so only the local host can scrape it: pass
+    ``addr="0.0.0.0"`` (or the host's address) for a Prometheus server on another machine, and
+    mind who else can reach the port then.
+
+    Args:
+        port: TCP port; 0 picks a free one (read it from the result's ``port``).
+        addr: address to bind.
+        registry: what to expose.
+
+    Raises:
+        TypeError, ValueError: ``port`` is not an int in 0..65535.
+        OSError: the port cannot be bound; the message names the address and the port.
+    """
+    from prometheus_client import start_http_server
+
+    if isinstance(port, bool) or not isinstance(port, int):
+        raise TypeError(f"port must be an int, not {type(port).__name__}")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be in 0..65535, got {port}")
+    if not isinstance(addr, str):
+        raise TypeError(f"addr must be a str, not {type(addr).__name__}")
+    try:
+        server, thread = start_http_server(port, addr, registry)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise OSError(
+                exc.errno, f"cannot serve Prometheus metrics on {addr}:{port}: port {port} is already in use"
+            ) from exc
+        raise OSError(exc.errno, f"cannot serve Prometheus metrics on {addr}:{port}: {exc.strerror or exc}") from exc
+    return MetricsServer(server, thread)

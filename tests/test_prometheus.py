@@ -1,0 +1,261 @@
+"""PrometheusEventHandler: gauges in its registry, the /metrics endpoint, and a real Prometheus
+server (Debian's ``prometheus`` binary) scraping it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Stat
+
+pytest.importorskip("prometheus_client", reason="the prometheus extra is not installed")
+
+from prometheus_client import REGISTRY, CollectorRegistry, Gauge  # noqa: E402
+
+from monitor_bus.exporters.prometheus import (  # noqa: E402
+    PrometheusEventHandler,
+    metric_name,
+    serve,
+)
+
+from .conftest import require  # noqa: E402
+
+T0 = datetime(2026, 3, 4, 5, 6, 7, tzinfo=timezone.utc)
+
+
+def test_stat_event_sets_sanitized_gauges(bus: EventBus) -> None:
+    """Each Stat key becomes a gauge named monitor_bus_<key> with invalid characters as `_`."""
+    prom = PrometheusEventHandler()
+    bus.register_event_handler(prom)
+    bus.log_event(Event(STAT_EVENT, T0, {"step_time.mean": 0.25, "loss (val)/max": 3.0, "n.count": 4}))
+    bus.log_event(Event(STAT_EVENT, T0, {"step_time.mean": 0.5}))
+    bus.log_event(Event("train.epoch", T0, {"epoch": 1}))  # not a Stat: ignored
+    assert bus.flush(10)
+    get = prom.registry.get_sample_value
+    assert get("monitor_bus_step_time_mean") == 0.5
+    assert get("monitor_bus_loss__val__max") == 3.0
+    assert get("monitor_bus_n_count") == 4.0
+    names = {m.name for m in prom.registry.collect()}
+    assert names == {"monitor_bus_skipped", "monitor_bus_step_time_mean", "monitor_bus_loss__val__max",
+                     "monitor_bus_n_count"}
+
+
+def test_real_stat_window_becomes_gauges(bus: EventBus) -> None:
+    """A window closed by monitor_bus.Stat lands in the registry as its aggregates."""
+    prom = PrometheusEventHandler()
+    bus.register_event_handler(prom)
+    stat = Stat("loss", [Aggregation.MEAN, Aggregation.MAX], timedelta(hours=1), max_samples=2, bus=bus)
+    stat.add(1.0)
+    stat.add(5.0)
+    assert bus.flush(10)
+    assert prom.registry.get_sample_value("monitor_bus_loss_mean") == 3.0
+    assert prom.registry.get_sample_value("monitor_bus_loss_max") == 5.0
+
+
+def test_strings_and_taken_names_are_skipped_and_counted(bus: EventBus) -> None:
+    """String values and keys whose name is taken are skipped and counted, and nothing fails."""
+    prom = PrometheusEventHandler(labels={"rank": "3"})
+    bus.register_event_handler(prom)
+    bus.log_event(Event(STAT_EVENT, T0, {
+        "a.b": 1.0,
+        "a_b": 2.0,  # sanitizes to the name a.b already has
+        "skipped": 3.0,  # the handler's own counter has this name
+        "note": "text",
+        "ok": 4.0,
+    }))
+    bus.log_event(Event(STAT_EVENT, T0, {"note": "again", "a_b": 5.0}))
+    assert bus.flush(10)
+    get = prom.registry.get_sample_value
+    assert get("monitor_bus_a_b", {"rank": "3"}) == 1.0
+    assert get("monitor_bus_ok", {"rank": "3"}) == 4.0
+    assert (prom.skipped_values, prom.skipped_names) == (2, 3)
+    assert get("monitor_bus_skipped_total", {"reason": "string_value", "rank": "3"}) == 2.0
+    assert get("monitor_bus_skipped_total", {"reason": "name_taken", "rank": "3"}) == 3.0
+    assert bus.stats()["handler_errors"] == 0
+
+
+def test_default_registry_is_fresh_and_global_one_is_opt_in() -> None:
+    """Without a registry the handler makes its own; REGISTRY is used only when passed."""
+    a, b = PrometheusEventHandler(), PrometheusEventHandler()
+    assert a.registry is not b.registry and a.registry is not REGISTRY
+    registry = CollectorRegistry()
+    Gauge("monitor_bus_taken", "already here", registry=registry)
+    c = PrometheusEventHandler(registry)
+    c(Event(STAT_EVENT, T0, {"taken": 1.0, "free": 2.0}))
+    assert c.registry is registry
+    assert (registry.get_sample_value("monitor_bus_taken"), c.skipped_names) == (0.0, 1)
+    assert registry.get_sample_value("monitor_bus_free") == 2.0
+
+
+def test_metric_name_sanitizing() -> None:
+    """Names keep [a-zA-Z0-9_:], others become `_`, and never start with a digit."""
+    assert metric_name("monitor_bus", "step_time.mean") == "monitor_bus_step_time_mean"
+    assert metric_name("ns", "a:b-c d") == "ns_a:b_c_d"
+    assert metric_name("", "1st.max") == "_1st_max"
+    assert metric_name("", "é") == "_"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"registry": {}}, TypeError, "registry"),
+        ({"namespace": "bad-ns"}, ValueError, "namespace"),
+        ({"namespace": 3}, TypeError, "namespace"),
+        ({"labels": {"__rank": "0"}}, ValueError, "labels"),
+        ({"labels": {"rank": 0}}, TypeError, "labels"),
+    ],
+)
+def test_bad_arguments_raise_naming_them(kwargs: dict[str, object], error: type[Exception], match: str) -> None:
+    """Invalid constructor arguments raise an exception that names the argument."""
+    with pytest.raises(error, match=match):
+        PrometheusEventHandler(**kwargs)  # type: ignore[arg-type]
+
+
+def test_serve_exposes_the_registry_on_loopback(bus: EventBus) -> None:
+    """serve(0) binds 127.0.0.1 on a free port and /metrics shows the gauges."""
+    prom = PrometheusEventHandler()
+    bus.register_event_handler(prom)
+    bus.log_event(Event(STAT_EVENT, T0, {"step_time.mean": 0.25}))
+    assert bus.flush(10)
+    with prom.serve(0) as server:
+        assert server.addr == "127.0.0.1" and server.port > 0
+        with urllib.request.urlopen(server.url, timeout=10) as response:
+            body = response.read().decode()
+    assert "monitor_bus_step_time_mean 0.25\n" in body
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", server.port), timeout=5):
+        pass  # closed: the port is released
+
+
+def test_serve_on_a_port_in_use_names_the_port() -> None:
+    """A port already in use gives an OSError naming the address and the port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=rf"127\.0\.0\.1:{port}: port {port} is already in use"):
+            serve(port, registry=CollectorRegistry())
+
+
+@pytest.mark.parametrize(("port", "error"), [(-1, ValueError), (70000, ValueError), ("80", TypeError)])
+def test_serve_rejects_bad_ports(port: object, error: type[Exception]) -> None:
+    """A port that is not an int in 0..65535 raises an exception naming `port`."""
+    with pytest.raises(error, match="port"):
+        serve(port, registry=CollectorRegistry())  # type: ignore[arg-type]
+
+
+# -- a real Prometheus server --
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PrometheusServer:
+    """Debian's prometheus binary on loopback, scraping one target every second."""
+
+    def __init__(self, tmp: Path, target: str) -> None:
+        config = tmp / "prometheus.yml"
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n  - job_name: monitor_bus\n    static_configs:\n"
+            f"      - targets: ['{target}']\n"
+        )
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = (tmp / "prometheus.log").open("w+")
+        self.proc = subprocess.Popen(
+            [
+                shutil.which("prometheus") or "prometheus",
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def query(self, promql: str) -> list[dict[str, object]] | None:
+        """The query's result vector, or None while Prometheus is not answering yet."""
+        url = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                body = json.load(response)
+        except OSError:
+            return None
+        assert body["status"] == "success", body
+        return body["data"]["result"]  # type: ignore[no-any-return]
+
+    def wait_for(self, promql: str, deadline: float) -> list[dict[str, object]]:
+        """Poll the query until it returns samples; fail with Prometheus's log at the deadline."""
+        pause = threading.Event()
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            result = self.query(promql)
+            if result:
+                return result
+            pause.wait(0.2)
+        self.log.seek(0)
+        pytest.fail(f"no samples for {promql!r}; prometheus exit={self.proc.poll()} log:\n{self.log.read()}")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def prometheus_binary() -> str:
+    path = shutil.which("prometheus")
+    require(path is not None, "the prometheus binary is not installed (apt-get install prometheus)")
+    assert path is not None
+    return path
+
+
+def test_real_prometheus_scrapes_the_gauges(prometheus_binary: str, bus: EventBus, tmp_path: Path) -> None:
+    """A real Prometheus server scraping serve()'s endpoint stores the Stat values and skip counts."""
+    prom = PrometheusEventHandler(labels={"rank": "0"})
+    bus.register_event_handler(prom)
+    bus.log_event(Event(STAT_EVENT, T0, {"step_time.mean": 0.25, "loss (val).max": 3.5, "note": "text"}))
+    assert bus.flush(10)
+    with prom.serve(0) as endpoint:
+        server = PrometheusServer(tmp_path, f"127.0.0.1:{endpoint.port}")
+        try:
+            deadline = time.monotonic() + 40
+            (sample,) = server.wait_for("monitor_bus_step_time_mean", deadline)
+            assert sample["metric"] == {
+                "__name__": "monitor_bus_step_time_mean",
+                "instance": f"127.0.0.1:{endpoint.port}",
+                "job": "monitor_bus",
+                "rank": "0",
+            }
+            assert sample["value"][1] == "0.25"  # type: ignore[index]
+            (sample,) = server.wait_for("monitor_bus_loss__val__max", deadline)
+            assert sample["value"][1] == "3.5"  # type: ignore[index]
+            (sample,) = server.wait_for('monitor_bus_skipped_total{reason="string_value"}', deadline)
+            assert sample["value"][1] == "1"  # type: ignore[index]
+            # A later window replaces the value at the next scrape.
+            bus.log_event(Event(STAT_EVENT, T0, {"step_time.mean": 0.75}))
+            assert bus.flush(10)
+            (sample,) = server.wait_for("monitor_bus_step_time_mean == 0.75", deadline)
+            assert sample["value"][1] == "0.75"  # type: ignore[index]
+        finally:
+            server.close()
