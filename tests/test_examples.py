@@ -1,0 +1,76 @@
+"""Every script in examples/ runs to completion, under each anyio backend where it takes one."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=60, cwd=EXAMPLES
+    )
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_async_trainer_stops_early_and_its_sink_gets_every_event(backend: str) -> None:
+    """The trainer early-stops from its subscription, and the async sink posted every logged event."""
+    proc = run("async_trainer.py", "--backend", backend, "--steps", "300")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    decision, summary = proc.stdout.splitlines()
+    # Seeded data: the validation loss stops improving at step 60, so the stopper decides at 90.
+    assert decision == (
+        "early stop: val_loss has not improved for 3 evals (best 0.01012 at step 60); "
+        "stopping after step 90"
+    )
+    m = re.fullmatch(
+        r"trained (\d+) steps, (\d+) evals; bus logged (\d+) events, sink posted (\d+), dropped 0",
+        summary,
+    )
+    assert m, summary
+    steps, evals, logged, posted = map(int, m.groups())
+    # The decision travels through the bus while training goes on: it lands at step 90 or later.
+    assert 90 <= steps <= 300
+    assert evals == steps // 10
+    assert logged == posted
+    assert logged >= steps + evals + 1  # one event per step and per eval, eval.done, Stat windows
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_async_trainer_runs_to_the_step_limit_without_early_stop(backend: str) -> None:
+    """With too few steps to plateau, the stopper reports no early stop and training runs them all."""
+    proc = run("async_trainer.py", "--backend", backend, "--steps", "30")
+    assert proc.returncode == 0, proc.stderr
+    decision, summary = proc.stdout.splitlines()
+    assert decision.startswith("no early stop: best val_loss ")
+    assert decision.endswith(" at step 30")
+    assert summary.startswith("trained 30 steps, 3 evals; ")
+
+
+def test_async_trainer_rejects_a_bad_step_count() -> None:
+    """--steps 0 is one clear line on stderr and a non-zero exit, no traceback."""
+    proc = run("async_trainer.py", "--steps", "0")
+    assert proc.returncode == 2
+    assert "--steps must be at least 1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_torch_style_writes_every_loss_to_tensorboard(tmp_path: Path) -> None:
+    """The torch.monitor docs' usage runs unchanged; TensorBoard's reader finds every loss counted."""
+    proc = run("torch_style.py", "--steps", "2000", "--logdir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    lines = proc.stdout.splitlines()
+    assert re.fullmatch(
+        r"handler saw \d+ Stat events between 'training_start' and 'torch.monitor.Stat'", lines[0]
+    ), lines[0]
+    assert re.fullmatch(r"tensorboard loss.count: \d+ windows, 2000 losses", lines[1]), lines[1]
+    assert lines[2] == "tensorboard tags: loss.count, loss.mean, loss.min, step_time.max, step_time.mean"
+    assert list(tmp_path.glob("events.out.tfevents.*"))
