@@ -131,7 +131,9 @@ class PrometheusEventHandler:
             elif value.__class__ is str:
                 self.skipped_values += 1
                 self._skipped_string.inc()
-                self._warn_once(key, f"Stat value {key!r} is a string; Prometheus holds numbers: skipped")
+                self._warn_once(
+                    key, f"Stat value {key!r} is a string; Prometheus holds numbers: skipped"
+                )
             else:
                 gauge.set(value)
 
@@ -146,14 +148,18 @@ class PrometheusEventHandler:
             gauge = None
             if owner is None:
                 try:
-                    parent = Gauge(name, f"monitor_bus Stat {key}", list(self._labels), registry=self.registry)
+                    parent = Gauge(
+                        name, f"monitor_bus Stat {key}", list(self._labels), registry=self.registry
+                    )
                 except ValueError as exc:  # the registry already has a metric of that name
                     owner = str(exc)
                 else:
                     gauge = parent.labels(**self._labels) if self._labels else parent
                     self._names[name] = key
             if gauge is None:
-                self._warn_once(key, f"Stat key {key!r} maps to {name!r}, which is taken ({owner}): skipped")
+                self._warn_once(
+                    key, f"Stat key {key!r} maps to {name!r}, which is taken ({owner}): skipped"
+                )
             self._gauges[key] = gauge
             return gauge
 
@@ -233,7 +239,10 @@ def serve(port: int, addr: str = "127.0.0.1", *, registry: CollectorRegistry) ->
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise OSError(
-                exc.errno, f"cannot serve Prometheus metrics on {addr}:{port}: port {port} is already in use"
+                exc.errno,
+                f"cannot serve Prometheus metrics on {addr}:{port}: port {port} is already in use",
             ) from exc
-        raise OSError(exc.errno, f"cannot serve Prometheus metrics on {addr}:{port}: {exc.strerror or exc}") from exc
+        raise OSError(
+            exc.errno, f"cannot serve Prometheus metrics on {addr}:{port}: {exc.strerror or exc}"
+        ) from exc
     return MetricsServer(server, thread)
