@@ -1,0 +1,338 @@
+"""The demo: a small numpy network trained in an anyio loop, logging through a bus.
+
+A producer task shuffles a synthetic two-spirals data set into minibatches and sends them
+over a memory stream; the training task fits a two-layer tanh network with Adam, logs one
+``demo.epoch`` event per epoch (losses, held-out accuracy) and feeds ``Stat`` windows of one
+second for step time, throughput and training loss. The bus writes everything to a JSON-lines
+file and to TensorBoard under the log directory, and a tally handler measures how long events
+take to reach a handler. Needs the ``demo`` extra (numpy; tensorboard unless disabled).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import anyio
+
+from ._bus import EventBus
+from ._event import Event
+from ._jsonl import JsonlEventHandler
+from ._stat import STAT_EVENT, Aggregation, Stat
+from ._tensorboard_handler import TensorboardEventHandler
+
+EPOCH_EVENT = "demo.epoch"
+JSONL_NAME = "events.jsonl"
+WINDOW = timedelta(seconds=1)
+BATCH = 256
+HIDDEN = 128
+SAMPLES = 8192
+HOLDOUT = 2048
+
+#: Called about ten times a second with (steps done, steps in all, last training loss).
+ProgressCallback = Callable[[int, int, float], None]
+
+
+@dataclass
+class DemoResult:
+    """What a demo run did; the CLI prints it."""
+
+    log_dir: str
+    jsonl_path: str
+    tensorboard: bool
+    steps: int
+    epochs: int
+    seconds: float
+    final_accuracy: float
+    events_by_name: dict[str, int]
+    stat_windows: dict[str, int]
+    written: int
+    dropped: int
+    handler_errors: int
+    latencies_ms: list[float] = field(repr=False)
+
+    def latency_percentile(self, q: float) -> float:
+        """The q-th percentile (0-100) of delivery latency in milliseconds (nearest rank)."""
+        if not self.latencies_ms:
+            return math.nan
+        ordered = sorted(self.latencies_ms)
+        rank = max(1, math.ceil(q / 100 * len(ordered)))
+        return ordered[rank - 1]
+
+
+class _Tally:
+    """Counts events by name and Stat windows by stat, and measures delivery latency."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.names: Counter[str] = Counter()
+        self.windows: Counter[str] = Counter()
+        self.latencies_ms: list[float] = []
+
+    def __call__(self, event: Event) -> None:
+        latency = (datetime.now(timezone.utc) - event.timestamp).total_seconds() * 1000.0
+        with self.lock:
+            self.latencies_ms.append(latency)
+            self.names[event.name] += 1
+            if event.name == STAT_EVENT:
+                self.windows.update({key.rpartition(".")[0] for key in event.data})
+
+
+class _EpochScalars:
+    """Writes each ``demo.epoch`` event's metrics to TensorBoard at step = epoch."""
+
+    def __init__(self, writer: Any) -> None:
+        self._writer = writer
+
+    def __call__(self, event: Event) -> None:
+        if event.name != EPOCH_EVENT:
+            return
+        data = event.data
+        walltime = event.timestamp.timestamp()
+        for key, value in data.items():
+            if key != "epoch":
+                self._writer.add_scalar(f"epoch/{key}", value, global_step=data["epoch"], walltime=walltime)
+
+
+def default_log_dir() -> str:
+    """``runs/<local date-time>`` under the working directory."""
+    return os.path.join("runs", datetime.now().strftime("%Y%m%d-%H%M%S"))
+
+
+def run_demo(
+    steps: int = 3000,
+    log_dir: str | os.PathLike[str] | None = None,
+    *,
+    tensorboard: bool = True,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+) -> DemoResult:
+    """Train the demo network for ``steps`` steps, logging under ``log_dir``.
+
+    Args:
+        steps: optimizer steps (minibatches of 256); 32 make an epoch.
+        log_dir: where ``events.jsonl`` and the TensorBoard files go, made if missing;
+            default ``runs/<date-time>``. An existing ``events.jsonl`` is appended to.
+        tensorboard: also write TensorBoard event files.
+        seed: seeds the data set, the initial weights and the shuffling.
+        progress: called about ten times a second from the training loop's thread.
+
+    Raises:
+        ValueError: ``steps`` is below 1.
+        OSError: ``log_dir`` cannot be made or written (the message names it).
+        ImportError: numpy, or tensorboard when asked for, is not installed.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    import numpy  # noqa: F401 - fail before anything is made
+
+    log_dir = os.fspath(log_dir) if log_dir is not None else default_log_dir()
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+    except OSError as exc:
+        raise type(exc)(exc.errno, f"cannot create log directory: {exc.strerror}", log_dir) from None
+    jsonl_path = os.path.join(log_dir, JSONL_NAME)
+    jsonl = JsonlEventHandler(jsonl_path)
+    writer = None
+    if tensorboard:
+        try:
+            from .tensorboard import SummaryWriter
+
+            writer = SummaryWriter(log_dir)
+        except BaseException:
+            jsonl.close()
+            raise
+
+    tally = _Tally()
+    bus = EventBus(name="demo")
+    try:
+        bus.register_event_handler(jsonl, name="jsonl")
+        if writer is not None:
+            bus.register_event_handler(TensorboardEventHandler(writer), name="tensorboard")
+            bus.register_event_handler(_EpochScalars(writer), name="tensorboard-epochs")
+        bus.register_event_handler(tally, name="tally")
+        started = time.perf_counter()
+        epochs, accuracy = anyio.run(_train, bus, steps, seed, progress)
+        seconds = time.perf_counter() - started
+        bus.flush()
+        stats = bus.stats()
+    finally:
+        bus.close(timeout=10.0)
+        jsonl.close()
+        if writer is not None:
+            writer.close()
+    with tally.lock:
+        return DemoResult(
+            log_dir=log_dir,
+            jsonl_path=jsonl_path,
+            tensorboard=writer is not None,
+            steps=steps,
+            epochs=epochs,
+            seconds=seconds,
+            final_accuracy=accuracy,
+            events_by_name=dict(tally.names),
+            stat_windows=dict(tally.windows),
+            written=jsonl.written,
+            dropped=stats["dropped"] + stats["handler_dropped"],
+            handler_errors=stats["handler_errors"],
+            latencies_ms=list(tally.latencies_ms),
+        )
+
+
+def _spirals(rng: Any, n: int) -> tuple[Any, Any]:
+    """Two interleaved noisy spirals in the plane, labels 0 and 1."""
+    import numpy as np
+
+    t = np.sqrt(rng.uniform(0.0, 1.0, n)) * 4.0 * np.pi
+    label = rng.integers(0, 2, n)
+    sign = np.where(label == 1, 1.0, -1.0)
+    x = np.stack([sign * t * np.cos(t), sign * t * np.sin(t)], axis=1) / (4.0 * np.pi)
+    x += rng.normal(0.0, 0.04, x.shape)
+    return x.astype(np.float64), label.astype(np.float64)[:, None]
+
+
+class _Net:
+    """2 -> HIDDEN -> HIDDEN -> 1, tanh hidden layers, sigmoid output, trained with Adam."""
+
+    def __init__(self, rng: Any) -> None:
+        import numpy as np
+
+        self.params = [
+            rng.normal(0.0, 1.0, (2, HIDDEN)) * 2.0,
+            np.zeros(HIDDEN),
+            rng.normal(0.0, 1.0 / math.sqrt(HIDDEN), (HIDDEN, HIDDEN)),
+            np.zeros(HIDDEN),
+            rng.normal(0.0, 1.0 / math.sqrt(HIDDEN), (HIDDEN, 1)),
+            np.zeros(1),
+        ]
+        self.m = [np.zeros_like(p) for p in self.params]
+        self.v = [np.zeros_like(p) for p in self.params]
+        self.t = 0
+
+    def forward(self, x: Any) -> tuple[Any, Any, Any]:
+        import numpy as np
+
+        w1, b1, w2, b2, w3, b3 = self.params
+        h1 = np.tanh(x @ w1 + b1)
+        h2 = np.tanh(h1 @ w2 + b2)
+        logits = h2 @ w3 + b3
+        return h1, h2, logits
+
+    @staticmethod
+    def loss(logits: Any, y: Any) -> float:
+        import numpy as np
+
+        # Binary cross-entropy from logits, stable for large |logits|.
+        return float(np.mean(np.logaddexp(0.0, logits) - y * logits))
+
+    def step(self, x: Any, y: Any, lr: float = 0.01) -> float:
+        import numpy as np
+
+        w1, b1, w2, b2, w3, b3 = self.params
+        h1, h2, logits = self.forward(x)
+        loss = self.loss(logits, y)
+        d3 = (1.0 / (1.0 + np.exp(-logits)) - y) / len(x)
+        d2 = (d3 @ w3.T) * (1.0 - h2 * h2)
+        d1 = (d2 @ w2.T) * (1.0 - h1 * h1)
+        grads = [x.T @ d1, d1.sum(0), h1.T @ d2, d2.sum(0), h2.T @ d3, d3.sum(0)]
+        self.t += 1
+        c1 = 1.0 - 0.9**self.t
+        c2 = 1.0 - 0.999**self.t
+        for p, g, m, v in zip(self.params, grads, self.m, self.v):
+            m *= 0.9
+            m += 0.1 * g
+            v *= 0.999
+            v += 0.001 * g * g
+            p -= lr * (m / c1) / (np.sqrt(v / c2) + 1e-8)
+        return loss
+
+
+async def _train(bus: EventBus, steps: int, seed: int, progress: ProgressCallback | None) -> tuple[int, float]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    x, y = _spirals(rng, SAMPLES + HOLDOUT)
+    x_train, y_train, x_test, y_test = x[:SAMPLES], y[:SAMPLES], x[SAMPLES:], y[SAMPLES:]
+    per_epoch = SAMPLES // BATCH
+    net = _Net(rng)
+
+    step_time = Stat("step_time_ms", [Aggregation.MEAN, Aggregation.MIN, Aggregation.MAX], WINDOW, bus=bus)
+    throughput = Stat("samples_per_s", [Aggregation.MEAN], WINDOW, bus=bus)
+    train_loss = Stat("train_loss", [Aggregation.MEAN], WINDOW, bus=bus)
+    stats = (step_time, throughput, train_loss)
+
+    send, receive = anyio.create_memory_object_stream[tuple[Any, Any, bool]](max_buffer_size=8)
+    state = {"done": 0, "loss": math.nan}
+    result = {"epochs": 0, "accuracy": math.nan}
+
+    async def produce() -> None:
+        async with send:
+            sent = 0
+            while sent < steps:
+                order = rng.permutation(SAMPLES)
+                for i in range(per_epoch):
+                    if sent == steps:
+                        break
+                    idx = order[i * BATCH : (i + 1) * BATCH]
+                    sent += 1
+                    last = i == per_epoch - 1 or sent == steps
+                    await send.send((x_train[idx], y_train[idx], last))
+
+    async def train() -> None:
+        epoch_losses: list[float] = []
+        async with receive:
+            async for xb, yb, epoch_end in receive:
+                began = time.perf_counter()
+                loss = net.step(xb, yb)
+                elapsed = time.perf_counter() - began
+                step_time.add(elapsed * 1000.0)
+                throughput.add(len(xb) / elapsed)
+                train_loss.add(loss)
+                epoch_losses.append(loss)
+                state["done"] += 1
+                state["loss"] = loss
+                if epoch_end:
+                    result["epochs"] += 1
+                    _, _, logits = net.forward(x_test)
+                    accuracy = float(np.mean((logits > 0.0) == (y_test > 0.5)))
+                    result["accuracy"] = accuracy
+                    bus.log_event(
+                        Event(
+                            EPOCH_EVENT,
+                            datetime.now(timezone.utc),
+                            {
+                                "epoch": result["epochs"],
+                                "step": state["done"],
+                                "train_loss": float(np.mean(epoch_losses)),
+                                "val_loss": net.loss(logits, y_test),
+                                "val_accuracy": accuracy,
+                            },
+                        )
+                    )
+                    epoch_losses = []
+
+    async def report() -> None:
+        assert progress is not None
+        while True:
+            progress(state["done"], steps, state["loss"])
+            await anyio.sleep(0.1)
+
+    async with anyio.create_task_group() as tg:
+        if progress is not None:
+            tg.start_soon(report)
+        async with anyio.create_task_group() as work:
+            work.start_soon(produce)
+            work.start_soon(train)
+        tg.cancel_scope.cancel()
+    if progress is not None:
+        progress(state["done"], steps, state["loss"])
+    for stat in stats:
+        stat._close()  # log the last, partial window
+    return result["epochs"], result["accuracy"]

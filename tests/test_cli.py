@@ -1,0 +1,228 @@
+"""The monitor-bus command line: demo, summary, plot, and their error paths."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from monitor_bus import STAT_EVENT, Event, JsonlEventHandler, read_jsonl
+from monitor_bus.__main__ import main
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(path: Path, events: list[Event]) -> Path:
+    with JsonlEventHandler(path) as handler:
+        for event in events:
+            handler(event)
+    return path
+
+
+def stat_run(path: Path) -> Path:
+    """Two Stats over three windows, and one other event."""
+    events = [Event("train.epoch", T0, {"loss": 0.5})]
+    for i, (mean, top, n) in enumerate([(2.0, 5.0, 10), (1.5, 9.0, 12), (1.75, 4.0, 7)]):
+        ts = T0 + timedelta(seconds=i + 1)
+        events.append(Event(STAT_EVENT, ts, {"lat.mean": mean, "lat.max": top, "lat.count": n}))
+        events.append(Event(STAT_EVENT, ts, {"loss.value": 1.0 / (i + 1)}))
+    return write_run(path, events)
+
+
+def one_error_line(err: str) -> str:
+    """The single line a failing command printed on stderr."""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith("monitor-bus: error: ")
+    return lines[0].removeprefix("monitor-bus: error: ")
+
+
+# -- demo --
+
+
+def test_demo_prints_summary_and_tensorboard_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """demo runs, shows progress on stderr, then the table and the exact TensorBoard command."""
+    log_dir = tmp_path / "my run"
+    assert main(["demo", "--steps", "40", "--logdir", str(log_dir), "--seed", "2"]) == 0
+    out, err = capsys.readouterr()
+    written = len(read_jsonl(log_dir / "events.jsonl"))
+    lines = out.splitlines()
+    assert lines[0].startswith("Trained 40 steps (2 epochs) in ")
+    assert "  demo.epoch             2" in lines
+    assert f"written to events.jsonl  {written}" in lines
+    assert "dropped                  0" in lines
+    assert "handler errors           0" in lines
+    assert any(line.startswith("delivery latency         p50 ") and f"({written} events)" in line for line in lines)
+    assert f"  tensorboard --logdir {shlex.quote(str(log_dir))}" in lines
+    assert f"  monitor-bus summary {shlex.quote(str(log_dir / 'events.jsonl'))}" in lines
+    assert err.splitlines()[-1] == "[##############################] 40/40 steps  loss " + err.splitlines()[-1].split("loss ")[1]
+    assert any(p.name.startswith("events.out.tfevents.") for p in log_dir.iterdir())
+
+
+def test_demo_no_tensorboard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--no-tensorboard writes only events.jsonl and prints no TensorBoard command."""
+    assert main(["demo", "--steps", "20", "--logdir", str(tmp_path), "--no-tensorboard"]) == 0
+    out, _ = capsys.readouterr()
+    assert "tensorboard --logdir" not in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.jsonl"]
+
+
+def test_demo_help_explains_the_options(capsys: pytest.CaptureFixture[str]) -> None:
+    """demo --help exits 0 and describes --steps, --logdir, --no-tensorboard and --seed."""
+    assert main(["demo", "--help"]) == 0
+    out = capsys.readouterr().out
+    for option in ("--steps N", "--logdir DIR", "--no-tensorboard", "--seed S"):
+        assert option in out
+    assert "default: 3000" in out
+
+
+def test_python_dash_m_runs_the_demo(tmp_path: Path) -> None:
+    """`python -m monitor_bus demo` works as a program (exit 0, JSONL written)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "monitor_bus", "demo", "--steps", "20", "--logdir", str(tmp_path), "--no-tensorboard"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Trained 20 steps (1 epochs)" in proc.stdout
+    assert len(read_jsonl(tmp_path / "events.jsonl")) > 1
+
+
+def test_demo_log_dir_that_cannot_be_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A log dir under a regular file: one error line naming it, exit 1, the file untouched."""
+    blocker = tmp_path / "file"
+    blocker.write_text("keep")
+    assert main(["demo", "--steps", "5", "--logdir", str(blocker / "run")]) == 1
+    assert one_error_line(capsys.readouterr().err) == (
+        f"cannot create log directory: Not a directory: {blocker / 'run'}"
+    )
+    assert blocker.read_text() == "keep"
+
+
+def test_demo_jsonl_path_is_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """If LOGDIR/events.jsonl is a directory: one error line, exit 1, nothing written."""
+    (tmp_path / "events.jsonl").mkdir()
+    assert main(["demo", "--steps", "5", "--logdir", str(tmp_path)]) == 1
+    assert one_error_line(capsys.readouterr().err) == f"Is a directory: {tmp_path / 'events.jsonl'}"
+    assert [p.name for p in tmp_path.iterdir()] == ["events.jsonl"]
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad option value or no command is a usage error (exit 2), not a traceback."""
+    assert main(["demo", "--steps", "0"]) == 2
+    assert "argument --steps: must be at least 1, got 0" in capsys.readouterr().err
+    assert main([]) == 2
+    assert "required: COMMAND" in capsys.readouterr().err
+
+
+# -- summary --
+
+
+def test_summary_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """summary prints events per name and, per Stat key, windows and last/min/max."""
+    run = stat_run(tmp_path / "run.jsonl")
+    assert main(["summary", str(run)]) == 0
+    assert capsys.readouterr().out == (
+        f"{run}: 7 events, 2026-03-01T12:00:00+00:00 to 2026-03-01T12:00:03+00:00\n"
+        "  torch.monitor.Stat           6\n"
+        "  train.epoch                  1\n"
+        "\n"
+        "stat  aggregate  windows      last       min  max\n"
+        "lat   count            3         7         7   12\n"
+        "lat   max              3         4         4    9\n"
+        "lat   mean             3      1.75       1.5    2\n"
+        "loss  value            3  0.333333  0.333333    1\n"
+    )
+
+
+def test_summary_warns_about_a_torn_line_and_goes_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A torn last line gives a warning line on stderr; the rest is summarized, exit 0."""
+    run = stat_run(tmp_path / "run.jsonl")
+    with run.open("ab") as f:
+        f.write(b'{"name": "torch.monitor.St')
+    assert main(["summary", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert err == f"monitor-bus: warning: {run}, line 8: skipped a line that is not valid JSON (a write torn by a crash?)\n"
+    assert out.startswith(f"{run}: 7 events")
+
+
+def test_summary_without_stats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run without Stat events is summarized by name, with 'no Stat events'."""
+    run = write_run(tmp_path / "run.jsonl", [Event("a", T0, {"x": 1})])
+    assert main(["summary", str(run)]) == 0
+    assert capsys.readouterr().out.endswith("\n  a           1\n\nno Stat events\n")
+
+
+@pytest.mark.parametrize("command", ["summary", "plot"])
+def test_reading_bad_files(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
+    """A directory, a missing file and a non-JSONL file each give one error line and exit 1."""
+    missing = tmp_path / "missing.jsonl"
+    assert main([command, str(tmp_path), "-o", str(tmp_path / "p.png")] if command == "plot" else [command, str(tmp_path)]) == 1
+    assert one_error_line(capsys.readouterr().err) == f"Is a directory: {tmp_path}"
+    assert main([command, str(missing)]) == 1
+    assert one_error_line(capsys.readouterr().err) == f"No such file or directory: {missing}"
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    assert main([command, str(binary)]) == 1
+    assert one_error_line(capsys.readouterr().err) == (
+        f"{binary}: no line is a valid JSON event; not a monitor_bus JSONL file?"
+    )
+    assert binary.read_bytes() == bytes(range(256)) * 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.bin"]
+
+
+# -- plot --
+
+
+def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """plot draws one panel per Stat (counts apart) into a PNG, with the usual permissions."""
+    from matplotlib.image import imread
+
+    run = stat_run(tmp_path / "run.jsonl")
+    out = tmp_path / "plot.png"
+    assert main(["plot", str(run), "-o", str(out)]) == 0
+    assert capsys.readouterr().out == f"wrote {out} (3 panels, 4 series)\n"
+    assert out.read_bytes().startswith(PNG_MAGIC)
+    height, width, _ = imread(out).shape
+    assert (width, height) == (800, int(100 * (2.2 * 3 + 0.6)))
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_plot_default_output_is_beside_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without -o, the picture is RUN.png next to RUN.jsonl."""
+    run = stat_run(tmp_path / "run.jsonl")
+    assert main(["plot", str(run)]) == 0
+    assert (tmp_path / "run.png").read_bytes().startswith(PNG_MAGIC)
+    assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 'run.png'} ")
+
+
+def test_plot_without_stats_fails_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run with no Stat events: one error line, exit 1, no picture written."""
+    run = write_run(tmp_path / "run.jsonl", [Event("a", T0, {"x": 1.0})])
+    assert main(["plot", str(run), "-o", str(tmp_path / "p.png")]) == 1
+    assert one_error_line(capsys.readouterr().err) == f"no Stat events in {run}: nothing to plot"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.jsonl"]
+
+
+def test_plot_output_errors_leave_files_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An output that is a directory, in a missing directory, or of an unknown format fails; an old picture survives."""
+    run = stat_run(tmp_path / "run.jsonl")
+    (tmp_path / "dir").mkdir()
+    assert main(["plot", str(run), "-o", str(tmp_path / "dir")]) == 1
+    assert one_error_line(capsys.readouterr().err) == f"output is a directory: {tmp_path / 'dir'}"
+    assert main(["plot", str(run), "-o", str(tmp_path / "nowhere" / "p.png")]) == 1
+    assert one_error_line(capsys.readouterr().err) == f"output directory does not exist: {tmp_path / 'nowhere'}"
+    old = tmp_path / "old.xyz"
+    old.write_bytes(b"previous picture")
+    assert main(["plot", str(run), "-o", str(old)]) == 1
+    assert "xyz" in one_error_line(capsys.readouterr().err)
+    assert old.read_bytes() == b"previous picture"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "old.xyz", "run.jsonl"]

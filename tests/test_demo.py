@@ -1,0 +1,120 @@
+"""The demo trainer, run end to end in a temporary directory with few steps."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from monitor_bus import STAT_EVENT, read_jsonl
+from monitor_bus._demo import EPOCH_EVENT, DemoResult, run_demo
+
+STAT_GROUPS = {
+    "step_time_ms": {"step_time_ms.mean", "step_time_ms.min", "step_time_ms.max"},
+    "samples_per_s": {"samples_per_s.mean"},
+    "train_loss": {"train_loss.mean"},
+}
+STAT_KEYS = set().union(*STAT_GROUPS.values())
+EPOCH_KEYS = ["epoch", "step", "train_loss", "val_loss", "val_accuracy"]
+
+
+def f32(v: float) -> float:
+    return struct.unpack("f", struct.pack("f", v))[0]
+
+
+def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
+    """A 70-step run logs 3 epochs (32, 64, 70 steps) and Stat windows; JSONL, TensorBoard and the tally agree."""
+    calls: list[tuple[int, int]] = []
+    result = run_demo(70, tmp_path, seed=3, progress=lambda done, total, loss: calls.append((done, total)))
+
+    events = read_jsonl(tmp_path / "events.jsonl")
+    epochs = [e for e in events if e.name == EPOCH_EVENT]
+    stats = [e for e in events if e.name == STAT_EVENT]
+    assert len(events) == len(epochs) + len(stats) == result.written
+    assert [(e.data["epoch"], e.data["step"]) for e in epochs] == [(1, 32), (2, 64), (3, 70)]
+    assert all(list(e.data) == EPOCH_KEYS for e in epochs)
+    assert all(0.0 <= e.data["val_accuracy"] <= 1.0 for e in epochs)
+    assert result.final_accuracy == epochs[-1].data["val_accuracy"]
+    assert (result.steps, result.epochs) == (70, 3)
+
+    # Each Stat logs its own event per window, holding exactly that Stat's keys.
+    by_stat = {name: [e for e in stats if set(e.data) == keys] for name, keys in STAT_GROUPS.items()}
+    assert sum(len(windows) for windows in by_stat.values()) == len(stats)
+    assert all(by_stat.values())
+    assert result.stat_windows == {name: len(windows) for name, windows in by_stat.items()}
+    assert result.events_by_name == {EPOCH_EVENT: 3, STAT_EVENT: len(stats)}
+    assert (result.dropped, result.handler_errors) == (0, 0)
+    assert len(result.latencies_ms) == len(events)
+    assert all(
+        e.data["step_time_ms.min"] <= e.data["step_time_ms.mean"] <= e.data["step_time_ms.max"]
+        for e in by_stat["step_time_ms"]
+    )
+
+    acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert set(acc.Tags()["scalars"]) == STAT_KEYS | {f"epoch/{k}" for k in EPOCH_KEYS[1:]}
+    for name, keys in STAT_GROUPS.items():
+        for key in keys:
+            assert [(s.step, s.value) for s in acc.Scalars(key)] == [
+                (i, f32(e.data[key])) for i, e in enumerate(by_stat[name])
+            ]
+    for key in EPOCH_KEYS[1:]:
+        assert [(s.step, s.value) for s in acc.Scalars(f"epoch/{key}")] == [
+            (e.data["epoch"], f32(e.data[key])) for e in epochs
+        ]
+
+    assert calls[-1] == (70, 70)
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)
+
+
+def test_demo_learns_and_is_seeded(tmp_path: Path) -> None:
+    """With a seed, training is reproducible; 320 steps separate the spirals (held-out accuracy over 90%)."""
+    runs = [run_demo(320, tmp_path / f"run{i}", tensorboard=False, seed=seed) for i, seed in enumerate((0, 0, 1))]
+    losses = [
+        [e.data["val_loss"] for e in read_jsonl(tmp_path / f"run{i}" / "events.jsonl") if e.name == EPOCH_EVENT]
+        for i in range(3)
+    ]
+    assert losses[0] == losses[1]
+    assert losses[0] != losses[2]
+    assert runs[0].final_accuracy > 0.9
+    assert losses[0][-1] < losses[0][0] / 4
+
+
+def test_demo_without_tensorboard_writes_only_jsonl(tmp_path: Path) -> None:
+    """tensorboard=False writes no event files, and the run still reaches the JSONL file."""
+    result = run_demo(40, tmp_path, tensorboard=False)
+    assert not result.tensorboard
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.jsonl"]
+    assert len(read_jsonl(tmp_path / "events.jsonl")) == result.written > 0
+
+
+def test_demo_appends_to_an_existing_run(tmp_path: Path) -> None:
+    """A second run in the same directory keeps the first run's lines."""
+    first = run_demo(40, tmp_path, tensorboard=False)
+    second = run_demo(40, tmp_path, tensorboard=False)
+    assert len(read_jsonl(tmp_path / "events.jsonl")) == first.written + second.written
+
+
+def test_demo_rejects_bad_arguments(tmp_path: Path) -> None:
+    """steps below 1 and a log directory under a file are refused before anything is written."""
+    with pytest.raises(ValueError, match="steps"):
+        run_demo(0, tmp_path)
+    blocker = tmp_path / "file"
+    blocker.write_text("keep")
+    with pytest.raises(NotADirectoryError, match="cannot create log directory") as info:
+        run_demo(10, blocker / "run")
+    assert info.value.filename == str(blocker / "run")
+    assert blocker.read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_latency_percentile_is_nearest_rank() -> None:
+    """p50/p99 use the nearest-rank rule; no samples give NaN."""
+    result = DemoResult("d", "d/e", False, 1, 1, 0.0, 0.0, {}, {}, 0, 0, 0, [float(i) for i in range(1, 101)])
+    assert (result.latency_percentile(50), result.latency_percentile(99), result.latency_percentile(100)) == (50.0, 99.0, 100.0)
+    result.latencies_ms = [3.0]
+    assert result.latency_percentile(99) == 3.0
+    result.latencies_ms = []
+    assert result.latency_percentile(50) != result.latency_percentile(50)  # NaN
