@@ -45,20 +45,29 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     demo.add_argument(
-        "--steps", type=_positive_int, default=3000, metavar="N",
+        "--steps",
+        type=_positive_int,
+        default=3000,
+        metavar="N",
         help="optimizer steps, minibatches of 256 (default: %(default)s, a few seconds)",
     )
     demo.add_argument(
-        "--logdir", metavar="DIR",
+        "--logdir",
+        metavar="DIR",
         help="directory for events.jsonl and the TensorBoard files, made if missing "
         "(default: ./runs/<date-time>)",
     )
     demo.add_argument(
-        "--no-tensorboard", dest="tensorboard", action="store_false",
+        "--no-tensorboard",
+        dest="tensorboard",
+        action="store_false",
         help="write only the JSONL file (no tensorboard package needed)",
     )
     demo.add_argument(
-        "--seed", type=int, default=0, metavar="S",
+        "--seed",
+        type=int,
+        default=0,
+        metavar="S",
         help="seed of the data set, initial weights and shuffling (default: %(default)s)",
     )
 
@@ -79,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plot.add_argument("run", metavar="RUN.jsonl", help="a file written by JsonlEventHandler")
     plot.add_argument(
-        "-o", "--output", metavar="FILE",
+        "-o",
+        "--output",
+        metavar="FILE",
         help="image to write; the format follows the extension (default: RUN.png beside RUN.jsonl)",
     )
     return parser
@@ -175,9 +186,7 @@ def _demo(args: argparse.Namespace) -> int:
     except ImportError as exc:
         missing = exc.name or "a dependency"
         hint = " (or run with --no-tensorboard)" if missing == "tensorboard" else ""
-        raise CliError(
-            f"the demo needs {missing}: pip install 'monitor_bus[demo]'{hint}"
-        ) from None
+        raise CliError(f"the demo needs {missing}: pip install 'monitor_bus[demo]'{hint}") from None
     finally:
         bar.end()
 
@@ -278,7 +287,8 @@ def _summary(args: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         cells = [
-            cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))
+            cell.ljust(w) if i < 2 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
         ]
         print("  ".join(cells).rstrip())
     return 0
@@ -318,7 +328,7 @@ def _plot(args: argparse.Namespace) -> int:
     figure = Figure(figsize=(8, 2.2 * len(panels) + 0.6), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
-    for ax, (title, keys) in zip(axes, panels.items()):
+    for ax, (title, keys) in zip(axes, panels.items(), strict=True):
         for key in keys:
             xs = [(ts - start).total_seconds() for ts, _ in series[key]]
             ys = [v for _, v in series[key]]

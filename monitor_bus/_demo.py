@@ -98,7 +98,9 @@ class _EpochScalars:
         walltime = event.timestamp.timestamp()
         for key, value in data.items():
             if key != "epoch":
-                self._writer.add_scalar(f"epoch/{key}", value, global_step=data["epoch"], walltime=walltime)
+                self._writer.add_scalar(
+                    f"epoch/{key}", value, global_step=data["epoch"], walltime=walltime
+                )
 
 
 def default_log_dir() -> str:
@@ -137,7 +139,9 @@ def run_demo(
     try:
         os.makedirs(log_dir, exist_ok=True)
     except OSError as exc:
-        raise type(exc)(exc.errno, f"cannot create log directory: {exc.strerror}", log_dir) from None
+        raise type(exc)(
+            exc.errno, f"cannot create log directory: {exc.strerror}", log_dir
+        ) from None
     jsonl_path = os.path.join(log_dir, JSONL_NAME)
     jsonl = JsonlEventHandler(jsonl_path)
     writer = None
@@ -245,7 +249,7 @@ class _Net:
         self.t += 1
         c1 = 1.0 - 0.9**self.t
         c2 = 1.0 - 0.999**self.t
-        for p, g, m, v in zip(self.params, grads, self.m, self.v):
+        for p, g, m, v in zip(self.params, grads, self.m, self.v, strict=True):
             m *= 0.9
             m += 0.1 * g
             v *= 0.999
@@ -254,7 +258,19 @@ class _Net:
         return loss
 
 
-async def _train(bus: EventBus, steps: int, seed: int, progress: ProgressCallback | None) -> tuple[int, float]:
+@dataclass
+class _State:
+    """Progress of the training task, read by the progress task."""
+
+    done: int = 0
+    loss: float = math.nan
+    epochs: int = 0
+    accuracy: float = math.nan
+
+
+async def _train(
+    bus: EventBus, steps: int, seed: int, progress: ProgressCallback | None
+) -> tuple[int, float]:
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -263,14 +279,15 @@ async def _train(bus: EventBus, steps: int, seed: int, progress: ProgressCallbac
     per_epoch = SAMPLES // BATCH
     net = _Net(rng)
 
-    step_time = Stat("step_time_ms", [Aggregation.MEAN, Aggregation.MIN, Aggregation.MAX], WINDOW, bus=bus)
+    step_time = Stat(
+        "step_time_ms", [Aggregation.MEAN, Aggregation.MIN, Aggregation.MAX], WINDOW, bus=bus
+    )
     throughput = Stat("samples_per_s", [Aggregation.MEAN], WINDOW, bus=bus)
     train_loss = Stat("train_loss", [Aggregation.MEAN], WINDOW, bus=bus)
     stats = (step_time, throughput, train_loss)
 
     send, receive = anyio.create_memory_object_stream[tuple[Any, Any, bool]](max_buffer_size=8)
-    state = {"done": 0, "loss": math.nan}
-    result = {"epochs": 0, "accuracy": math.nan}
+    state = _State()
 
     async def produce() -> None:
         async with send:
@@ -296,20 +313,20 @@ async def _train(bus: EventBus, steps: int, seed: int, progress: ProgressCallbac
                 throughput.add(len(xb) / elapsed)
                 train_loss.add(loss)
                 epoch_losses.append(loss)
-                state["done"] += 1
-                state["loss"] = loss
+                state.done += 1
+                state.loss = loss
                 if epoch_end:
-                    result["epochs"] += 1
+                    state.epochs += 1
                     _, _, logits = net.forward(x_test)
                     accuracy = float(np.mean((logits > 0.0) == (y_test > 0.5)))
-                    result["accuracy"] = accuracy
+                    state.accuracy = accuracy
                     bus.log_event(
                         Event(
                             EPOCH_EVENT,
                             datetime.now(timezone.utc),
                             {
-                                "epoch": result["epochs"],
-                                "step": state["done"],
+                                "epoch": state.epochs,
+                                "step": state.done,
                                 "train_loss": float(np.mean(epoch_losses)),
                                 "val_loss": net.loss(logits, y_test),
                                 "val_accuracy": accuracy,
@@ -321,7 +338,7 @@ async def _train(bus: EventBus, steps: int, seed: int, progress: ProgressCallbac
     async def report() -> None:
         assert progress is not None
         while True:
-            progress(state["done"], steps, state["loss"])
+            progress(state.done, steps, state.loss)
             await anyio.sleep(0.1)
 
     async with anyio.create_task_group() as tg:
@@ -332,7 +349,7 @@ async def _train(bus: EventBus, steps: int, seed: int, progress: ProgressCallbac
             work.start_soon(train)
         tg.cancel_scope.cancel()
     if progress is not None:
-        progress(state["done"], steps, state["loss"])
+        progress(state.done, steps, state.loss)
     for stat in stats:
         stat._close()  # log the last, partial window
-    return result["epochs"], result["accuracy"]
+    return state.epochs, state.accuracy

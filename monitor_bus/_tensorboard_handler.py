@@ -12,7 +12,9 @@ class ScalarWriter(Protocol):
     """What ``TensorboardEventHandler`` needs of a writer (torch's and tensorboardX's
     ``SummaryWriter`` qualify)."""
 
-    def add_scalar(self, tag: str, scalar_value: Any, global_step: Any = ..., walltime: Any = ...) -> Any: ...
+    def add_scalar(
+        self, tag: str, scalar_value: Any, global_step: Any = ..., walltime: Any = ...
+    ) -> Any: ...
 
 
 class TensorboardEventHandler:

@@ -25,11 +25,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
 
 try:
-    from tensorboard.compat.proto.event_pb2 import Event as _EventProto
-    from tensorboard.compat.proto.summary_pb2 import Summary as _SummaryProto
-    from tensorboard.compat.proto.summary_pb2 import SummaryMetadata as _SummaryMetadata
-    from tensorboard.compat.proto.tensor_pb2 import TensorProto as _TensorProto
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2  # type: ignore[import-untyped]
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter  # type: ignore[import-untyped]
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "monitor_bus.tensorboard needs the tensorboard package: "
@@ -196,7 +193,10 @@ class SummaryWriter:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()
 
@@ -219,19 +219,21 @@ def _summary_value(tag: Any, scalar_value: Any, new_style: bool, double_precisio
             f"scalar_value must be a real number, not {type(scalar_value).__name__}"
         ) from None
     if not new_style:
-        return _SummaryProto.Value(tag=tag, simple_value=value)
+        return summary_pb2.Summary.Value(tag=tag, simple_value=value)
     if double_precision:
-        tensor = _TensorProto(dtype="DT_DOUBLE", double_val=[value])
+        tensor = tensor_pb2.TensorProto(dtype="DT_DOUBLE", double_val=[value])
     else:
-        tensor = _TensorProto(dtype="DT_FLOAT", float_val=[value])
-    metadata = _SummaryMetadata(plugin_data=_SummaryMetadata.PluginData(plugin_name="scalars"))
-    return _SummaryProto.Value(tag=tag, tensor=tensor, metadata=metadata)
+        tensor = tensor_pb2.TensorProto(dtype="DT_FLOAT", float_val=[value])
+    metadata = summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
+    )
+    return summary_pb2.Summary.Value(tag=tag, tensor=tensor, metadata=metadata)
 
 
 def _event(value: Any, global_step: Any, walltime: float | None) -> Any:
-    event = _EventProto(
+    event = event_pb2.Event(
         wall_time=time.time() if walltime is None else float(walltime),
-        summary=_SummaryProto(value=[value]),
+        summary=summary_pb2.Summary(value=[value]),
     )
     if global_step is not None:
         if isinstance(global_step, bool):
@@ -239,5 +241,7 @@ def _event(value: Any, global_step: Any, walltime: float | None) -> Any:
         try:
             event.step = int(global_step.__index__())
         except (AttributeError, TypeError):
-            raise TypeError(f"global_step must be an int, not {type(global_step).__name__}") from None
+            raise TypeError(
+                f"global_step must be an int, not {type(global_step).__name__}"
+            ) from None
     return event

@@ -47,7 +47,9 @@ def one_error_line(err: str) -> str:
 # -- demo --
 
 
-def test_demo_prints_summary_and_tensorboard_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_prints_summary_and_tensorboard_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """demo runs, shows progress on stderr, then the table and the exact TensorBoard command."""
     log_dir = tmp_path / "my run"
     assert main(["demo", "--steps", "40", "--logdir", str(log_dir), "--seed", "2"]) == 0
@@ -59,10 +61,17 @@ def test_demo_prints_summary_and_tensorboard_command(tmp_path: Path, capsys: pyt
     assert f"written to events.jsonl  {written}" in lines
     assert "dropped                  0" in lines
     assert "handler errors           0" in lines
-    assert any(line.startswith("delivery latency         p50 ") and f"({written} events)" in line for line in lines)
+    assert any(
+        line.startswith("delivery latency         p50 ") and f"({written} events)" in line
+        for line in lines
+    )
     assert f"  tensorboard --logdir {shlex.quote(str(log_dir))}" in lines
     assert f"  monitor-bus summary {shlex.quote(str(log_dir / 'events.jsonl'))}" in lines
-    assert err.splitlines()[-1] == "[##############################] 40/40 steps  loss " + err.splitlines()[-1].split("loss ")[1]
+    assert (
+        err.splitlines()[-1]
+        == "[##############################] 40/40 steps  loss "
+        + err.splitlines()[-1].split("loss ")[1]
+    )
     assert any(p.name.startswith("events.out.tfevents.") for p in log_dir.iterdir())
 
 
@@ -86,15 +95,29 @@ def test_demo_help_explains_the_options(capsys: pytest.CaptureFixture[str]) -> N
 def test_python_dash_m_runs_the_demo(tmp_path: Path) -> None:
     """`python -m monitor_bus demo` works as a program (exit 0, JSONL written)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "monitor_bus", "demo", "--steps", "20", "--logdir", str(tmp_path), "--no-tensorboard"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "monitor_bus",
+            "demo",
+            "--steps",
+            "20",
+            "--logdir",
+            str(tmp_path),
+            "--no-tensorboard",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     assert "Trained 20 steps (1 epochs)" in proc.stdout
     assert len(read_jsonl(tmp_path / "events.jsonl")) > 1
 
 
-def test_demo_log_dir_that_cannot_be_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_log_dir_that_cannot_be_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A log dir under a regular file: one error line naming it, exit 1, the file untouched."""
     blocker = tmp_path / "file"
     blocker.write_text("keep")
@@ -141,14 +164,19 @@ def test_summary_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     )
 
 
-def test_summary_warns_about_a_torn_line_and_goes_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_summary_warns_about_a_torn_line_and_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A torn last line gives a warning line on stderr; the rest is summarized, exit 0."""
     run = stat_run(tmp_path / "run.jsonl")
     with run.open("ab") as f:
         f.write(b'{"name": "torch.monitor.St')
     assert main(["summary", str(run)]) == 0
     out, err = capsys.readouterr()
-    assert err == f"monitor-bus: warning: {run}, line 8: skipped a line that is not valid JSON (a write torn by a crash?)\n"
+    assert (
+        err
+        == f"monitor-bus: warning: {run}, line 8: skipped a line that is not valid JSON (a write torn by a crash?)\n"
+    )
     assert out.startswith(f"{run}: 7 events")
 
 
@@ -160,10 +188,19 @@ def test_summary_without_stats(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 @pytest.mark.parametrize("command", ["summary", "plot"])
-def test_reading_bad_files(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
+def test_reading_bad_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
     """A directory, a missing file and a non-JSONL file each give one error line and exit 1."""
     missing = tmp_path / "missing.jsonl"
-    assert main([command, str(tmp_path), "-o", str(tmp_path / "p.png")] if command == "plot" else [command, str(tmp_path)]) == 1
+    assert (
+        main(
+            [command, str(tmp_path), "-o", str(tmp_path / "p.png")]
+            if command == "plot"
+            else [command, str(tmp_path)]
+        )
+        == 1
+    )
     assert one_error_line(capsys.readouterr().err) == f"Is a directory: {tmp_path}"
     assert main([command, str(missing)]) == 1
     assert one_error_line(capsys.readouterr().err) == f"No such file or directory: {missing}"
@@ -196,7 +233,9 @@ def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert out.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
-def test_plot_default_output_is_beside_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plot_default_output_is_beside_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Without -o, the picture is RUN.png next to RUN.jsonl."""
     run = stat_run(tmp_path / "run.jsonl")
     assert main(["plot", str(run)]) == 0
@@ -204,7 +243,9 @@ def test_plot_default_output_is_beside_the_run(tmp_path: Path, capsys: pytest.Ca
     assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 'run.png'} ")
 
 
-def test_plot_without_stats_fails_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plot_without_stats_fails_cleanly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A run with no Stat events: one error line, exit 1, no picture written."""
     run = write_run(tmp_path / "run.jsonl", [Event("a", T0, {"x": 1.0})])
     assert main(["plot", str(run), "-o", str(tmp_path / "p.png")]) == 1
@@ -212,14 +253,19 @@ def test_plot_without_stats_fails_cleanly(tmp_path: Path, capsys: pytest.Capture
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.jsonl"]
 
 
-def test_plot_output_errors_leave_files_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plot_output_errors_leave_files_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """An output that is a directory, in a missing directory, or of an unknown format fails; an old picture survives."""
     run = stat_run(tmp_path / "run.jsonl")
     (tmp_path / "dir").mkdir()
     assert main(["plot", str(run), "-o", str(tmp_path / "dir")]) == 1
     assert one_error_line(capsys.readouterr().err) == f"output is a directory: {tmp_path / 'dir'}"
     assert main(["plot", str(run), "-o", str(tmp_path / "nowhere" / "p.png")]) == 1
-    assert one_error_line(capsys.readouterr().err) == f"output directory does not exist: {tmp_path / 'nowhere'}"
+    assert (
+        one_error_line(capsys.readouterr().err)
+        == f"output directory does not exist: {tmp_path / 'nowhere'}"
+    )
     old = tmp_path / "old.xyz"
     old.write_bytes(b"previous picture")
     assert main(["plot", str(run), "-o", str(old)]) == 1

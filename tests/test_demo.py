@@ -27,7 +27,9 @@ def f32(v: float) -> float:
 def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
     """A 70-step run logs 3 epochs (32, 64, 70 steps) and Stat windows; JSONL, TensorBoard and the tally agree."""
     calls: list[tuple[int, int]] = []
-    result = run_demo(70, tmp_path, seed=3, progress=lambda done, total, loss: calls.append((done, total)))
+    result = run_demo(
+        70, tmp_path, seed=3, progress=lambda done, total, loss: calls.append((done, total))
+    )
 
     events = read_jsonl(tmp_path / "events.jsonl")
     epochs = [e for e in events if e.name == EPOCH_EVENT]
@@ -40,7 +42,9 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
     assert (result.steps, result.epochs) == (70, 3)
 
     # Each Stat logs its own event per window, holding exactly that Stat's keys.
-    by_stat = {name: [e for e in stats if set(e.data) == keys] for name, keys in STAT_GROUPS.items()}
+    by_stat = {
+        name: [e for e in stats if set(e.data) == keys] for name, keys in STAT_GROUPS.items()
+    }
     assert sum(len(windows) for windows in by_stat.values()) == len(stats)
     assert all(by_stat.values())
     assert result.stat_windows == {name: len(windows) for name, windows in by_stat.items()}
@@ -71,9 +75,16 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
 
 def test_demo_learns_and_is_seeded(tmp_path: Path) -> None:
     """With a seed, training is reproducible; 320 steps separate the spirals (held-out accuracy over 90%)."""
-    runs = [run_demo(320, tmp_path / f"run{i}", tensorboard=False, seed=seed) for i, seed in enumerate((0, 0, 1))]
+    runs = [
+        run_demo(320, tmp_path / f"run{i}", tensorboard=False, seed=seed)
+        for i, seed in enumerate((0, 0, 1))
+    ]
     losses = [
-        [e.data["val_loss"] for e in read_jsonl(tmp_path / f"run{i}" / "events.jsonl") if e.name == EPOCH_EVENT]
+        [
+            e.data["val_loss"]
+            for e in read_jsonl(tmp_path / f"run{i}" / "events.jsonl")
+            if e.name == EPOCH_EVENT
+        ]
         for i in range(3)
     ]
     assert losses[0] == losses[1]
@@ -112,8 +123,14 @@ def test_demo_rejects_bad_arguments(tmp_path: Path) -> None:
 
 def test_latency_percentile_is_nearest_rank() -> None:
     """p50/p99 use the nearest-rank rule; no samples give NaN."""
-    result = DemoResult("d", "d/e", False, 1, 1, 0.0, 0.0, {}, {}, 0, 0, 0, [float(i) for i in range(1, 101)])
-    assert (result.latency_percentile(50), result.latency_percentile(99), result.latency_percentile(100)) == (50.0, 99.0, 100.0)
+    result = DemoResult(
+        "d", "d/e", False, 1, 1, 0.0, 0.0, {}, {}, 0, 0, 0, [float(i) for i in range(1, 101)]
+    )
+    assert (
+        result.latency_percentile(50),
+        result.latency_percentile(99),
+        result.latency_percentile(100),
+    ) == (50.0, 99.0, 100.0)
     result.latencies_ms = [3.0]
     assert result.latency_percentile(99) == 3.0
     result.latencies_ms = []

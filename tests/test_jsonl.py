@@ -46,7 +46,11 @@ def test_round_trip_types_unicode_and_non_finite(tmp_path: Path) -> None:
     """read_jsonl gives back equal events: unicode names, ints, floats, bools, strings, infinities; NaN stays NaN."""
     tz = timezone(timedelta(hours=-5, minutes=-30))
     logged = [
-        Event("训练.损失 🚀", T0, {"ключ": "значение ✓", "n": 2**70, "zero": 0.0, "t": True, "f": False}),
+        Event(
+            "训练.损失 🚀",
+            T0,
+            {"ключ": "значение ✓", "n": 2**70, "zero": 0.0, "t": True, "f": False},
+        ),
         Event("inf", T0.astimezone(tz), {"pos": math.inf, "neg": -math.inf, "small": 5e-324}),
         Event("empty", T0, {}),
     ]
@@ -91,7 +95,9 @@ def test_naive_timestamps_read_back_as_local_time(tmp_path: Path) -> None:
     ),
     micros=st.integers(0, 10**12),
 )
-def test_round_trip_property(tmp_path_factory: pytest.TempPathFactory, name: str, data: dict[str, Any], micros: int) -> None:
+def test_round_trip_property(
+    tmp_path_factory: pytest.TempPathFactory, name: str, data: dict[str, Any], micros: int
+) -> None:
     """Any event with aware timestamp and plain data (NaN aside) reads back equal, value types included."""
     path = tmp_path_factory.mktemp("rt") / "run.jsonl"
     event = Event(name, T0 + timedelta(microseconds=micros), data)
@@ -116,7 +122,9 @@ def test_writes_happen_at_flush(tmp_path: Path) -> None:
     handler.close()
 
 
-def test_on_a_bus_everything_is_on_disk_after_flush(bus: monitor_bus.EventBus, tmp_path: Path) -> None:
+def test_on_a_bus_everything_is_on_disk_after_flush(
+    bus: monitor_bus.EventBus, tmp_path: Path
+) -> None:
     """After bus.flush(), every logged event is in the file, Stat windows included, in order."""
     path = tmp_path / "run.jsonl"
     handler = JsonlEventHandler(path)
@@ -166,7 +174,9 @@ def test_torn_last_line_is_skipped_with_a_warning(tmp_path: Path) -> None:
     data = path.read_bytes()
     cut = data.index("✓".encode()) + 1  # inside the 3-byte character
     path.write_bytes(data[:cut])
-    with pytest.warns(UserWarning, match=r"run\.jsonl, line 2: skipped a line that is not valid JSON"):
+    with pytest.warns(
+        UserWarning, match=r"run\.jsonl, line 2: skipped a line that is not valid JSON"
+    ):
         back = read_jsonl(path)
     assert back == [Event("kept", T0, {"x": 1})]
 
@@ -174,7 +184,9 @@ def test_torn_last_line_is_skipped_with_a_warning(tmp_path: Path) -> None:
 def test_appending_after_a_torn_line_starts_a_new_line(tmp_path: Path) -> None:
     """Appending to a file that ends in a torn line keeps the new events readable."""
     path = tmp_path / "run.jsonl"
-    path.write_bytes(b'{"name":"old","timestamp":"2026-03-01T12:00:00+00:00","data":{}}\n{"name":"cr')
+    path.write_bytes(
+        b'{"name":"old","timestamp":"2026-03-01T12:00:00+00:00","data":{}}\n{"name":"cr'
+    )
     with JsonlEventHandler(path) as handler:
         handler(Event("new", T0, {"x": 1}))
     with pytest.warns(UserWarning, match="line 2"):
@@ -186,7 +198,10 @@ def test_not_jsonl_at_all_raises(tmp_path: Path) -> None:
     """A file with no valid line is a ValueError naming it, not a list of warnings and nothing."""
     path = tmp_path / "picture.png"
     path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe")
-    with pytest.warns(UserWarning), pytest.raises(ValueError, match=r"picture\.png: no line is a valid JSON event"):
+    with (
+        pytest.warns(UserWarning, match=r"picture\.png, line \d: skipped"),
+        pytest.raises(ValueError, match=r"picture\.png: no line is a valid JSON event"),
+    ):
         read_jsonl(path)
 
 
@@ -194,19 +209,36 @@ def test_not_jsonl_at_all_raises(tmp_path: Path) -> None:
     ("line", "message"),
     [
         ("[1, 2]", "expected a JSON object"),
-        ('{"name": 1, "timestamp": "2026-01-01T00:00:00+00:00", "data": {}}', "'name' must be a string"),
+        (
+            '{"name": 1, "timestamp": "2026-01-01T00:00:00+00:00", "data": {}}',
+            "'name' must be a string",
+        ),
         ('{"name": "a", "timestamp": "yesterday", "data": {}}', "not ISO 8601"),
         ('{"name": "a", "timestamp": "2026-01-01T00:00:00", "data": {}}', "no UTC offset"),
-        ('{"name": "a", "timestamp": "2026-01-01T00:00:00+00:00", "data": []}', "'data' must be an object"),
-        ('{"name": "a", "timestamp": "2026-01-01T00:00:00+00:00", "data": {"k": [1]}}', "data\\['k'\\]"),
-        ('{"name": "a", "timestamp": "2026-01-01T00:00:00+00:00", "data": {"k": {"$float": "big"}}}', "data\\['k'\\]"),
-        ('{"name": "a", "timestamp": "2026-01-01T00:00:00+00:00", "data": {"k": null}}', "data\\['k'\\]"),
+        (
+            '{"name": "a", "timestamp": "2026-01-01T00:00:00+00:00", "data": []}',
+            "'data' must be an object",
+        ),
+        (
+            '{"name": "a", "timestamp": "2026-01-01T00:00:00+00:00", "data": {"k": [1]}}',
+            "data\\['k'\\]",
+        ),
+        (
+            '{"name": "a", "timestamp": "2026-01-01T00:00:00+00:00", "data": {"k": {"$float": "big"}}}',
+            "data\\['k'\\]",
+        ),
+        (
+            '{"name": "a", "timestamp": "2026-01-01T00:00:00+00:00", "data": {"k": null}}',
+            "data\\['k'\\]",
+        ),
     ],
 )
 def test_valid_json_that_is_not_an_event_raises(tmp_path: Path, line: str, message: str) -> None:
     """A JSON line that is not an event is a ValueError naming the file, line and problem."""
     path = tmp_path / "run.jsonl"
-    path.write_text('{"name":"ok","timestamp":"2026-01-01T00:00:00+00:00","data":{}}\n' + line + "\n")
+    path.write_text(
+        '{"name":"ok","timestamp":"2026-01-01T00:00:00+00:00","data":{}}\n' + line + "\n"
+    )
     with pytest.raises(ValueError, match=rf"run\.jsonl, line 2: .*{message}"):
         read_jsonl(path)
 

@@ -46,7 +46,9 @@ class FakeWriter:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any, Any, Any]] = []
 
-    def add_scalar(self, tag: str, scalar_value: Any, global_step: Any = None, walltime: Any = None) -> None:
+    def add_scalar(
+        self, tag: str, scalar_value: Any, global_step: Any = None, walltime: Any = None
+    ) -> None:
         self.calls.append((tag, scalar_value, global_step, walltime))
 
 
@@ -66,7 +68,9 @@ def test_writer_scalars_read_back_exactly(tmp_path: Path) -> None:
         writer.add_scalar("lr", 3, walltime=2000.5)
     acc = load(tmp_path)
     assert sorted(acc.Tags()["scalars"]) == ["loss/train", "lr"]
-    assert scalars(acc, "loss/train") == [(10 * i, 1000.0 + i, f32(v)) for i, v in enumerate(values)]
+    assert scalars(acc, "loss/train") == [
+        (10 * i, 1000.0 + i, f32(v)) for i, v in enumerate(values)
+    ]
     assert scalars(acc, "lr") == [(0, 2000.5, 3.0)]
 
 
@@ -89,13 +93,17 @@ def test_writer_add_scalars_uses_torch_layout(tmp_path: Path) -> None:
     mux = EventMultiplexer().AddRunsFromDirectory(str(tmp_path))
     mux.Reload()
     assert sorted(mux.Runs()) == [".", "loss_all_train", "loss_all_val"]
-    assert [(e.step, e.value) for e in mux.Scalars("loss_all_train", "loss/all")] == [(2, 0.5), (3, 0.25)]
+    assert [(e.step, e.value) for e in mux.Scalars("loss_all_train", "loss/all")] == [
+        (2, 0.5),
+        (3, 0.25),
+    ]
     assert [(e.step, e.value) for e in mux.Scalars("loss_all_val", "loss/all")] == [(2, 0.75)]
 
 
 def test_writer_accepts_numpy_scalars(tmp_path: Path) -> None:
     """numpy scalars work as values and steps."""
     import numpy as np
+
     with SummaryWriter(tmp_path) as writer:
         writer.add_scalar("x", np.float32(0.5), global_step=np.int64(7), walltime=1.0)
     assert scalars(load(tmp_path), "x") == [(7, 1.0, 0.5)]
@@ -193,7 +201,11 @@ def test_handler_rejects_a_writer_without_add_scalar() -> None:
         TensorboardEventHandler(object())  # type: ignore[arg-type]
 
 
-WINDOWS = [{"t.mean": 0.5, "t.count": 3}, {"t.mean": 0.125, "t.count": 1}, {"t.mean": 2.0, "t.count": 8}]
+WINDOWS = [
+    {"t.mean": 0.5, "t.count": 3},
+    {"t.mean": 0.125, "t.count": 1},
+    {"t.mean": 2.0, "t.count": 8},
+]
 
 
 def run_windows_through_bus(bus: monitor_bus.EventBus, writer: Any) -> None:
