@@ -117,15 +117,12 @@ async def evaluate(bus, weights, x_val: np.ndarray, y_val: np.ndarray) -> int:  
     return n
 
 
+# --8<-- [start:stopper]
 async def early_stopper(bus, stop: anyio.Event, patience: int, results: dict, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
     """Decide from the event stream alone when validation loss has stopped improving."""
-    results["decision"] = await _watch(bus, stop, patience, task_status)
-
-
-async def _watch(bus, stop: anyio.Event, patience: int, task_status) -> str:  # type: ignore[no-untyped-def]
     best, best_step, stale = float("inf"), 0, 0
     async with bus.subscribe(lambda e: e.name in ("eval", "eval.done")) as events:
-        task_status.started()
+        task_status.started()  # subscribed: the evaluator may start logging
         async for event in events:
             if event.name == "eval.done":
                 break
@@ -136,11 +133,13 @@ async def _watch(bus, stop: anyio.Event, patience: int, task_status) -> str:  # 
                 stale += 1
             if stale >= patience and not stop.is_set():
                 stop.set()
-                return (
+                results["decision"] = (
                     f"early stop: val_loss has not improved for {patience} evals "
                     f"(best {best:.5f} at step {best_step}); stopping after step {step}"
                 )
-    return f"no early stop: best val_loss {best:.5f} at step {best_step}"
+                return
+    results["decision"] = f"no early stop: best val_loss {best:.5f} at step {best_step}"
+# --8<-- [end:stopper]
 
 
 async def main(steps: int, eval_every: int, patience: int, sink_path: Path) -> int:

@@ -29,6 +29,7 @@ from monitor_bus.tensorboard import SummaryWriter
 
 
 def main(steps: int, logdir: str) -> int:
+    # --8<-- [start:usage]
     # A plain handler, as in the torch.monitor docs: it sees every event, Stat windows too.
     seen: list[str] = []
     losses_reported = 0
@@ -63,6 +64,7 @@ def main(steps: int, logdir: str) -> int:
         loss.add(value + rng.random() * 0.01)
         step_time.add(time.perf_counter() - t0)
     monitor.log_event(monitor.Event("training_end", datetime.now(), {"steps": steps}))
+    # --8<-- [end:usage]
 
     # The last window closes on the bus's timer, with no further add (torch.monitor would wait
     # for one): its Stat event arrives within a window length.

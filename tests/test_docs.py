@@ -1,0 +1,190 @@
+"""The documentation: the site builds strictly, every code block runs or says why not, every
+public name has a docstring."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import monitor_bus
+
+from .conftest import require
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.glob("*.md"))
+
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\w+-]*)(?P<rest>.*)$")
+# Not code: output listings and figures (no language or "text") and diagrams.
+_NOT_CODE = {"", "text", "mermaid"}
+_MARKER = "<!-- not-run"
+
+
+@dataclass
+class Block:
+    page: Path
+    line: int  # 1-based line of the opening fence
+    lang: str
+    body: str
+    marked: bool
+
+    @property
+    def includes(self) -> list[str]:
+        """Files included with pymdownx.snippets (``--8<-- "path:section"``)."""
+        return re.findall(r'^\s*--8<--\s+"([^":]+)[^"]*"\s*$', self.body, flags=re.M)
+
+    def __str__(self) -> str:
+        return f"{self.page.name}:{self.line} ({self.lang or 'no language'})"
+
+
+def blocks(page: Path) -> list[Block]:
+    lines = page.read_text().splitlines()
+    found: list[Block] = []
+    i = 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, indent = m["fence"], m["indent"]
+        prev = next((ln.strip() for ln in reversed(lines[:i]) if ln.strip()), "")
+        body: list[str] = []
+        j = i + 1
+        while j < len(lines) and not (
+            lines[j].strip().startswith(fence[0] * len(fence)) and lines[j].strip().strip(fence[0]) == ""
+        ):
+            body.append(lines[j][len(indent):] if lines[j].startswith(indent) else lines[j])
+            j += 1
+        found.append(Block(page, i + 1, m["lang"], "\n".join(body), prev.startswith(_MARKER)))
+        i = j + 1
+    return found
+
+
+def runnable(page: Path) -> list[Block]:
+    return [b for b in blocks(page) if b.lang == "python" and not b.marked and not b.includes]
+
+
+def test_docs_pages_exist() -> None:
+    """The pages this project's site is made of are all there."""
+    names = {p.name for p in PAGES}
+    assert {
+        "index.md", "getting-started.md", "concepts.md", "async.md", "migrating.md", "api.md",
+        "sinks.md", "performance.md", "reliability.md", "multihost.md", "design.md",
+    } <= names
+
+
+def test_fence_parser_classifies_blocks(tmp_path: Path) -> None:
+    """The block finder sees languages, markers and snippet includes as the docs convention says."""
+    page = tmp_path / "p.md"
+    page.write_text(
+        "intro\n\n```python\nx = 1\n```\n\n<!-- not-run: needs torch -->\n```python\nimport torch\n```\n"
+        "\n```text\nout\n```\n\n```python\n--8<-- \"examples/a.py:part\"\n```\n\n```bash\nls\n```\n"
+    )
+    found = blocks(page)
+    assert [(b.lang, b.marked, b.includes) for b in found] == [
+        ("python", False, []), ("python", True, []), ("text", False, []),
+        ("python", False, ["examples/a.py"]), ("bash", False, []),
+    ]
+    assert [b.body for b in runnable(page)] == ["x = 1"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_code_block_is_run_or_marked(page: Path) -> None:
+    """Each code block is run by a test (python, or an include of a tested example) or marked not-run."""
+    unaccounted = []
+    for block in blocks(page):
+        if block.marked or block.lang in _NOT_CODE:
+            continue
+        if block.includes:
+            bad = [f for f in block.includes if not (f.startswith("examples/") and (ROOT / f).is_file())]
+            if bad:
+                unaccounted.append(f"{block}: includes {bad}, not a tested example")
+            continue
+        if block.lang != "python":
+            unaccounted.append(f"{block}: {block.lang} block without a `{_MARKER}: why -->` marker")
+    assert unaccounted == []
+
+
+_SEP = "=== end of block {} ==="
+
+
+def expected_outputs(page: Path) -> dict[int, str]:
+    """For each runnable block followed directly by a ``text`` block: that text, by block index."""
+    all_blocks = blocks(page)
+    run = runnable(page)
+    out = {}
+    for k, block in enumerate(run):
+        i = all_blocks.index(block)
+        if i + 1 < len(all_blocks) and all_blocks[i + 1].lang == "text":
+            out[k] = all_blocks[i + 1].body
+    return out
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if runnable(p)], ids=lambda p: p.name)
+def test_python_blocks_run(page: Path, tmp_path: Path) -> None:
+    """A page's python blocks, joined in order, run as one script; a ``text`` block right after
+    one is exactly what it prints."""
+    run = runnable(page)
+    script = "\n\n".join(
+        f"# {b}\n{b.body}\nprint({_SEP.format(k)!r}, flush=True)" for k, b in enumerate(run)
+    )
+    path = tmp_path / f"{page.stem}.py"
+    path.write_text(script)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-W", "error", str(path)],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env,
+    )
+    assert proc.returncode == 0, f"{page.name}:\n{proc.stderr}"
+    printed: dict[int, str] = {}
+    rest = proc.stdout
+    for k in range(len(run)):
+        head, _, rest = rest.partition(_SEP.format(k) + "\n")
+        printed[k] = head.rstrip("\n")
+    for k, text in expected_outputs(page).items():
+        assert printed[k] == text.rstrip("\n"), f"{run[k]} prints something else than the text after it"
+
+
+def test_mkdocs_builds_strictly(tmp_path: Path) -> None:
+    """`mkdocs build --strict` succeeds and the API page documents every public name with a docstring."""
+    try:
+        import mkdocs  # noqa: F401
+        import mkdocstrings  # noqa: F401
+    except ImportError as exc:
+        require(False, f"the docs tooling is missing: {exc}")
+    site = tmp_path / "site"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    api = (site / "api" / "index.html").read_text()
+    for name in ("EventBus", "Stat", "log_event", "register_event_handler", "subscribe"):
+        assert f'id="monitor_bus.{name}"' in api, name
+    assert '<pre class="mermaid">' in (site / "concepts" / "index.html").read_text()
+
+
+def test_every_public_name_has_a_docstring() -> None:
+    """Each name in monitor_bus.__all__ has a docstring the API reference can render."""
+    try:
+        import griffe
+    except ImportError as exc:
+        require(False, f"griffe (from mkdocstrings[python]) is missing: {exc}")
+    package = griffe.load("monitor_bus", search_paths=[str(ROOT)])
+    missing = []
+    for name in monitor_bus.__all__:
+        obj = package[name]
+        try:
+            doc = obj.docstring
+        except Exception:  # an alias griffe cannot resolve
+            doc = None
+        if doc is None or not doc.value.strip():
+            missing.append(name)
+    assert missing == []
