@@ -174,6 +174,11 @@ class _ProgressBar:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if "numpy" not in sys.modules:
+        # The demo's matrices are small: BLAS worker threads only contend, and on a busy
+        # machine they make a step several times slower. Read when numpy loads.
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, "1")
     try:
         from ._demo import run_demo
     except ImportError as exc:  # pragma: no cover - the package's own module
@@ -299,6 +304,14 @@ def _summary(args: argparse.Namespace) -> int:
 _SHARED_AXES = {"value", "mean", "min", "max"}
 
 
+def _log_label(value: float, _pos: object) -> str:
+    """Label 1, 2 and 5 times a power of ten on a log axis; the other ticks stay bare."""
+    if value <= 0:
+        return ""
+    mantissa = value / 10 ** math.floor(math.log10(value))
+    return f"{value:g}" if any(math.isclose(mantissa, m) for m in (1, 2, 5)) else ""
+
+
 def _plot(args: argparse.Namespace) -> int:
     run_path: str = args.run
     output: str = args.output or os.path.splitext(run_path)[0] + ".png"
@@ -310,6 +323,7 @@ def _plot(args: argparse.Namespace) -> int:
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
+        from matplotlib.ticker import FuncFormatter
     except ImportError:
         raise CliError("plot needs matplotlib: pip install 'monitor_bus[plot]'") from None
 
@@ -336,11 +350,14 @@ def _plot(args: argparse.Namespace) -> int:
         values = [v for key in keys for _, v in series[key] if math.isfinite(v)]
         if values and min(values) > 0 and max(values) > 20 * min(values):
             ax.set_yscale("log")  # spikes or a falling loss would flatten the rest
+            ax.yaxis.set_major_formatter(FuncFormatter(_log_label))
+            ax.yaxis.set_minor_formatter(FuncFormatter(_log_label))
         ax.set_title(title, loc="left", fontsize="medium")
         ax.grid(True, alpha=0.3)
         ax.legend(loc="best", fontsize="small")
     axes[-1].set_xlabel("seconds since the first window")
-    figure.suptitle(os.path.basename(run_path))
+    parent = os.path.basename(os.path.dirname(os.path.abspath(run_path)))
+    figure.suptitle(os.path.join(parent, os.path.basename(run_path)))
 
     suffix = os.path.splitext(output)[1] or ".png"
     # Written beside the output and renamed over it, so a failed save leaves the old file be.

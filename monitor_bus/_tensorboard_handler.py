@@ -29,6 +29,9 @@ class TensorboardEventHandler:
     steps, 0, 1, 2, ..., so the n-th window of a Stat is drawn at x = n. (torch.monitor passes
     no step, which puts every point of a series at step 0.) A bool is not a step.
 
+    The bus calls ``flush()`` after each delivered batch, which flushes the writer (if it
+    has a ``flush`` method): once ``bus.flush()`` returns, the scalars are in the event file.
+
     Args:
         writer: a ``SummaryWriter`` (``monitor_bus.tensorboard``, torch's or tensorboardX's).
 
@@ -62,3 +65,9 @@ class TensorboardEventHandler:
             n = steps.get(key, 0)
             steps[key] = n + 1
             add_scalar(key, value, global_step=n, walltime=walltime)
+
+    def flush(self) -> None:
+        """Flush the writer, if it has a ``flush`` method (the bus calls this after each batch)."""
+        flush = getattr(self._writer, "flush", None)
+        if callable(flush):
+            flush()

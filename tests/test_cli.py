@@ -13,6 +13,7 @@ import pytest
 
 from monitor_bus import STAT_EVENT, Event, JsonlEventHandler, read_jsonl
 from monitor_bus.__main__ import main
+from monitor_bus._cli import _log_label
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -272,3 +273,9 @@ def test_plot_output_errors_leave_files_alone(
     assert "xyz" in one_error_line(capsys.readouterr().err)
     assert old.read_bytes() == b"previous picture"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "old.xyz", "run.jsonl"]
+
+
+def test_log_axis_labels_one_two_five() -> None:
+    """A log axis labels 1, 2 and 5 times powers of ten and leaves other ticks bare."""
+    labels = [_log_label(v, None) for v in (0.01, 0.02, 0.03, 0.05, 0.5, 1.0, 7.0, 20.0, 0.0)]
+    assert labels == ["0.01", "0.02", "", "0.05", "0.5", "1", "", "20", ""]

@@ -195,6 +195,36 @@ def test_handler_ignores_other_events() -> None:
     assert writer.calls == []
 
 
+def test_handler_flush_flushes_the_writer() -> None:
+    """flush() calls the writer's flush, and is a no-op for a writer without one."""
+
+    class FlushingWriter(FakeWriter):
+        flushes = 0
+
+        def flush(self) -> None:
+            self.flushes += 1
+
+    writer = FlushingWriter()
+    handler = TensorboardEventHandler(writer)
+    handler.flush()
+    handler.flush()
+    assert writer.flushes == 2
+    TensorboardEventHandler(FakeWriter()).flush()
+
+
+def test_scalars_are_on_disk_once_the_bus_has_flushed(
+    bus: monitor_bus.EventBus, tmp_path: Path
+) -> None:
+    """After bus.flush(), the event file holds every window, with the writer still open."""
+    writer = SummaryWriter(tmp_path, flush_secs=3600, max_queue=1000)
+    bus.register_event_handler(TensorboardEventHandler(writer), name="tb")
+    for i, data in enumerate(WINDOWS):
+        bus.log_event(stat_event(i, data))
+    assert bus.flush(timeout=10)
+    check_windows(tmp_path)
+    writer.close()
+
+
 def test_handler_rejects_a_writer_without_add_scalar() -> None:
     """A writer without add_scalar is a TypeError naming the writer."""
     with pytest.raises(TypeError, match="writer must have an add_scalar"):
