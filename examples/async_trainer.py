@@ -82,8 +82,10 @@ async def train(bus, batches, to_eval, stop: anyio.Event, steps: int, eval_every
         bus=bus,
     )
     time_stat = monitor.Stat(
-        "train.step_time", [monitor.Aggregation.MEAN, monitor.Aggregation.MAX],
-        timedelta(milliseconds=50), bus=bus,
+        "train.step_time",
+        [monitor.Aggregation.MEAN, monitor.Aggregation.MAX],
+        timedelta(milliseconds=50),
+        bus=bus,
     )
     w = np.zeros(FEATURES)
     step = 0
@@ -118,7 +120,9 @@ async def evaluate(bus, weights, x_val: np.ndarray, y_val: np.ndarray) -> int:  
 
 
 # --8<-- [start:stopper]
-async def early_stopper(bus, stop: anyio.Event, patience: int, results: dict, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
+async def early_stopper(
+    bus, stop: anyio.Event, patience: int, results: dict, *, task_status=anyio.TASK_STATUS_IGNORED
+) -> None:  # type: ignore[no-untyped-def]
     """Decide from the event stream alone when validation loss has stopped improving."""
     best, best_step, stale = float("inf"), 0, 0
     async with bus.subscribe(lambda e: e.name in ("eval", "eval.done")) as events:
@@ -139,6 +143,8 @@ async def early_stopper(bus, stop: anyio.Event, patience: int, results: dict, *,
                 )
                 return
     results["decision"] = f"no early stop: best val_loss {best:.5f} at step {best_step}"
+
+
 # --8<-- [end:stopper]
 
 
@@ -190,7 +196,9 @@ def cli(argv: list[str] | None = None) -> int:
         parser.error("--eval-every must be at least 1")
     with tempfile.TemporaryDirectory() as tmp:
         sink = args.sink or Path(tmp) / "events.jsonl"
-        return anyio.run(main, args.steps, args.eval_every, args.patience, sink, backend=args.backend)
+        return anyio.run(
+            main, args.steps, args.eval_every, args.patience, sink, backend=args.backend
+        )
 
 
 if __name__ == "__main__":

@@ -80,9 +80,13 @@ def main(steps: int, logdir: str) -> int:
     acc = EventAccumulator(logdir)
     acc.Reload()
     counts = acc.Scalars("loss.count")
-    print(f"handler saw {seen.count(monitor.STAT_EVENT)} Stat events between "
-          f"{seen[0]!r} and {seen[-1]!r}")
-    print(f"tensorboard loss.count: {len(counts)} windows, {int(sum(s.value for s in counts))} losses")
+    print(
+        f"handler saw {seen.count(monitor.STAT_EVENT)} Stat events between "
+        f"{seen[0]!r} and {seen[-1]!r}"
+    )
+    print(
+        f"tensorboard loss.count: {len(counts)} windows, {int(sum(s.value for s in counts))} losses"
+    )
     print(f"tensorboard tags: {', '.join(sorted(acc.Tags()['scalars']))}")
     return 0
 

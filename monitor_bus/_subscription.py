@@ -52,7 +52,7 @@ def _check_filter(name: object) -> Callable[[Event], bool] | None:
         wanted = name
         return lambda event: event.name == wanted
     if callable(name):
-        return name  # type: ignore[return-value]
+        return name
     raise TypeError(
         f"name must be None, an event name (str) or a callable filter, not {type(name).__name__}"
     )
@@ -91,7 +91,9 @@ class Subscription:
             subscription was already closed when they arrived).
     """
 
-    def __init__(self, bus: EventBus, name: EventFilter = None, buffer: int = DEFAULT_BUFFER) -> None:
+    def __init__(
+        self, bus: EventBus, name: EventFilter = None, buffer: int = DEFAULT_BUFFER
+    ) -> None:
         self._accept = _check_filter(name)
         self._buffer = _check_buffer(buffer)
         self._label = _label(name)
@@ -124,7 +126,8 @@ class Subscription:
         self._state = "open"
         try:
             handler = _Deliver(self)
-            handler.__qualname__ = self._label
+            # The name stats() shows; passing name= instead would key it and replace another.
+            handler.__qualname__ = self._label  # type: ignore[attr-defined]
             self._handle = self._bus.register_event_handler(handler)
         except BaseException:
             self._close_streams()
@@ -132,7 +135,10 @@ class Subscription:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self._state = "closed"
         if self._owed:
@@ -244,11 +250,15 @@ class _Deliver:
             token.backend_class.run_sync_soon(sub._put, (batch,), token.native_token)
         except Exception:  # the subscriber's loop has finished: nobody will read these
             sub._owe(len(batch))
-            handle = sub._handle
+            handle, sub._handle = sub._handle, None
             if handle is not None:
+                sub._state = "closed"
+                sub._close_streams()  # no loop runs them any more: nothing else touches them
                 sub._bus.unregister_event_handler(handle)  # from inside a handler: no wait
 
 
-def subscribe(bus: EventBus, name: EventFilter = None, buffer: int = DEFAULT_BUFFER) -> Subscription:
+def subscribe(
+    bus: EventBus, name: EventFilter = None, buffer: int = DEFAULT_BUFFER
+) -> Subscription:
     """Make a subscription to ``bus``; see ``EventBus.subscribe``."""
     return Subscription(bus, name, buffer)

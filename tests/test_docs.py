@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
 
-_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\w+-]*)(?P<rest>.*)$")
+_FENCE = re.compile(
+    r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\w+-]*)(?P<rest>.*)$"
+)
 # Not code: output listings and figures (no language or "text") and diagrams.
 _NOT_CODE = {"", "text", "mermaid"}
 _MARKER = "<!-- not-run"
@@ -57,9 +59,10 @@ def blocks(page: Path) -> list[Block]:
         body: list[str] = []
         j = i + 1
         while j < len(lines) and not (
-            lines[j].strip().startswith(fence[0] * len(fence)) and lines[j].strip().strip(fence[0]) == ""
+            lines[j].strip().startswith(fence[0] * len(fence))
+            and lines[j].strip().strip(fence[0]) == ""
         ):
-            body.append(lines[j][len(indent):] if lines[j].startswith(indent) else lines[j])
+            body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j])
             j += 1
         found.append(Block(page, i + 1, m["lang"], "\n".join(body), prev.startswith(_MARKER)))
         i = j + 1
@@ -74,8 +77,17 @@ def test_docs_pages_exist() -> None:
     """The pages this project's site is made of are all there."""
     names = {p.name for p in PAGES}
     assert {
-        "index.md", "getting-started.md", "concepts.md", "async.md", "migrating.md", "api.md",
-        "sinks.md", "performance.md", "reliability.md", "multihost.md", "design.md",
+        "index.md",
+        "getting-started.md",
+        "concepts.md",
+        "async.md",
+        "migrating.md",
+        "api.md",
+        "sinks.md",
+        "performance.md",
+        "reliability.md",
+        "multihost.md",
+        "design.md",
     } <= names
 
 
@@ -84,12 +96,15 @@ def test_fence_parser_classifies_blocks(tmp_path: Path) -> None:
     page = tmp_path / "p.md"
     page.write_text(
         "intro\n\n```python\nx = 1\n```\n\n<!-- not-run: needs torch -->\n```python\nimport torch\n```\n"
-        "\n```text\nout\n```\n\n```python\n--8<-- \"examples/a.py:part\"\n```\n\n```bash\nls\n```\n"
+        '\n```text\nout\n```\n\n```python\n--8<-- "examples/a.py:part"\n```\n\n```bash\nls\n```\n'
     )
     found = blocks(page)
     assert [(b.lang, b.marked, b.includes) for b in found] == [
-        ("python", False, []), ("python", True, []), ("text", False, []),
-        ("python", False, ["examples/a.py"]), ("bash", False, []),
+        ("python", False, []),
+        ("python", True, []),
+        ("text", False, []),
+        ("python", False, ["examples/a.py"]),
+        ("bash", False, []),
     ]
     assert [b.body for b in runnable(page)] == ["x = 1"]
 
@@ -102,7 +117,11 @@ def test_every_code_block_is_run_or_marked(page: Path) -> None:
         if block.marked or block.lang in _NOT_CODE:
             continue
         if block.includes:
-            bad = [f for f in block.includes if not (f.startswith("examples/") and (ROOT / f).is_file())]
+            bad = [
+                f
+                for f in block.includes
+                if not (f.startswith("examples/") and (ROOT / f).is_file())
+            ]
             if bad:
                 unaccounted.append(f"{block}: includes {bad}, not a tested example")
             continue
@@ -139,7 +158,11 @@ def test_python_blocks_run(page: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, "-W", "error", str(path)],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
     )
     assert proc.returncode == 0, f"{page.name}:\n{proc.stderr}"
     printed: dict[int, str] = {}
@@ -148,7 +171,9 @@ def test_python_blocks_run(page: Path, tmp_path: Path) -> None:
         head, _, rest = rest.partition(_SEP.format(k) + "\n")
         printed[k] = head.rstrip("\n")
     for k, text in expected_outputs(page).items():
-        assert printed[k] == text.rstrip("\n"), f"{run[k]} prints something else than the text after it"
+        assert printed[k] == text.rstrip("\n"), (
+            f"{run[k]} prints something else than the text after it"
+        )
 
 
 def test_mkdocs_builds_strictly(tmp_path: Path) -> None:
@@ -161,7 +186,10 @@ def test_mkdocs_builds_strictly(tmp_path: Path) -> None:
     site = tmp_path / "site"
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert proc.returncode == 0, proc.stderr

@@ -72,5 +72,8 @@ def test_torch_style_writes_every_loss_to_tensorboard(tmp_path: Path) -> None:
         r"handler saw \d+ Stat events between 'training_start' and 'torch.monitor.Stat'", lines[0]
     ), lines[0]
     assert re.fullmatch(r"tensorboard loss.count: \d+ windows, 2000 losses", lines[1]), lines[1]
-    assert lines[2] == "tensorboard tags: loss.count, loss.mean, loss.min, step_time.max, step_time.mean"
+    assert (
+        lines[2]
+        == "tensorboard tags: loss.count, loss.mean, loss.min, step_time.max, step_time.mean"
+    )
     assert list(tmp_path.glob("events.out.tfevents.*"))

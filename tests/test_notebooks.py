@@ -37,7 +37,9 @@ def _execute(path: Path, cwd: Path):  # type: ignore[no-untyped-def]
 
 
 def _stdout(cell) -> str:  # type: ignore[no-untyped-def]
-    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream" and o.name == "stdout")
+    return "".join(
+        o.get("text", "") for o in cell.outputs if o.output_type == "stream" and o.name == "stdout"
+    )
 
 
 def test_there_are_notebooks() -> None:
@@ -71,7 +73,9 @@ def test_live_metrics_plot_refreshes_from_a_subscription(tmp_path: Path) -> None
     nb = _execute(EXAMPLES / "live_metrics.ipynb", tmp_path)
     code = [c for c in nb.cells if c.cell_type == "code"]
     plot_cell = next(c for c in code if "await follow(STEPS)" in c.source)
-    images = [o for o in plot_cell.outputs if o.output_type == "display_data" and "image/png" in o.data]
+    images = [
+        o for o in plot_cell.outputs if o.output_type == "display_data" and "image/png" in o.data
+    ]
     assert len(images) == 1  # one display, updated in place
     assert _stdout(plot_cell).startswith("plotted 600 steps, final loss ")
     assert _stdout(plot_cell).endswith(", dropped 0\n")

@@ -77,7 +77,12 @@ async def test_full_buffer_drops_newest_and_counts_in_bus_stats(bus: EventBus) -
         [entry] = bus.stats()["handlers"]
     assert [e.data["i"] for e in got] == [0, 1, 2]
     assert entry["name"] == "subscription"
-    assert (entry["logged"], entry["delivered"], entry["dropped"], entry["pending"]) == (10, 3, 7, 0)
+    assert (entry["logged"], entry["delivered"], entry["dropped"], entry["pending"]) == (
+        10,
+        3,
+        7,
+        0,
+    )
 
 
 async def test_leaving_the_block_unsubscribes(bus: EventBus) -> None:
@@ -135,8 +140,11 @@ async def test_stat_windows_reach_a_subscriber(bus: EventBus) -> None:
 
     async with bus.subscribe(monitor_bus.STAT_EVENT) as events:
         stat = monitor_bus.Stat(
-            "loss", [monitor_bus.Aggregation.MEAN, monitor_bus.Aggregation.COUNT],
-            timedelta(seconds=60), max_samples=2, bus=bus,
+            "loss",
+            [monitor_bus.Aggregation.MEAN, monitor_bus.Aggregation.COUNT],
+            timedelta(seconds=60),
+            max_samples=2,
+            bus=bus,
         )
         stat.add(1.0)
         stat.add(3.0)
@@ -234,3 +242,21 @@ def test_flush_from_a_thread_that_reuses_a_finished_handler_threads_id() -> None
         t.start()
         t.join()
     assert outcome == [(True, "ok")] or outcome == [(False, "ok")]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_subscription_whose_loop_has_ended_counts_drops_and_detaches(bus: EventBus, backend: str) -> None:
+    """If the subscriber's loop ends without leaving the block, later events are counted as dropped
+    and the subscription removes itself from the bus."""
+
+    async def enter_and_abandon() -> monitor_bus._subscription.Subscription:
+        sub = bus.subscribe()
+        await sub.__aenter__()
+        return sub
+
+    sub = anyio.run(enter_and_abandon, backend=backend)
+    for i in range(5):
+        bus.log_event(ev("late", i))
+    assert bus.flush(10)
+    assert (sub.received, sub.dropped) == (0, 5)
+    assert bus.stats()["handlers"] == []
