@@ -709,13 +709,8 @@ class EventBus:
     def subscribe(self, name: EventFilter = None, *, buffer: int = 1024) -> Subscription:
         """The events logged from now on, as an async iterator in the caller's event loop.
 
-        Use it in a task of an asyncio or trio loop (through anyio)::
-
-            async with bus.subscribe("train.step", buffer=256) as events:
-                async for event in events:
-                    ...
-
-        The subscription is an ordinary handler, registered when the block is entered and
+        Use it in a task of an asyncio or trio loop (directly or through anyio). The
+        subscription is an ordinary handler, registered when the block is entered and
         unregistered when it is left; it sees the matching events logged in between, in order.
         When its buffer is full the newest events are dropped and counted
         (``Subscription.dropped`` and the handler's ``dropped`` in ``stats()``). Safe to call
@@ -733,6 +728,13 @@ class EventBus:
             TypeError: ``name`` is neither None, a str nor callable; ``buffer`` is not an int.
             ValueError: ``buffer`` is below 1.
             RuntimeError: the calling thread runs no event loop (use it from async code).
+
+        Example:
+            ```python
+            async with bus.subscribe("train.step", buffer=256) as events:
+                async for event in events:
+                    print(event.data["loss"])
+            ```
         """
         from ._subscription import subscribe
 

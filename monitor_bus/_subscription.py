@@ -113,7 +113,6 @@ class Subscription:
         self.dropped = 0
         self._owed = 0  # drops not yet moved into the handler's counters
         self._owed_lock = threading.Lock()
-        self._pending: list[Event] = []  # the handler thread's current batch
 
     # -- the subscriber's side --
 
@@ -130,6 +129,7 @@ class Subscription:
             handler.__qualname__ = self._label  # type: ignore[attr-defined]
             self._handle = self._bus.register_event_handler(handler)
         except BaseException:
+            self._state = "closed"
             self._close_streams()
             raise
         return self

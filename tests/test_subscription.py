@@ -260,3 +260,30 @@ def test_subscription_whose_loop_has_ended_counts_drops_and_detaches(bus: EventB
     assert bus.flush(10)
     assert (sub.received, sub.dropped) == (0, 5)
     assert bus.stats()["handlers"] == []
+
+
+async def test_a_raising_filter_skips_the_event_and_counts_the_error(bus: EventBus) -> None:
+    """An event whose filter raises is skipped and counted as a handler error; later ones still arrive."""
+
+    def only_even(event: Event) -> bool:
+        if event.data["i"] == 1:
+            raise ValueError("bad event")
+        return event.data["i"] % 2 == 0
+
+    async with bus.subscribe(only_even) as events:
+        for i in range(5):
+            bus.log_event(ev("s", i))
+        got = await take(events, 3)
+        assert bus.stats()["handler_errors"] == 1
+    assert [e.data["i"] for e in got] == [0, 2, 4]
+
+
+async def test_subscribing_to_a_closed_bus_fails_on_entry() -> None:
+    """Entering a subscription of a closed bus raises and leaves nothing open."""
+    bus = EventBus(name="closed")
+    bus.close()
+    sub = bus.subscribe()
+    with pytest.raises(RuntimeError, match="is closed"):
+        async with sub:
+            pass
+    assert repr(sub) == "<Subscription subscription closed, buffer=1024>"
