@@ -203,6 +203,7 @@ def _demo(args: argparse.Namespace) -> int:
     rows += [
         (f"written to {os.path.basename(result.jsonl_path)}", str(result.written)),
         ("dropped", str(result.dropped)),
+        ("undelivered to handlers", str(result.undelivered)),
         ("handler errors", str(result.handler_errors)),
         (
             "delivery latency",

@@ -55,6 +55,9 @@ class DemoResult:
     stat_windows: dict[str, int]
     written: int
     dropped: int
+    """Events the bus's full queue turned away (no handler got them)."""
+    undelivered: int
+    """Summed over handlers: events a handler did not get (queue drops count once per handler)."""
     handler_errors: int
     latencies_ms: list[float] = field(repr=False)
 
@@ -184,7 +187,8 @@ def run_demo(
             events_by_name=dict(tally.names),
             stat_windows=dict(tally.windows),
             written=jsonl.written,
-            dropped=stats["dropped"] + stats["handler_dropped"],
+            dropped=stats["dropped"],
+            undelivered=stats["handler_dropped"],
             handler_errors=stats["handler_errors"],
             latencies_ms=list(tally.latencies_ms),
         )
@@ -341,15 +345,18 @@ async def _train(
             progress(state.done, steps, state.loss)
             await anyio.sleep(0.1)
 
-    async with anyio.create_task_group() as tg:
-        if progress is not None:
-            tg.start_soon(report)
-        async with anyio.create_task_group() as work:
-            work.start_soon(produce)
-            work.start_soon(train)
-        tg.cancel_scope.cancel()
+    try:
+        async with anyio.create_task_group() as tg:
+            if progress is not None:
+                tg.start_soon(report)
+            async with anyio.create_task_group() as work:
+                work.start_soon(produce)
+                work.start_soon(train)
+            tg.cancel_scope.cancel()
+    finally:
+        # Log the last, partial windows, also when interrupted: the bus writes them out.
+        for stat in stats:
+            stat._close()
     if progress is not None:
         progress(state.done, steps, state.loss)
-    for stat in stats:
-        stat._close()  # log the last, partial window
     return state.epochs, state.accuracy

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -61,6 +63,7 @@ def test_demo_prints_summary_and_tensorboard_command(
     assert "  demo.epoch             2" in lines
     assert f"written to events.jsonl  {written}" in lines
     assert "dropped                  0" in lines
+    assert "undelivered to handlers  0" in lines
     assert "handler errors           0" in lines
     assert any(
         line.startswith("delivery latency         p50 ") and f"({written} events)" in line
@@ -91,6 +94,20 @@ def test_demo_help_explains_the_options(capsys: pytest.CaptureFixture[str]) -> N
     for option in ("--steps N", "--logdir DIR", "--no-tensorboard", "--seed S"):
         assert option in out
     assert "default: 3000" in out
+
+
+def test_console_script_points_at_main(capsys: pytest.CaptureFixture[str]) -> None:
+    """pyproject's monitor-bus script is monitor_bus.__main__:main, which runs the CLI."""
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    match = re.search(r'^monitor-bus = "([\w.]+):(\w+)"$', pyproject, flags=re.M)
+    assert match is not None
+    target = getattr(importlib.import_module(match[1]), match[2])
+    assert target is main
+    assert target(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: monitor-bus [-h] COMMAND ...")
+    commands = [line.split()[0] for line in out.splitlines() if re.match(r"^    \w", line)]
+    assert commands == ["demo", "summary", "plot"]
 
 
 def test_python_dash_m_runs_the_demo(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import struct
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
     assert all(by_stat.values())
     assert result.stat_windows == {name: len(windows) for name, windows in by_stat.items()}
     assert result.events_by_name == {EPOCH_EVENT: 3, STAT_EVENT: len(stats)}
-    assert (result.dropped, result.handler_errors) == (0, 0)
+    assert (result.dropped, result.undelivered, result.handler_errors) == (0, 0, 0)
     assert len(result.latencies_ms) == len(events)
     assert all(
         e.data["step_time_ms.min"] <= e.data["step_time_ms.mean"] <= e.data["step_time_ms.max"]
@@ -124,7 +125,7 @@ def test_demo_rejects_bad_arguments(tmp_path: Path) -> None:
 def test_latency_percentile_is_nearest_rank() -> None:
     """p50/p99 use the nearest-rank rule; no samples give NaN."""
     result = DemoResult(
-        "d", "d/e", False, 1, 1, 0.0, 0.0, {}, {}, 0, 0, 0, [float(i) for i in range(1, 101)]
+        "d", "d/e", False, 1, 1, 0.0, 0.0, {}, {}, 0, 0, 0, 0, [float(i) for i in range(1, 101)]
     )
     assert (
         result.latency_percentile(50),
@@ -135,3 +136,21 @@ def test_latency_percentile_is_nearest_rank() -> None:
     assert result.latency_percentile(99) == 3.0
     result.latencies_ms = []
     assert result.latency_percentile(50) != result.latency_percentile(50)  # NaN
+
+
+def test_ctrl_c_keeps_what_was_logged(tmp_path: Path) -> None:
+    """A SIGINT mid-run raises KeyboardInterrupt after the bus has written out every event logged."""
+    fired = []
+
+    def interrupt_once_past(done: int, total: int, loss: float) -> None:
+        if done >= 64 and not fired:
+            fired.append(done)
+            signal.raise_signal(signal.SIGINT)  # as Ctrl-C would, on the loop's thread
+
+    with pytest.raises(KeyboardInterrupt):
+        run_demo(10**6, tmp_path, seed=0, progress=interrupt_once_past)
+    events = read_jsonl(tmp_path / "events.jsonl")
+    epochs = [e.data["epoch"] for e in events if e.name == EPOCH_EVENT]
+    assert epochs == list(range(1, len(epochs) + 1))
+    assert len(epochs) >= 2
+    assert any(e.name == STAT_EVENT for e in events)
