@@ -221,10 +221,10 @@ class _Handler:
                             self._failed(exc)
                     self._settle(done, len(batch) - done)
         finally:
+            _bus_threads.discard(threading.get_ident())  # idents are reused by later threads
             self._exit()
 
     async def run_async(self) -> None:
-        _bus_threads.add(threading.get_ident())
         callback: Callable[[Event], Awaitable[Any]] = self.callback  # type: ignore[assignment]
         cancelled = anyio.get_cancelled_exc_class()
         try:

@@ -30,8 +30,9 @@ def fresh_default_bus() -> Iterator[None]:
 
 @pytest.fixture
 def bus() -> Iterator[monitor_bus.EventBus]:
-    with monitor_bus.EventBus(name="test") as b:
-        yield b
+    b = monitor_bus.EventBus(name="test")
+    yield b
+    assert b.close(timeout=10), "the test left a handler that does not finish"
 
 
 class Recorder:

@@ -1,0 +1,495 @@
+"""The dispatcher's guarantees: delivery, isolation, re-entrancy, overflow, flush and close."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+import anyio
+import pytest
+
+import monitor_bus
+from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Stat
+
+from .conftest import Recorder
+
+TS = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def ev(i: int, name: str = "e") -> Event:
+    return Event(name, TS, {"i": i})
+
+
+def indices(events: list[Event]) -> list[int]:
+    return [e.data["i"] for e in events]  # type: ignore[misc]
+
+
+def bus_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("monitor_bus-")]
+
+
+def test_no_handler_means_no_thread_and_no_op() -> None:
+    """Logging with no handler registered starts nothing and delivers nothing."""
+    monitor_bus.log_event(ev(1))
+    bus = monitor_bus.get_default_bus()
+    bus.log_event(ev(2))
+    assert bus_threads() == []
+    assert bus.stats()["logged"] == 0
+
+
+def test_module_functions_use_the_default_bus(recorder: Recorder) -> None:
+    """register/log/flush/unregister at module level, in log order, each event once."""
+    handle = monitor_bus.register_event_handler(recorder)
+    for i in range(1000):
+        monitor_bus.log_event(ev(i))
+    assert monitor_bus.flush(timeout=10)
+    assert indices(recorder.events) == list(range(1000))
+    monitor_bus.unregister_event_handler(handle)
+    monitor_bus.log_event(ev(1000))
+    assert monitor_bus.flush(timeout=10)
+    assert len(recorder.events) == 1000
+
+
+def test_only_events_logged_after_registration(bus: EventBus) -> None:
+    """A handler gets exactly the events logged after its registration returned."""
+    first, second = Recorder(), Recorder()
+    bus.register_event_handler(first)
+    for i in range(100):
+        bus.log_event(ev(i))
+    bus.register_event_handler(second)
+    for i in range(100, 200):
+        bus.log_event(ev(i))
+    assert bus.flush(10)
+    assert indices(first.events) == list(range(200))
+    assert indices(second.events) == list(range(100, 200))
+
+
+def test_per_thread_order_from_many_producers(bus: EventBus, recorder: Recorder) -> None:
+    """With four producing threads, each thread's events arrive in its order, each once."""
+    bus.register_event_handler(recorder)
+
+    def produce(k: int) -> None:
+        for i in range(5000):
+            bus.log_event(Event("e", TS, {"k": k, "i": i}))
+
+    threads = [threading.Thread(target=produce, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bus.flush(10)
+    for k in range(4):
+        assert [e.data["i"] for e in recorder.events if e.data["k"] == k] == list(range(5000))
+
+
+def test_unregister_delivers_pending_first(bus: EventBus) -> None:
+    """unregister returns after the handler got every event logged before it; then no more calls."""
+    got: list[int] = []
+
+    def slow(e: Event) -> None:
+        time.sleep(0.001)
+        got.append(e.data["i"])  # type: ignore[arg-type]
+
+    handle = bus.register_event_handler(slow)
+    for i in range(50):
+        bus.log_event(ev(i))
+    assert bus.unregister_event_handler(handle) is True
+    assert got == list(range(50))
+    bus.log_event(ev(50))
+    assert bus.flush(10)
+    assert got == list(range(50))
+    assert bus.unregister_event_handler(handle) is True  # already removed: a no-op
+
+
+def test_unregister_bad_handles(bus: EventBus, recorder: Recorder) -> None:
+    """A non-handle is a TypeError; a handle of another bus is a ValueError."""
+    with pytest.raises(TypeError, match="handle must be an EventHandlerHandle"):
+        bus.unregister_event_handler("nope")  # type: ignore[arg-type]
+    with EventBus() as other:
+        handle = other.register_event_handler(recorder)
+        with pytest.raises(ValueError, match="another bus"):
+            bus.unregister_event_handler(handle)
+
+
+def test_slow_handler_delays_no_one(bus: EventBus, recorder: Recorder) -> None:
+    """A handler sleeping 50 ms per event delays neither the caller, a fast handler, nor Stat timers."""
+    release = threading.Event()
+    slow_calls: list[int] = []
+
+    def slow(e: Event) -> None:
+        slow_calls.append(1)
+        release.wait(0.05)
+
+    bus.register_event_handler(slow)
+    bus.register_event_handler(recorder)
+    stat = Stat("t", [Aggregation.COUNT], timedelta(milliseconds=20), bus=bus)
+    for i in range(20):
+        bus.log_event(ev(i))  # 20 x 50 ms = 1 s of work for the slow handler
+    stat.add(1)
+    # The fast handler gets all 20 events and the Stat window while the slow one is at its first.
+    assert recorder.wait_for(21)
+    assert len(slow_calls) < 20
+    assert [e.name for e in recorder.events].count(STAT_EVENT) == 1
+    release.set()
+    assert bus.flush(10)
+    assert len(slow_calls) == 21
+
+
+def test_raising_handler_is_logged_counted_and_kept(
+    bus: EventBus, recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A raising handler: traceback to the monitor_bus logger, counted, still receives later events."""
+    calls: list[int] = []
+
+    def bad(e: Event) -> None:
+        calls.append(e.data["i"])  # type: ignore[arg-type]
+        raise RuntimeError("sink broke")
+
+    caplog.set_level(logging.ERROR, logger="monitor_bus")
+    bus.register_event_handler(bad, name="bad")
+    bus.register_event_handler(recorder)
+    for i in range(5):
+        bus.log_event(ev(i))
+    assert bus.flush(10)
+    assert calls == list(range(5))
+    assert len(recorder.events) == 5
+    stats = bus.stats()
+    assert stats["handler_errors"] == 5
+    assert stats["handlers"][0]["errors"] == 5
+    assert stats["handlers"][0]["delivered"] == 5
+    records = [r for r in caplog.records if r.name == "monitor_bus"]
+    assert len(records) == 1  # rate-limited: the same error once per interval
+    assert "sink broke" in caplog.text
+    assert records[0].exc_info is not None
+
+
+def test_base_exceptions_in_handlers_do_not_escape(bus: EventBus, recorder: Recorder) -> None:
+    """KeyboardInterrupt and SystemExit raised by a handler are counted as errors, never propagated."""
+    kinds = [KeyboardInterrupt, SystemExit, GeneratorExit]
+
+    def bad(e: Event) -> None:
+        raise kinds[e.data["i"]]()  # type: ignore[index]
+
+    bus.register_event_handler(bad)
+    bus.register_event_handler(recorder)
+    for i in range(3):
+        bus.log_event(ev(i))
+    assert bus.flush(10)
+    assert bus.stats()["handler_errors"] == 3
+    assert len(recorder.events) == 3
+
+
+def test_async_handler(bus: EventBus) -> None:
+    """An async handler (coroutine function or async __call__) runs on the bus loop, in order."""
+    got: list[int] = []
+
+    async def handler(e: Event) -> None:
+        await anyio.sleep(0)
+        got.append(e.data["i"])  # type: ignore[arg-type]
+
+    class Sink:
+        def __init__(self) -> None:
+            self.got: list[int] = []
+
+        async def __call__(self, e: Event) -> None:
+            self.got.append(e.data["i"])  # type: ignore[arg-type]
+
+    sink = Sink()
+    bus.register_event_handler(handler)
+    bus.register_event_handler(sink)
+    assert [h["async"] for h in bus.stats()["handlers"]] == [True, True]
+    for i in range(100):
+        bus.log_event(ev(i))
+    assert bus.flush(10)
+    assert got == sink.got == list(range(100))
+
+
+def test_non_callable_handler_is_rejected(bus: EventBus) -> None:
+    """register_event_handler names the bad callback."""
+    with pytest.raises(TypeError, match="callback must be callable, not int"):
+        bus.register_event_handler(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="event must be an Event, not dict"):
+        bus.log_event({"name": "x"})  # type: ignore[arg-type]
+
+
+def test_handler_may_log_register_and_unregister(bus: EventBus, recorder: Recorder) -> None:
+    """Inside a handler: log_event, register and unregister (its own handle too) do not deadlock."""
+    handles: dict[str, monitor_bus.EventHandlerHandle] = {}
+    late = Recorder()
+
+    def reentrant(e: Event) -> None:
+        if e.name == "start":
+            bus.log_event(Event("echo", TS, {}))
+            handles["late"] = bus.register_event_handler(late)
+            bus.log_event(Event("after", TS, {}))
+        elif e.name == "stop":
+            bus.unregister_event_handler(handles["self"])
+
+    handles["self"] = bus.register_event_handler(reentrant)
+    bus.register_event_handler(recorder)
+    bus.log_event(Event("start", TS, {}))
+    assert recorder.wait_for(3)
+    bus.log_event(Event("stop", TS, {}))
+    bus.log_event(Event("tail", TS, {}))
+    assert bus.flush(10)
+    assert [e.name for e in recorder.events] == ["start", "echo", "after", "stop", "tail"]
+    assert [e.name for e in late.events] == ["after", "stop", "tail"]
+    assert [h["name"] for h in bus.stats()["handlers"]] == ["Recorder", "Recorder"]
+
+
+def test_async_handler_may_unregister_itself(bus: EventBus, recorder: Recorder) -> None:
+    """An async handler unregistering itself gets no event logged after that."""
+    got: list[str] = []
+    holder: dict[str, monitor_bus.EventHandlerHandle] = {}
+
+    async def handler(e: Event) -> None:
+        got.append(e.name)
+        if e.name == "stop":
+            bus.unregister_event_handler(holder["h"])
+
+    holder["h"] = bus.register_event_handler(handler)
+    bus.register_event_handler(recorder)
+    bus.log_event(Event("a", TS, {}))
+    bus.log_event(Event("stop", TS, {}))
+    assert recorder.wait_for(2)
+    assert bus.flush(10)
+    bus.log_event(Event("b", TS, {}))
+    assert bus.flush(10)
+    assert got == ["a", "stop"]
+
+
+def test_flush_from_a_handler_is_refused(bus: EventBus, recorder: Recorder) -> None:
+    """flush() inside a handler raises instead of waiting on itself (the error is counted)."""
+    errors: list[BaseException] = []
+
+    def handler(e: Event) -> None:
+        try:
+            bus.flush(1)
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    bus.register_event_handler(handler)
+    bus.log_event(ev(0))
+    assert bus.flush(10)
+    assert [str(e) for e in errors] == ["flush() cannot be called from inside an event handler"]
+
+
+def test_flush_times_out_on_a_hung_handler(bus: EventBus) -> None:
+    """flush(timeout) returns False when a handler is stuck, True once it catches up."""
+    release = threading.Event()
+    bus.register_event_handler(lambda e: release.wait())
+    bus.log_event(ev(0))
+    assert bus.flush(timeout=0.1) is False
+    release.set()
+    assert bus.flush(timeout=10) is True
+
+
+@pytest.mark.parametrize("overflow", ["drop_newest", "drop_oldest"])
+def test_overflow_drops_are_counted(overflow: str) -> None:
+    """A full queue never blocks the caller; delivered + dropped == logged, per handler."""
+    release = threading.Event()
+    got: list[int] = []
+
+    def blocked(e: Event) -> None:
+        release.wait()
+        got.append(e.data["i"])  # type: ignore[arg-type]
+
+    with EventBus(capacity=100, overflow=overflow) as bus:  # type: ignore[arg-type]
+        bus.register_event_handler(blocked)
+        for i in range(5000):
+            bus.log_event(ev(i))
+        stats = bus.stats()
+        assert stats["queued"] <= 100
+        release.set()
+        assert bus.flush(10)
+        stats = bus.stats()
+        (h,) = stats["handlers"]
+        assert stats["logged"] == h["logged"] == 5000
+        assert h["delivered"] + h["dropped"] == 5000
+        assert h["pending"] == 0
+        assert len(got) == h["delivered"]
+        assert got == sorted(got)
+        if overflow == "drop_newest":
+            assert got[:50] == list(range(50))
+        else:
+            assert got[-1] == 4999
+
+
+def test_block_policy_waits_then_delivers_everything() -> None:
+    """Under "block" the caller waits for room instead of dropping; every event arrives."""
+    got: list[int] = []
+
+    def slowish(e: Event) -> None:
+        if e.data["i"] % 100 == 0:
+            time.sleep(0.001)
+        got.append(e.data["i"])  # type: ignore[arg-type]
+
+    with EventBus(capacity=10, overflow="block") as bus:
+        bus.register_event_handler(slowish)
+        for i in range(2000):
+            bus.log_event(ev(i))
+        assert bus.flush(10)
+        assert got == list(range(2000))
+        assert bus.stats()["dropped"] == 0
+
+
+def test_block_policy_gives_up_after_block_timeout() -> None:
+    """Under "block" with a timeout, a stuck handler makes the caller drop (counted) after the timeout."""
+    release = threading.Event()
+    with EventBus(capacity=5, overflow="block", block_timeout=0.01) as bus:
+        bus.register_event_handler(lambda e: release.wait())
+        for i in range(40):
+            bus.log_event(ev(i))
+        stats = bus.stats()
+        assert stats["dropped"] > 0
+        release.set()
+        assert bus.flush(10)
+        (h,) = bus.stats()["handlers"]
+        assert h["delivered"] + h["dropped"] == h["logged"] == 40
+
+
+def test_drops_are_reported_by_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """Queue drops are reported on the monitor_bus logger with the count."""
+    release = threading.Event()
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    with EventBus(capacity=1, name="tiny") as bus:
+        bus.register_event_handler(lambda e: release.wait())
+        for i in range(100):
+            bus.log_event(ev(i))
+        release.set()
+        assert bus.flush(10)
+    dropped = bus.stats()["dropped"]
+    assert dropped > 0
+    assert f"{dropped} in all" in caplog.text
+
+
+def test_close_is_idempotent_and_stops_threads(recorder: Recorder) -> None:
+    """close() delivers what is queued, stops every thread, and later calls are harmless."""
+    bus = EventBus(name="closing")
+    bus.register_event_handler(recorder)
+
+    async def ahandler(e: Event) -> None:
+        pass
+
+    bus.register_event_handler(ahandler)
+    for i in range(100):
+        bus.log_event(ev(i))
+    assert bus.close(10) is True
+    assert len(recorder.events) == 100
+    assert bus_threads() == []
+    assert bus.close(10) is True
+    bus.log_event(ev(100))
+    assert bus.closed
+    with pytest.raises(RuntimeError, match="closed"):
+        bus.register_event_handler(recorder)
+
+
+def test_close_times_out_on_a_hung_handler() -> None:
+    """close(timeout) returns False on time when a handler never returns."""
+    release = threading.Event()
+    bus = EventBus()
+    bus.register_event_handler(lambda e: release.wait())
+    bus.log_event(ev(0))
+    bus.log_event(ev(1))
+    assert bus.close(timeout=0.2) is False
+    release.set()
+
+
+@pytest.mark.asyncio
+async def test_aflush_does_not_block_the_event_loop(bus: EventBus) -> None:
+    """await aflush() lets other tasks of the caller's loop run while it waits."""
+    release = threading.Event()
+    bus.register_event_handler(lambda e: release.wait())
+    bus.log_event(ev(0))
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not release.is_set():
+            ticks += 1
+            if ticks == 3:
+                release.set()
+            await anyio.sleep(0.001)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        assert await bus.aflush(10) is True
+    assert ticks >= 3
+
+
+@pytest.mark.asyncio
+async def test_async_context_manager_closes(recorder: Recorder) -> None:
+    """async with EventBus() closes the bus on exit."""
+    async with EventBus() as bus:
+        bus.register_event_handler(recorder)
+        bus.log_event(ev(0))
+    assert bus.closed
+    assert len(recorder.events) == 1
+
+
+def test_log_event_from_a_signal_handler(bus: EventBus, recorder: Recorder) -> None:
+    """log_event is safe inside a signal handler."""
+    bus.register_event_handler(recorder)
+    previous = signal.signal(signal.SIGUSR1, lambda *_: bus.log_event(Event("signal", TS, {})))
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert recorder.wait_for(1)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert [e.name for e in recorder.events] == ["signal"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"capacity": 0}, ValueError, "capacity must be at least 1"),
+        ({"capacity": "1"}, TypeError, "capacity must be an int"),
+        ({"overflow": "drop"}, ValueError, "overflow must be one of"),
+        ({"block_timeout": -1}, ValueError, "block_timeout must be >= 0"),
+        ({"exit_timeout": None}, TypeError, "exit_timeout must be a number"),
+    ],
+)
+def test_bad_bus_arguments(kwargs: dict[str, object], error: type[Exception], message: str) -> None:
+    """EventBus names the bad argument."""
+    with pytest.raises(error, match=message):
+        EventBus(**kwargs)  # type: ignore[arg-type]
+
+
+def test_named_handler_replaces_the_previous_one(bus: EventBus) -> None:
+    """Registering under an explicit name replaces the handler of that name; nothing is doubled or lost."""
+    a, b = Recorder(), Recorder()
+    bus.register_event_handler(a, name="sink")
+    bus.log_event(ev(0))
+    bus.register_event_handler(b, name="sink")
+    bus.log_event(ev(1))
+    assert bus.flush(10)
+    assert (indices(a.events), indices(b.events)) == ([0], [1])
+    assert [h["name"] for h in bus.stats()["handlers"]] == ["sink"]
+
+
+def test_flush_hook_runs_after_each_batch(bus: EventBus) -> None:
+    """A handler's flush() runs after its batch, so after bus.flush() the sink has written everything."""
+
+    class Buffered:
+        def __init__(self) -> None:
+            self.buffer: list[int] = []
+            self.written: list[int] = []
+
+        def __call__(self, e: Event) -> None:
+            self.buffer.append(e.data["i"])  # type: ignore[arg-type]
+
+        def flush(self) -> None:
+            self.written += self.buffer
+            self.buffer.clear()
+
+    sink = Buffered()
+    bus.register_event_handler(sink)
+    for i in range(300):
+        bus.log_event(ev(i))
+    assert bus.flush(10)
+    assert sink.written == list(range(300))
+    assert sink.buffer == []
