@@ -8,8 +8,7 @@ Guarantees
   cross-thread call unless the dispatcher is idle, when it schedules one wake-up. Only the
   ``"block"`` overflow policy makes it wait, for at most ``block_timeout``; a thread of the bus
   itself (a handler, the dispatcher) never waits there: it would be waiting on itself.
-- Threads: one daemon thread per bus runs an asyncio loop (anyio) with a blocking portal. Its
-  tasks drain the queue in batches, run the async handlers and close Stat windows on time.
+- Threads: one daemon thread per bus runs an asyncio loop under ``anyio.run``. Its tasks drain the queue in batches, run the async handlers and close Stat windows on time.
   Each sync handler runs on a daemon thread of its own, so a slow one delays nobody else.
 - Overflow: the queue and each handler's backlog hold at most ``capacity`` events; past that
   the policy drops the newest or the oldest (counted per handler and in ``stats()``) or, for
@@ -24,6 +23,7 @@ Guarantees
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import math
 import sys
@@ -37,7 +37,6 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
-from anyio.from_thread import BlockingPortal
 
 from ._event import Event
 from ._handler import EventHandler, EventHandlerHandle, _bus_threads, _Handler, in_bus_thread
@@ -140,7 +139,7 @@ class EventBus:
         self._idle = True  # True: the next log_event schedules a wake-up (or a start)
         self._thread: threading.Thread | None = None
         self._loop: Any = None
-        self._portal: BlockingPortal | None = None
+        self._loop_context: contextvars.Context | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
         self._wakeup: anyio.Event | None = None
         self._timers_changed: anyio.Event | None = None
@@ -406,7 +405,7 @@ class EventBus:
             thread.join(_remaining(deadline))
             if thread.is_alive():
                 return False
-            self._loop = self._thread = self._portal = None
+            self._loop = self._thread = None
             return True
 
     def _set_stopped(self) -> None:
@@ -463,17 +462,17 @@ class EventBus:
 
     def _start_locked(self) -> None:
         """Start the dispatcher and wait until it runs (``self._lock`` held)."""
-        ready: Future[BlockingPortal] = Future()
+        ready: Future[None] = Future()
         thread = threading.Thread(
             target=self._thread_main, args=(ready,), name=f"monitor_bus-{self._name}", daemon=True
         )
         thread.start()
-        self._portal = ready.result()  # re-raises a failure to start
+        ready.result()  # re-raises a failure to start
         self._thread = thread
         self._stopping = False
         for handler in self._handlers:  # after a fork: the handlers' runners are gone
             if handler.is_async:
-                self._portal.call(self._start_async, handler)
+                self._in_loop(self._start_async, handler)
             else:
                 handler.start_thread()
         if "multiprocessing" in sys.modules:
@@ -481,7 +480,7 @@ class EventBus:
 
             _finalize_with_multiprocessing()
 
-    def _thread_main(self, ready: Future[BlockingPortal]) -> None:
+    def _thread_main(self, ready: Future[None]) -> None:
         _bus_threads.add(threading.get_ident())
         try:
             anyio.run(self._main, ready, backend="asyncio")
@@ -493,18 +492,20 @@ class EventBus:
         finally:
             _bus_threads.discard(threading.get_ident())
 
-    async def _main(self, ready: Future[BlockingPortal]) -> None:
+    async def _main(self, ready: Future[None]) -> None:
         import asyncio
 
         self._wakeup = anyio.Event()
         self._timers_changed = anyio.Event()
         self._stopped = anyio.Event()
-        async with BlockingPortal() as portal, anyio.create_task_group() as tg:
+        async with anyio.create_task_group() as tg:
             self._task_group = tg
+            # Callbacks from other threads run in the loop's context, where anyio knows its backend.
+            self._loop_context = contextvars.copy_context()
             self._loop = asyncio.get_running_loop()
             tg.start_soon(self._distribute)
             tg.start_soon(self._run_timers)
-            ready.set_result(portal)
+            ready.set_result(None)
             await self._stopped.wait()
             self._drain(force=True)
             for handler in self._handlers:
@@ -513,13 +514,28 @@ class EventBus:
         self._task_group = None
 
     def _in_loop(self, func: Callable[..., _T], *args: Any, timeout: float | None = None) -> _T:
-        """Run ``func`` on the dispatcher's loop and return its result."""
-        if self._loop is None:
-            return func(*args)  # no dispatcher: nothing runs concurrently with us on it
-        if self._thread is threading.current_thread():
+        """Run ``func`` on the dispatcher's loop and return its result.
+
+        Scheduled with ``call_soon_threadsafe`` and awaited on a concurrent future, so the
+        timeout holds even when the loop is blocked (a handler calling ``time.sleep`` in an
+        ``async def``): anyio's portal waits on the loop before it honours any timeout.
+        """
+        loop = self._loop
+        if loop is None or self._thread is threading.current_thread():
+            return func(*args)  # no loop to race with, or we are on it
+        future: Future[_T] = Future()
+
+        def run() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(func(*args))
+                except BaseException as exc:
+                    future.set_exception(exc)
+
+        try:
+            loop.call_soon_threadsafe(run, context=self._loop_context)
+        except RuntimeError:  # the loop has closed: nothing else runs these steps now
             return func(*args)
-        assert self._portal is not None
-        future = self._portal.start_task_soon(func, *args)
         try:
             return future.result(timeout)
         except FutureTimeout:
