@@ -23,16 +23,23 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import numpy as np
+from anyio.streams.memory import MemoryObjectReceiveStream as Receive
+from anyio.streams.memory import MemoryObjectSendStream as Send
 
 import monitor_bus as monitor
 
 FEATURES = 8
 BATCH = 32
+
+Batch = tuple[np.ndarray, np.ndarray]  # inputs, targets
+Snapshot = tuple[int, np.ndarray]  # step, weights
 
 
 class PostingSink:
@@ -61,7 +68,7 @@ def log(bus: monitor.EventBus, name: str, **data: float | int | str | bool) -> N
     bus.log_event(monitor.Event(name, datetime.now(timezone.utc), data))
 
 
-async def produce(send, rng: np.random.Generator, w_true: np.ndarray) -> None:  # type: ignore[no-untyped-def]
+async def produce(send: Send[Batch], rng: np.random.Generator, w_true: np.ndarray) -> None:
     """Synthetic batches, until the trainer stops reading."""
     async with send:
         try:
@@ -73,7 +80,14 @@ async def produce(send, rng: np.random.Generator, w_true: np.ndarray) -> None:  
             pass
 
 
-async def train(bus, batches, to_eval, stop: anyio.Event, steps: int, eval_every: int) -> int:  # type: ignore[no-untyped-def]
+async def train(
+    bus: monitor.EventBus,
+    batches: Receive[Batch],
+    to_eval: Send[Snapshot],
+    stop: anyio.Event,
+    steps: int,
+    eval_every: int,
+) -> int:
     """SGD on the batches; returns the number of steps taken."""
     loss_stat = monitor.Stat(
         "train.loss",
@@ -107,7 +121,9 @@ async def train(bus, batches, to_eval, stop: anyio.Event, steps: int, eval_every
     return step
 
 
-async def evaluate(bus, weights, x_val: np.ndarray, y_val: np.ndarray) -> int:  # type: ignore[no-untyped-def]
+async def evaluate(
+    bus: monitor.EventBus, weights: Receive[Snapshot], x_val: np.ndarray, y_val: np.ndarray
+) -> int:
     """Score each weight snapshot on the validation set; returns the number of evaluations."""
     n = 0
     async with weights:
@@ -121,8 +137,13 @@ async def evaluate(bus, weights, x_val: np.ndarray, y_val: np.ndarray) -> int:  
 
 # --8<-- [start:stopper]
 async def early_stopper(
-    bus, stop: anyio.Event, patience: int, results: dict, *, task_status=anyio.TASK_STATUS_IGNORED
-) -> None:  # type: ignore[no-untyped-def]
+    bus: monitor.EventBus,
+    stop: anyio.Event,
+    patience: int,
+    results: dict[str, object],
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
     """Decide from the event stream alone when validation loss has stopped improving."""
     best, best_step, stale = float("inf"), 0, 0
     async with bus.subscribe(lambda e: e.name in ("eval", "eval.done")) as events:
@@ -130,7 +151,7 @@ async def early_stopper(
         async for event in events:
             if event.name == "eval.done":
                 break
-            val_loss, step = event.data["val_loss"], event.data["step"]
+            val_loss, step = float(event.data["val_loss"]), int(event.data["step"])
             if val_loss < best * (1 - 1e-3):
                 best, best_step, stale = val_loss, step, 0
             else:
@@ -158,11 +179,11 @@ async def main(steps: int, eval_every: int, patience: int, sink_path: Path) -> i
         sink = PostingSink(sink_path)
         bus.register_event_handler(sink, name="posting-sink")
         stop = anyio.Event()
-        batch_send, batch_recv = anyio.create_memory_object_stream[tuple](4)
-        eval_send, eval_recv = anyio.create_memory_object_stream[tuple](4)
+        batch_send, batch_recv = anyio.create_memory_object_stream[Batch](4)
+        eval_send, eval_recv = anyio.create_memory_object_stream[Snapshot](4)
         results: dict[str, object] = {}
 
-        async def run(key: str, fn, *args) -> None:  # type: ignore[no-untyped-def]
+        async def run(key: str, fn: Callable[..., Awaitable[object]], *args: object) -> None:
             results[key] = await fn(*args)
 
         async with anyio.create_task_group() as tg:
