@@ -107,4 +107,6 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 def bus_threads(name: str) -> list[threading.Thread]:
     """Live threads whose name starts with ``monitor_bus-`` and contains ``name``."""
-    return [t for t in threading.enumerate() if t.name.startswith("monitor_bus-") and name in t.name]
+    return [
+        t for t in threading.enumerate() if t.name.startswith("monitor_bus-") and name in t.name
+    ]

@@ -83,9 +83,7 @@ def test_closed_bus_is_freed_and_leaves_no_thread(figures: Figures) -> None:
     gc.collect()
     alive = [r() for r in refs if r() is not None]
     assert alive == []
-    figures.measure(
-        buses=3, threads_left_after_close=0, objects_alive_after_close=len(alive)
-    )
+    figures.measure(buses=3, threads_left_after_close=0, objects_alive_after_close=len(alive))
 
 
 CHILD = textwrap.dedent(
@@ -99,7 +97,7 @@ CHILD = textwrap.dedent(
     async def ahandler(event):
         await asyncio.sleep(0)
 
-    for k in range(5):
+    for k in range(12):
         bus = EventBus(name=f"rw{k}")
         h = bus.register_event_handler(lambda e: None)
         bus.register_event_handler(ahandler)
@@ -122,7 +120,7 @@ def test_no_resource_warning_in_dev_mode(figures: Figures) -> None:
     """A child interpreter in development mode with ResourceWarning as an error creates,
     uses, closes and drops buses (and leaves the default bus to exit) without a warning."""
     figures.describe(
-        load="5 buses with sync, async handlers and a Stat, then the default bus left open",
+        load="12 buses with sync, async handlers and a Stat, then the default bus left open",
         faults="python -X dev -W error (asyncio debug, ResourceWarning as error)",
     )
     proc = subprocess.run(

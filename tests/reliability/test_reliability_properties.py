@@ -23,8 +23,20 @@ from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Stat, _stat
 from .conftest import Figures
 
 ALL = list(Aggregation)
-SPECIAL = [0.0, -0.0, 5e-324, -5e-324, 2.2250738585072014e-308, 1.7976931348623157e308,
-           -1.7976931348623157e308, 1e-300, 1e300, math.nan, math.inf, -math.inf]
+SPECIAL = [
+    0.0,
+    -0.0,
+    5e-324,
+    -5e-324,
+    2.2250738585072014e-308,
+    1.7976931348623157e308,
+    -1.7976931348623157e308,
+    1e-300,
+    1e300,
+    math.nan,
+    math.inf,
+    -math.inf,
+]
 reals = st.one_of(
     st.floats(),  # NaN, infinities, subnormals and negative zero included
     st.sampled_from(SPECIAL),
@@ -32,8 +44,15 @@ reals = st.one_of(
     st.booleans(),
     st.fractions(max_denominator=10**6),
 )
-bad = st.one_of(st.text(max_size=3), st.none(), st.complex_numbers(), st.binary(max_size=3),
-                st.just(10**400), st.just(Fraction(10**400)), st.lists(st.integers(), max_size=2))
+bad = st.one_of(
+    st.text(max_size=3),
+    st.none(),
+    st.complex_numbers(),
+    st.binary(max_size=3),
+    st.just(10**400),
+    st.just(Fraction(10**400)),
+    st.lists(st.integers(), max_size=2),
+)
 
 
 def same(a: float | int, b: float | int) -> bool:
@@ -67,7 +86,10 @@ class StepClock:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(inputs=st.lists(st.one_of(reals, bad), min_size=1, max_size=60), repeat=st.sampled_from([1, 1, 80]))
+@given(
+    inputs=st.lists(st.one_of(reals, bad), min_size=1, max_size=60),
+    repeat=st.sampled_from([1, 1, 80]),
+)
 def test_stat_matches_reference_model(inputs: list[Any], repeat: int) -> None:
     """Each aggregate of a window equals the reference model for any real values (negative
     zero, huge, tiny, NaN, inf; folded across 4096-sample chunks when repeated), and a bad
@@ -91,7 +113,8 @@ def test_stat_matches_reference_model(inputs: list[Any], repeat: int) -> None:
         got = stat.get()
         assert bus.flush(timeout=10)
     if not accepted:
-        assert got == {} and events == []
+        assert got == {}
+        assert events == []
         return
     want = reference(accepted)
     assert set(got) == set(ALL)
@@ -104,9 +127,18 @@ def test_stat_matches_reference_model(inputs: list[Any], repeat: int) -> None:
 
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5),
-    st.binary(max_size=5), st.complex_numbers(), st.fractions(), st.decimals(),
-    st.just(Fraction(10**400)), st.just(Decimal("sNaN")), st.just(Decimal("1e400")),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=5),
+    st.binary(max_size=5),
+    st.complex_numbers(),
+    st.fractions(),
+    st.decimals(),
+    st.just(Fraction(10**400)),
+    st.just(Decimal("sNaN")),
+    st.just(Decimal("1e400")),
 )
 nested = st.recursive(
     scalars,
@@ -118,7 +150,9 @@ nested = st.recursive(
     max_leaves=10,
 )
 flat = st.dictionaries(st.text(max_size=8), scalars, max_size=4)
-mappings = st.dictionaries(st.one_of(st.text(max_size=8), st.integers(), st.none()), nested, max_size=5)
+mappings = st.dictionaries(
+    st.one_of(st.text(max_size=8), st.integers(), st.none()), nested, max_size=5
+)
 
 
 def _check_event(name: Any, stamp: Any, data: Any) -> None:
@@ -128,7 +162,8 @@ def _check_event(name: Any, stamp: Any, data: Any) -> None:
     except TypeError:
         assert repr(data) == before
         return
-    assert type(event.name) is str and event.name == name
+    assert type(event.name) is str
+    assert event.name == name
     assert event.timestamp is stamp
     assert repr(data) == before
     assert event.data is not data
@@ -159,7 +194,9 @@ def test_event_arguments_accept_or_raise_type_error(name: Any, stamp: Any, data:
 
 names = st.text(
     alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=12
-) | st.sampled_from(["\x00", "a\nb", "\t\r\x1b[31m", "\u2028\u2029", "é/ü", "🚀.loss", "\ufeff", "\x7f"])
+) | st.sampled_from(
+    ["\x00", "a\nb", "\t\r\x1b[31m", "\u2028\u2029", "é/ü", "🚀.loss", "\ufeff", "\x7f"]
+)
 
 
 def _read_tensorboard(log_dir: str) -> dict[str, list[float]]:
@@ -188,7 +225,9 @@ def test_names_survive_every_bundled_sink(name: str) -> None:
         with EventBus(name="names") as bus, monitor_bus.JsonlEventHandler(jsonl) as sink:
             bus.register_event_handler(seen.append, name=name)
             bus.register_event_handler(sink, name=name + "/jsonl")
-            bus.register_event_handler(monitor_bus.TensorboardEventHandler(writer), name=name + "/tb")
+            bus.register_event_handler(
+                monitor_bus.TensorboardEventHandler(writer), name=name + "/tb"
+            )
             stat = Stat(name, [Aggregation.SUM], timedelta(seconds=1), bus=bus)
 
             async def consume() -> None:
@@ -224,6 +263,8 @@ def test_property_suite_figures(figures: Figures) -> None:
         "names with control chars, BOM, line separators, emoji",
     )
     figures.measure(
-        stat_examples=150, event_examples=500, name_examples=25,
+        stat_examples=150,
+        event_examples=500,
+        name_examples=25,
         sinks="handler, JSONL, subscribe, TensorBoard",
     )

@@ -73,7 +73,7 @@ def run_schedule(counts: list[list[int]], max_samples: int | None) -> dict[str, 
     windows = [w for w, row in enumerate(counts) if sum(row)]
     assert len(stat_events) == len(windows)
     added = logged = 0
-    for w, data in zip(windows, stat_events):
+    for w, data in zip(windows, stat_events, strict=True):
         values = [_value(w, t, j) for t in range(THREADS) for j in range(counts[w][t])]
         lasts = {_value(w, t, counts[w][t] - 1) for t in range(THREADS) if counts[w][t]}
         n = len(values)
