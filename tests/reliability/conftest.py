@@ -54,6 +54,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 _call_report = pytest.StashKey[pytest.TestReport]()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _fresh_default_results() -> None:
+    """Without the env var, the default file holds the latest run only."""
+    if not os.environ.get(RESULTS_ENV):
+        DEFAULT_RESULTS.unlink(missing_ok=True)
+
+
 @pytest.fixture
 def figures(request: pytest.FixtureRequest) -> Iterator[Figures]:
     module = request.node.module.__name__.rsplit(".", 1)[-1].removeprefix("test_reliability_")

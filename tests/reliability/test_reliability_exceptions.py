@@ -91,7 +91,7 @@ def test_every_raising_handler_is_counted_logged_once_and_harmless(
     figures.describe(
         load=f"{2 * N} events, {len(RAISERS) + 2} handlers on one bus",
         faults="every event raises in: " + ", ".join(RAISERS) + "; a sink whose flush() raises",
-        bad_inputs="exceptions whose __str__/__repr__ raise",
+        bad_inputs="exceptions whose `__str__` and `__repr__` raise",
     )
     caplog.set_level(logging.ERROR, logger="monitor_bus")
     bus = EventBus(name="exceptions")
