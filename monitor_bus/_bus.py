@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import anyio
 
 from ._event import Event
-from ._handler import EventHandler, EventHandlerHandle, _bus_threads, _Handler, in_bus_thread
+from ._handler import EventHandler, EventHandlerHandle, _bus_threads, _Handler, _Item, in_bus_thread
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -55,6 +55,9 @@ _T = TypeVar("_T")
 
 # Drops are reported by a warning at most once per this many seconds.
 _DROP_WARNING_INTERVAL = 10.0
+# After a wake-up the dispatcher waits this long before draining, so producers logging at a
+# high rate append to the queue without waking it again.
+_LINGER = 0.001
 # Wake a timer this long after a window's end, so the window is surely over by its clock.
 _TIMER_SLACK = 0.0005
 
@@ -122,6 +125,7 @@ class EventBus:
         _check_timeout("block_timeout", block_timeout)
         _check_timeout("exit_timeout", exit_timeout, allow_none=False)
         self._capacity = capacity
+        self._limit = 3 * capacity  # the queue holds three slots per event
         self._overflow = overflow
         self._block_timeout = block_timeout
         self._exit_timeout = exit_timeout
@@ -134,7 +138,7 @@ class EventBus:
         """State that a forked child starts afresh."""
         self._lock = threading.Lock()  # start, stop and registration changes
         self._space = threading.Condition(threading.RLock())  # producers blocked on a full queue
-        self._queue: deque[Event] = deque()
+        self._queue: deque[Any] = deque()  # name, timestamp, data, name, ...
         self._handlers: tuple[_Handler, ...] = ()  # published snapshot; replaced, never mutated
         self._idle = True  # True: the next log_event schedules a wake-up (or a start)
         self._thread: threading.Thread | None = None
@@ -171,49 +175,52 @@ class EventBus:
             raise TypeError(f"event must be an Event, not {type(event).__name__}")
         if not self._handlers:
             return
+        # Queued flat, as three slots, so no per-event object the GC tracks is kept: a
+        # backlog of tracked objects triggers full collections, which rescan the whole heap
+        # (80 ms each in a process that has imported torch). Each handler gets an Event
+        # rebuilt from the slots, as torch.monitor builds one per handler call.
+        item = (event.name, event.timestamp, event.data)
         queue = self._queue
-        if len(queue) < self._capacity:
-            queue.append(event)
+        if len(queue) < self._limit:
+            queue.extend(item)  # one C call: atomic with respect to other producers
         else:
-            self._overflowed(event)
+            self._overflowed(item)
         if self._idle:
             self._wake()
 
-    def _log_nowait(self, event: Event) -> None:
+    def _log_nowait(self, item: _Item) -> None:
         """``log_event`` for the bus's own callers (Stat windows): never blocks."""
         if not self._handlers:
             return
-        if len(self._queue) < self._capacity:
-            self._queue.append(event)
+        if len(self._queue) < self._limit:
+            self._queue.extend(item)
         else:
-            self._drop_one(event)
+            self._drop_one(item)
         if self._idle:
             self._wake()
 
-    def _overflowed(self, event: Event) -> None:
+    def _overflowed(self, event: _Item) -> None:
         if self._overflow == "block" and not in_bus_thread():
             with self._space:
                 self._blocked += 1
                 try:
                     if self._space.wait_for(
-                        lambda: len(self._queue) < self._capacity or self._closed,
+                        lambda: len(self._queue) < self._limit or self._closed,
                         self._block_timeout,
                     ) and not self._closed:
-                        self._queue.append(event)
+                        self._queue.extend(event)
                         return
                 finally:
                     self._blocked -= 1
         self._drop_one(event)
 
-    def _drop_one(self, event: Event) -> None:
+    def _drop_one(self, event: _Item) -> None:
         with self._space:
-            if self._overflow == "drop_oldest":
-                try:
-                    self._queue.popleft()
-                except IndexError:
-                    pass
-                else:
-                    self._queue.append(event)
+            if self._overflow == "drop_oldest" and self._queue:
+                # Under _space, as the dispatcher's pops are: the slots of one event stay together.
+                pop = self._queue.popleft
+                pop(), pop(), pop()
+                self._queue.extend(event)
             self._dropped += 1
 
     def _wake(self) -> None:
@@ -386,7 +393,7 @@ class EventBus:
                 handler.cut = True
             handler.stop()
         if self._queue and self._loop is None:
-            lost = len(self._queue)
+            lost = len(self._queue) // 3
             self._queue.clear()
             self._dropped += lost
             logger.warning("%r closed with %d undelivered events (dispatcher not running)", self, lost)
@@ -442,7 +449,7 @@ class EventBus:
         (events logged while it was registered), ``delivered``, ``errors``, ``dropped`` and
         ``pending``. For each handler, ``logged == delivered + dropped + pending``.
         """
-        queued = len(self._queue)
+        queued = len(self._queue) // 3
         dropped = self._dropped
         handlers = [h.snapshot(queued, dropped) for h in self._handlers]
         return {
@@ -508,6 +515,7 @@ class EventBus:
             ready.set_result(None)
             await self._stopped.wait()
             self._drain(force=True)
+            self._report_drops(final=True)
             for handler in self._handlers:
                 handler.stop()
             tg.cancel_scope.cancel()
@@ -587,8 +595,9 @@ class EventBus:
     def _drain(self, *, force: bool = False) -> bool:
         """Move queued events to the handlers' inboxes; False if ``block`` left some queued."""
         queue = self._queue
-        n = len(queue)
+        n = len(queue) // 3
         if not n:
+            self._report_drops()
             return True
         handlers = self._handlers
         overflow = self._overflow
@@ -597,14 +606,16 @@ class EventBus:
                 n = min(n, min(self._capacity - h.backlog for h in handlers))
             overflow = "force"  # room was made above, or a flush asks for everything
         if n > 0:
-            pop = queue.popleft
-            batch = [pop() for _ in range(n)]
+            with self._space:
+                pop = queue.popleft
+                batch = [pop() for _ in range(3 * n)]
             self._consumed += n
             for handler in handlers:
                 handler.push(batch, self._capacity, overflow)
             if self._blocked:
                 with self._space:
                     self._space.notify_all()
+        self._report_drops()
         return not queue
 
     async def _distribute(self) -> None:
@@ -616,14 +627,14 @@ class EventBus:
                 self._waiting_for_room = True
                 await room.wait()
                 continue
-            self._report_drops()
-            self._wakeup = anyio.Event()
-            self._idle = True
-            if queue:
+            if not queue:
+                self._wakeup = anyio.Event()
+                self._idle = True
+                if not queue:  # checked again: an append may have seen _idle still False
+                    await self._wakeup.wait()
                 self._idle = False
-                await anyio.lowlevel.checkpoint()
-                continue
-            await self._wakeup.wait()
+            # Let a burst accumulate: one wake-up and one batch per burst, not per event.
+            await anyio.sleep(_LINGER)
 
     def _handler_progressed(self) -> None:
         """Called by a runner after a batch: wake the distributor if it waits for room."""
@@ -640,12 +651,12 @@ class EventBus:
         with self._errors_lock:
             self._errors += 1
 
-    def _report_drops(self) -> None:
+    def _report_drops(self, *, final: bool = False) -> None:
         dropped = self._dropped
         if dropped == self._dropped_reported:
             return
         now = time.monotonic()
-        if now - self._last_drop_warning < _DROP_WARNING_INTERVAL:
+        if now - self._last_drop_warning < _DROP_WARNING_INTERVAL and not final:
             return
         logger.warning(
             "%r: queue full (capacity %d, policy %s): %d events dropped since the last report, "

@@ -11,7 +11,6 @@ from typing import Union
 data_value_t = Union[str, float, int, bool]  # noqa: UP007 - a runtime alias, as in torch
 
 _PLAIN = frozenset((str, int, float, bool))
-_STR = frozenset((str,))
 
 
 class Event:
@@ -56,9 +55,12 @@ class Event:
             copied = dict(data)
         else:
             raise TypeError(f"data must be a mapping, not {type(data).__name__}")
-        # Checked with C-level set operations: this runs on the caller's hot path.
-        if not (_STR.issuperset(map(type, copied)) and _PLAIN.issuperset(map(type, copied.values()))):
-            _normalize(copied)
+        # The caller's hot path: a plain loop with identity checks beats set operations on
+        # the small dicts events carry.
+        for key, value in copied.items():
+            if key.__class__ is not str or value.__class__ not in _PLAIN:
+                _normalize(copied)
+                break
         self.name = name
         self.timestamp = timestamp
         self.data = copied

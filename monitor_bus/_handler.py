@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Union
 
 import anyio
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     from ._bus import EventBus
 
 logger = logging.getLogger("monitor_bus")
+
+# An event's (name, timestamp, data). Queues and batches hold these slots flat, three per event.
+_Item = tuple[str, datetime, dict[str, Any]]
 
 #: A handler: called with each event, from a thread or task of the bus, never the caller's.
 EventHandler = Union[Callable[[Event], None], Callable[[Event], Awaitable[None]]]
@@ -92,7 +96,7 @@ class _Handler:
 
     def _reset(self) -> None:
         self.cv = threading.Condition(threading.Lock())
-        self.inbox: list[list[Event]] = []
+        self.inbox: list[list[Any]] = []
         self.backlog = 0
         self.offered = 0
         self.settled = 0
@@ -113,9 +117,9 @@ class _Handler:
 
     # -- called by the dispatcher, on its loop thread --
 
-    def push(self, batch: list[Event], capacity: int, overflow: str) -> None:
+    def push(self, batch: list[Any], capacity: int, overflow: str) -> None:
         """Hand a batch over, applying the overflow policy to this handler's backlog."""
-        n = len(batch)
+        n = len(batch) // 3
         with self.cv:
             self.offered += n
             room = capacity - self.backlog
@@ -124,7 +128,7 @@ class _Handler:
                 lost = n - keep
                 self.dropped += lost
                 self.settled += lost
-                batch = batch[:keep]
+                batch = batch[: 3 * keep]
                 n = keep
             if n:
                 self.inbox.append(batch)
@@ -140,11 +144,11 @@ class _Handler:
         while self.backlog > capacity:
             excess = self.backlog - capacity
             first = inbox[0]
-            if len(first) <= excess:
+            if len(first) <= 3 * excess:
                 del inbox[0]
-                lost = len(first)
+                lost = len(first) // 3
             else:
-                inbox[0] = first[excess:]
+                inbox[0] = first[3 * excess :]
                 lost = excess
             self.backlog -= lost
             self.dropped += lost
@@ -176,7 +180,7 @@ class _Handler:
         )
         self.thread.start()
 
-    def _take(self) -> list[list[Event]] | None:
+    def _take(self) -> list[list[Any]] | None:
         """Under ``cv``: the whole inbox, or None when stopping with nothing left."""
         batches = self.inbox
         if batches:
@@ -196,6 +200,7 @@ class _Handler:
     def _run_sync(self) -> None:
         _bus_threads.add(threading.get_ident())
         callback = self.callback
+        new_event = Event.__new__
         try:
             while True:
                 with self.cv:
@@ -206,9 +211,12 @@ class _Handler:
                     return
                 for batch in batches:
                     done = 0
-                    for event in batch:
+                    slots = iter(batch)
+                    for name, timestamp, data in zip(slots, slots, slots):
                         if self.cut:
                             break
+                        event = new_event(Event)
+                        event.name, event.timestamp, event.data = name, timestamp, data
                         try:
                             callback(event)
                         except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
@@ -219,7 +227,7 @@ class _Handler:
                             self.batch_end()
                         except BaseException as exc:  # noqa: BLE001
                             self._failed(exc)
-                    self._settle(done, len(batch) - done)
+                    self._settle(done, len(batch) // 3 - done)
         finally:
             _bus_threads.discard(threading.get_ident())  # idents are reused by later threads
             self._exit()
@@ -227,6 +235,7 @@ class _Handler:
     async def run_async(self) -> None:
         callback: Callable[[Event], Awaitable[Any]] = self.callback  # type: ignore[assignment]
         cancelled = anyio.get_cancelled_exc_class()
+        new_event = Event.__new__
         try:
             while True:
                 while not self.inbox and not self.stopping:
@@ -238,9 +247,12 @@ class _Handler:
                     return
                 for batch in batches:
                     done = 0
-                    for event in batch:
+                    slots = iter(batch)
+                    for name, timestamp, data in zip(slots, slots, slots):
                         if self.cut:
                             break
+                        event = new_event(Event)
+                        event.name, event.timestamp, event.data = name, timestamp, data
                         try:
                             await callback(event)
                         except cancelled as exc:
@@ -259,7 +271,7 @@ class _Handler:
                             raise
                         except BaseException as exc:  # noqa: BLE001
                             self._failed(exc)
-                    self._settle(done, len(batch) - done)
+                    self._settle(done, len(batch) // 3 - done)
         finally:
             self._exit()
 

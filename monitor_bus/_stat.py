@@ -22,7 +22,6 @@ from itertools import chain
 from time import monotonic
 from typing import TYPE_CHECKING
 
-from ._event import Event
 
 if TYPE_CHECKING:
     from ._bus import EventBus
@@ -283,11 +282,8 @@ class Stat:
         last = {agg: values[agg] for agg in self._aggregations}
         self._last = last
         self._count = 0
-        event = Event.__new__(Event)
-        event.name = STAT_EVENT
-        event.timestamp = datetime.now(timezone.utc)
-        event.data = dict(zip(self._keys, last.values()))
-        self._bus._log_nowait(event)
+        data = dict(zip(self._keys, last.values()))
+        self._bus._log_nowait((STAT_EVENT, datetime.now(timezone.utc), data))
 
     def _after_fork(self) -> None:
         """In a forked child: the parent logs the windows it had open, so start empty."""
