@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
 
 import pytest
 from anyio.lowlevel import checkpoint
 
-from monitor_bus import Event, EventBus
+from monitor_bus import (
+    STAT_EVENT,
+    Event,
+    EventBus,
+    JsonlEventHandler,
+    TensorboardEventHandler,
+    read_jsonl,
+)
 
 from ..conftest import Recorder
 from .conftest import Figures
@@ -199,3 +208,105 @@ def test_keyboard_interrupt_in_handler_does_not_stop_the_bus(figures: Figures) -
     assert bus.stats()["handler_errors"] == 2
     assert bus.close(timeout=30)
     figures.measure(logged=10, delivered=len(seen), errors_counted=2)
+
+
+class FlakyWriter:
+    """A SummaryWriter stand-in: every 3rd add_scalar raises, flush and close always raise."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.written: list[tuple[str, float]] = []
+
+    def add_scalar(self, tag: str, value: float, global_step: int = 0, walltime: float = 0) -> None:
+        self.calls += 1
+        if self.calls % 3 == 0:
+            raise OSError("event file write failed")
+        self.written.append((tag, value))
+
+    def flush(self) -> None:
+        raise RuntimeError("flush failed")
+
+    def close(self) -> None:
+        raise OSError("close failed")
+
+
+class FailingFile:
+    """Wraps a real file; once ``broken``, writes raise ENOSPC and close raises too."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.broken = False
+
+    def write(self, data: bytes) -> int:
+        if self.broken:
+            raise OSError(28, "No space left on device")
+        return int(self.real.write(data))
+
+    def flush(self) -> None:
+        self.real.flush()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.real.closed)
+
+    def close(self) -> None:
+        self.real.close()
+        if self.broken:
+            raise OSError(5, "Input/output error")
+
+
+def test_failing_writers_are_counted_and_earlier_output_survives(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, figures: Figures
+) -> None:
+    """A TensorBoard writer that fails now and then, and a JSONL file that runs out of space:
+    every failure is counted on its handler, the other handlers get everything, what was
+    written before the disk filled reads back intact, and a close() that raises reaches only
+    the code that called it."""
+    n = 30
+    figures.describe(
+        load=f"{2 * n} Stat events to TensorboardEventHandler, JsonlEventHandler and a recorder",
+        faults="writer: every 3rd add_scalar raises, flush/close raise; JSONL file: ENOSPC on "
+        "write after the first half, EIO on close",
+    )
+    caplog.set_level(logging.ERROR, logger="monitor_bus")
+    writer = FlakyWriter()
+    path = tmp_path / "events.jsonl"
+    jsonl = JsonlEventHandler(path)
+    file = FailingFile(jsonl._file)
+    jsonl._file = file  # type: ignore[assignment]
+    healthy = Recorder()
+    now = datetime.now(timezone.utc)
+    events = [Event(STAT_EVENT, now, {"s.sum": float(i)}) for i in range(2 * n)]
+    with EventBus(name="writers") as bus:
+        bus.register_event_handler(TensorboardEventHandler(writer), name="tensorboard")
+        bus.register_event_handler(jsonl, name="jsonl")
+        bus.register_event_handler(healthy, name="healthy")
+        for event in events[:n]:
+            bus.log_event(event)
+        assert bus.flush(timeout=30)
+        file.broken = True
+        for event in events[n:]:
+            bus.log_event(event)
+        assert bus.flush(timeout=30)
+        per = {h["name"]: h for h in bus.stats()["handlers"]}
+        assert [e.data for e in healthy.events] == [e.data for e in events]
+        assert per["tensorboard"]["delivered"] == 2 * n
+        # Each third add_scalar failed, plus one failed flush per delivered batch.
+        assert per["tensorboard"]["errors"] >= 2 * n // 3 + 2
+        assert writer.calls == 2 * n
+        assert len(writer.written) == 2 * n - 2 * n // 3
+        assert per["jsonl"]["delivered"] == 2 * n
+        assert per["jsonl"]["errors"] >= 1  # each batch after the disk filled
+        assert per["healthy"]["errors"] == 0
+    assert [e.data for e in read_jsonl(path)] == [e.data for e in events[:n]]
+    with pytest.raises(OSError, match="Input/output error"):
+        jsonl.close()
+    with pytest.raises(OSError, match="close failed"):
+        writer.close()
+    figures.measure(
+        logged=2 * n,
+        delivered_healthy=len(healthy.events),
+        tensorboard_errors=per["tensorboard"]["errors"],
+        jsonl_errors=per["jsonl"]["errors"],
+        jsonl_lines_intact=n,
+    )
