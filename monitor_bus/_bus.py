@@ -33,6 +33,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from datetime import datetime, timezone
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -241,6 +242,19 @@ class EventBus:
         except RuntimeError:  # the loop has closed: the bus is shutting down
             pass
 
+    def _call_soon(self, func: Callable[[], object]) -> None:
+        """Run ``func`` on the loop thread soon, without waiting (a no-op once it is gone)."""
+        loop = self._loop
+        if loop is None:
+            return
+        if self._thread is threading.current_thread():
+            func()
+            return
+        try:
+            loop.call_soon_threadsafe(func, context=self._loop_context)
+        except RuntimeError:  # the loop has closed
+            pass
+
     def _set_wakeup(self) -> None:
         if self._wakeup is not None:
             self._wakeup.set()
@@ -334,7 +348,7 @@ class EventBus:
         if not done:
             handler.cut = True
         handler.stop()
-        return done
+        return handler.wait_stopped(_remaining(deadline)) and done
 
     # -- delivery control --
 
@@ -392,12 +406,13 @@ class EventBus:
             if not done:
                 handler.cut = True
             handler.stop()
+        stopped = [h.wait_stopped(_remaining(deadline)) for h, _ in targets]
         if self._queue and self._loop is None:
             lost = len(self._queue) // 3
             self._queue.clear()
             self._dropped += lost
             logger.warning("%r closed with %d undelivered events (dispatcher not running)", self, lost)
-        return self._stop(deadline) and all(settled)
+        return self._stop(deadline) and all(settled) and all(stopped)
 
     def _stop(self, deadline: float | None) -> bool:
         with self._lock:
@@ -704,9 +719,10 @@ class EventBus:
                 end = next_end.get(window)
                 if end is None or now >= end:
                     if end is not None:
+                        stamp = datetime.now(timezone.utc)
                         for stat in list(group):
                             if stat._clock_due():
-                                stat._roll()
+                                stat._roll(stamp)
                     next_end[window] = (math.floor(now / window) + 1) * window + _TIMER_SLACK
             if not next_end:
                 await self._timers_changed.wait()

@@ -115,7 +115,7 @@ def _plain_value(key: str, value: object) -> data_value_t:
         if hasattr(cls, "__float__"):
             try:
                 return float(value)  # type: ignore[arg-type]
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 pass
     raise TypeError(
         f"data[{key!r}] must be str, int, float or bool, not {cls.__module__}.{cls.__qualname__}"

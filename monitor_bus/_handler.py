@@ -159,8 +159,17 @@ class _Handler:
         with self.cv:
             self.stopping = True
             self.cv.notify_all()
-        if self.is_async and self.wakeup is not None:
+        if self.is_async:
+            self.bus._call_soon(self._wake_task)
+
+    def _wake_task(self) -> None:
+        if self.wakeup is not None:
             self.wakeup.set()
+
+    def wait_stopped(self, timeout: float | None) -> bool:
+        """Wait until the runner has exited (it holds the callback until then)."""
+        with self.cv:
+            return self.cv.wait_for(lambda: not self.running, timeout)
 
     # -- waiting, from any thread --
 

@@ -197,6 +197,7 @@ class OpenTelemetryEventHandler:
         self._gauges: dict[str, Any] = {}  # event key -> gauge, or None when skipped
         self._names: dict[str, str] = {}  # instrument name -> the key that owns it
         self._warned: set[str] = set()
+        self._lock = threading.Lock()
         #: Stat values skipped because they were strings.
         self.skipped_values = 0
         #: Stat values skipped because their key could not be an instrument name.
@@ -235,7 +236,7 @@ class OpenTelemetryEventHandler:
         for key, value in event.data.items():
             gauge = gauges.get(key, _MISSING)
             if gauge is _MISSING:
-                gauge = gauges[key] = self._make_gauge(key)
+                gauge = self._make_gauge(key)
             if gauge is None:
                 self.skipped_names += 1
             elif value.__class__ is str:
@@ -247,18 +248,23 @@ class OpenTelemetryEventHandler:
                 gauge.set(int(value) if value.__class__ is bool else value)
 
     def _make_gauge(self, key: str) -> Any:
-        name = _instrument_name(key)
-        owner = self._names.get(name) if name is not None else None
-        if name is None or owner is not None:
-            why = (
-                "is not a valid instrument name"
-                if name is None
-                else f"sanitizes to {name!r} like {owner!r}"
-            )
-            self._warn_once(key, f"Stat key {key!r} {why}: its values are skipped")
-            return None
-        self._names[name] = key
-        return self._meter.create_gauge(name)
+        with self._lock:  # one handler object may serve several buses
+            if key in self._gauges:
+                return self._gauges[key]
+            name = _instrument_name(key)
+            owner = self._names.get(name) if name is not None else None
+            gauge = None
+            if name is None:
+                self._warn_once(key, f"Stat key {key!r} cannot be an instrument name: skipped")
+            elif owner is not None:
+                self._warn_once(
+                    key, f"Stat key {key!r} sanitizes to {name!r} like {owner!r}: skipped"
+                )
+            else:
+                self._names[name] = key
+                gauge = self._meter.create_gauge(name)
+            self._gauges[key] = gauge
+            return gauge
 
     def _emit_log(self, event: Event) -> None:
         from opentelemetry._logs import LogRecord, SeverityNumber

@@ -94,6 +94,8 @@ class PrometheusEventHandler:
         for key, value in labels.items():
             if not isinstance(key, str) or not _LABEL_NAME.fullmatch(key) or key.startswith("__"):
                 raise ValueError(f"labels: {key!r} is not a valid Prometheus label name")
+            if key == "reason":
+                raise ValueError("labels: 'reason' is taken by the handler's skipped counter")
             if not isinstance(value, str):
                 raise TypeError(f"labels[{key!r}] must be a str, not {type(value).__name__}")
         self.registry = registry
