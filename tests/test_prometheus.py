@@ -129,6 +129,7 @@ def test_metric_name_sanitizing() -> None:
         ({"namespace": 3}, TypeError, "namespace"),
         ({"labels": {"__rank": "0"}}, ValueError, "labels"),
         ({"labels": {"rank": 0}}, TypeError, "labels"),
+        ({"labels": {"reason": "x"}}, ValueError, "labels"),
     ],
 )
 def test_bad_arguments_raise_naming_them(
@@ -151,7 +152,10 @@ def test_serve_exposes_the_registry_on_loopback(bus: EventBus) -> None:
         with urllib.request.urlopen(server.url, timeout=10) as response:
             body = response.read().decode()
     assert "monitor_bus_step_time_mean 0.25\n" in body
-    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", server.port), timeout=5):
+    with (
+        pytest.raises(ConnectionRefusedError),
+        socket.create_connection(("127.0.0.1", server.port), timeout=5),
+    ):
         pass  # closed: the port is released
 
 
