@@ -387,3 +387,36 @@ def test_hung_endpoint_blocks_neither_caller_nor_bus(bus: EventBus) -> None:
         for r in sl.log_records
     ]
     assert [attributes(a)["n"] for a in exported] == [1, *range(100)]
+
+
+def test_refused_endpoint_is_dropped_by_the_sdk_not_the_bus(
+    bus: EventBus, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With nothing listening, the bus delivers everything and the SDK retries, then drops and logs."""
+    import logging
+    import socket
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")  # seconds the SDK keeps retrying
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: connections are refused
+    handler = OpenTelemetryEventHandler(endpoint=f"http://127.0.0.1:{port}", export_interval=3600)
+    caplog.set_level(logging.WARNING, logger="opentelemetry")
+    try:
+        bus.register_event_handler(handler, name="otel")
+        for n in range(10):
+            bus.log_event(Event("step", T0, {"n": n}))
+            bus.log_event(Event(STAT_EVENT, T0, {"n.value": n}))
+        assert bus.flush(10)
+        (stats,) = bus.stats()["handlers"]
+        assert (stats["delivered"], stats["dropped"], stats["errors"]) == (20, 0, 0)
+        # The SDK reports its flush as done once it gave up on the batch: True, yet dropped.
+        assert handler.force_flush(30)
+    finally:
+        assert handler.shutdown(30)
+    failures = {
+        r.name.rsplit(".", 1)[-1]
+        for r in caplog.records
+        if r.levelno >= logging.ERROR and r.name.startswith("opentelemetry.exporter.otlp")
+    }
+    assert failures == {"metric_exporter", "_log_exporter"}

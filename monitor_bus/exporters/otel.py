@@ -290,8 +290,9 @@ class OpenTelemetryEventHandler:
         """Export what the providers hold now; True if done within ``timeout`` seconds.
 
         Runs on a helper thread, because the SDK's batch log processor ignores its own timeout
-        while an export hangs; after a False return the flush goes on in the background.
-        Thread-safe.
+        while an export hangs; after a False return the flush goes on in the background. True
+        means the SDK is done trying: a batch it dropped after its retries (logged by the SDK)
+        still counts as flushed. Thread-safe.
         """
         millis = 30_000 if timeout is None else max(int(timeout * 1000), 1)
         providers = (self.meter_provider, self.logger_provider)
