@@ -194,6 +194,9 @@ class OpenTelemetryEventHandler:
         self.logger_provider = logger_provider
         self._meter = meter_provider.get_meter(scope)
         self._logger: Logger = logger_provider.get_logger(scope)
+        from opentelemetry._logs import LogRecord
+
+        self._log_record = LogRecord
         self._gauges: dict[str, Any] = {}  # event key -> gauge, or None when skipped
         self._names: dict[str, str] = {}  # instrument name -> the key that owns it
         self._warned: set[str] = set()
@@ -267,10 +270,10 @@ class OpenTelemetryEventHandler:
             return gauge
 
     def _emit_log(self, event: Event) -> None:
-        from opentelemetry._logs import LogRecord, SeverityNumber
+        from opentelemetry._logs import SeverityNumber
 
         self._logger.emit(
-            LogRecord(
+            self._log_record(
                 timestamp=_unix_nanos(event.timestamp),
                 observed_timestamp=time.time_ns(),
                 severity_number=SeverityNumber.INFO,
