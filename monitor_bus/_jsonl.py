@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import threading
 import warnings
 from collections.abc import Iterator
@@ -71,15 +72,18 @@ class JsonlEventHandler:
         self._lock = threading.Lock()
         self._pending: list[str] = []
         self._written = 0
-        self._file = open(self._path, "a+b")  # noqa: SIM115 - lives as long as the handler
+        # O_APPEND without Python's "a" mode, which seeks and so refuses pipes (/dev/stdout).
+        fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         try:
-            if self._file.seek(0, os.SEEK_END) > 0:
-                self._file.seek(-1, os.SEEK_END)
-                if self._file.read(1) != b"\n":
-                    self._file.write(b"\n")  # end a torn last line
-                    self._file.flush()
+            info = os.fstat(fd)
+            if stat.S_ISREG(info.st_mode) and info.st_size > 0:
+                with open(self._path, "rb") as f:
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":
+                        os.write(fd, b"\n")  # end a torn last line
+            self._file = os.fdopen(fd, "wb")
         except BaseException:
-            self._file.close()
+            os.close(fd)
             raise
 
     @property

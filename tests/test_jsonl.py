@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -163,6 +164,22 @@ def test_appends_and_keeps_existing_lines(tmp_path: Path) -> None:
         with JsonlEventHandler(path) as handler:
             handler(Event("run", T0, {"i": i}))
     assert [e.data for e in read_jsonl(path)] == [{"i": 0}, {"i": 1}]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_writes_to_a_pipe(tmp_path: Path) -> None:
+    """A named pipe (or /dev/stdout) works as the path: lines stream to the reader."""
+    fifo = tmp_path / "events.pipe"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    with JsonlEventHandler(fifo) as handler:
+        handler(Event("piped", T0, {"x": 1}))
+    reader.join(10)
+    assert received == [
+        b'{"name":"piped","timestamp":"2026-03-01T12:00:00.123456+00:00","data":{"x":1}}\n'
+    ]
 
 
 def test_torn_last_line_is_skipped_with_a_warning(tmp_path: Path) -> None:
