@@ -1,0 +1,252 @@
+"""Core benchmarks, side by side in one run: monitor_bus against torch.monitor and the standard
+library's QueueHandler/QueueListener.
+
+    python benchmarks/core.py                    # print the table
+    python benchmarks/core.py --write docs/performance.md
+
+Each figure is the median of several rounds; the contenders alternate within each round so
+both see the same machine load. torch is optional: without it, its columns say "n/a".
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import logging.handlers
+import platform
+import queue
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import monitor_bus
+
+try:
+    import torch
+    import torch.monitor as torch_monitor
+except ImportError:  # the comparison is optional
+    torch = None
+    torch_monitor = None
+
+DATA = {"loss": 0.25, "step": 7}
+TS = datetime(2026, 1, 1)
+
+
+def per_call_ns(func: Callable[[int], None], n: int) -> float:
+    gc.collect()
+    start = time.perf_counter_ns()
+    func(n)
+    return (time.perf_counter_ns() - start) / n
+
+
+# -- 1. Stat.add --
+
+
+def stat_add_ours(n: int) -> None:
+    stat = monitor_bus.Stat("x", [monitor_bus.Aggregation.MEAN], timedelta(hours=1))
+    add = stat.add
+    for i in range(n):
+        add(0.5)
+
+
+def stat_add_torch(n: int) -> None:
+    stat = torch_monitor.Stat("x", [torch_monitor.Aggregation.MEAN], timedelta(hours=1))
+    add = stat.add
+    for i in range(n):
+        add(0.5)
+
+
+# -- 2. Event + log_event with one handler --
+
+
+def log_ours(n: int) -> None:
+    Event, log = monitor_bus.Event, monitor_bus.log_event
+    for _ in range(n):
+        log(Event("e", TS, DATA))
+    monitor_bus.flush()
+
+
+def log_torch(n: int) -> None:
+    Event, log = torch_monitor.Event, torch_monitor.log_event
+    for _ in range(n):
+        log(Event("e", TS, DATA))
+
+
+# -- 3. delivered events per second, one producer, one sync handler --
+
+
+def throughput_ours(n: int) -> float:
+    with monitor_bus.EventBus(capacity=n + 1) as bus:
+        done = threading.Event()
+        count = 0
+
+        def handler(event: monitor_bus.Event) -> None:
+            nonlocal count
+            count += 1
+            if count == n:
+                done.set()
+
+        bus.register_event_handler(handler)
+        Event, log = monitor_bus.Event, bus.log_event
+        start = time.perf_counter()
+        for _ in range(n):
+            log(Event("e", TS, DATA))
+        done.wait()
+        return n / (time.perf_counter() - start)
+
+
+def throughput_queue_listener(n: int) -> float:
+    done = threading.Event()
+    count = 0
+
+    class Counting(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            nonlocal count
+            count += 1
+            if count == n:
+                done.set()
+
+    q: queue.Queue[logging.LogRecord] = queue.Queue(n + 1)
+    logger = logging.getLogger("bench.queue")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    qh = logging.handlers.QueueHandler(q)
+    logger.addHandler(qh)
+    listener = logging.handlers.QueueListener(q, Counting())
+    listener.start()
+    try:
+        start = time.perf_counter()
+        info = logger.info
+        for _ in range(n):
+            info("e loss=%s step=%s", 0.25, 7)
+        done.wait()
+        return n / (time.perf_counter() - start)
+    finally:
+        listener.stop()
+        logger.removeHandler(qh)
+
+
+# -- 4. the caller's p99 with a slow extra handler --
+
+
+def p99_log_event_us(n: int, slow: bool) -> float:
+    with monitor_bus.EventBus(capacity=n + 1) as bus:
+        bus.register_event_handler(lambda e: None)
+        release = threading.Event()
+        if slow:
+            bus.register_event_handler(lambda e: release.wait(0.010))
+        Event, log = monitor_bus.Event, bus.log_event
+        clock = time.perf_counter_ns
+        lat = []
+        for i in range(n):
+            event = Event("e", TS, DATA)
+            t0 = clock()
+            log(event)
+            lat.append(clock() - t0)
+            if i % 64 == 0:
+                time.sleep(0.0001)  # a training loop does other work between events
+        release.set()
+        bus.close(0)  # the slow handler's backlog is not what is measured here
+    lat.sort()
+    return lat[int(len(lat) * 0.99)] / 1000
+
+
+def median_of(rounds: list[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in rounds if key in r)
+
+
+def run(rounds: int, scale: float) -> dict[str, float]:
+    n_add = int(1_000_000 * scale)
+    n_log = int(200_000 * scale)
+    n_tp = int(200_000 * scale)
+    n_lat = int(20_000 * scale)
+    results: list[dict[str, float]] = []
+    for _ in range(rounds):
+        r: dict[str, float] = {}
+        r["add_ours"] = per_call_ns(stat_add_ours, n_add)
+        if torch_monitor is not None:
+            r["add_torch"] = per_call_ns(stat_add_torch, n_add)
+        handle = monitor_bus.register_event_handler(lambda e: None)
+        r["log_ours"] = per_call_ns(log_ours, n_log)
+        monitor_bus.unregister_event_handler(handle)
+        if torch_monitor is not None:
+            th = torch_monitor.register_event_handler(lambda e: None)
+            r["log_torch"] = per_call_ns(log_torch, n_log)
+            torch_monitor.unregister_event_handler(th)
+        r["tp_ours"] = throughput_ours(n_tp)
+        r["tp_queue"] = throughput_queue_listener(n_tp)
+        r["p99_base"] = p99_log_event_us(n_lat, slow=False)
+        r["p99_slow"] = p99_log_event_us(n_lat, slow=True)
+        results.append(r)
+        print(".", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    return {k: median_of(results, k) for k in results[0]}
+
+
+def table(m: dict[str, float], rounds: int) -> str:
+    def ratio(a: str, b: str) -> str:
+        return f"{m[a] / m[b]:.2f}" if a in m and b in m else "n/a"
+
+    def val(key: str, fmt: str) -> str:
+        return format(m[key], fmt) if key in m else "n/a"
+
+    rows = [
+        ("`Stat.add`, ns/call", val("add_ours", ".0f"), val("add_torch", ".0f"), "torch.monitor", ratio("add_ours", "add_torch"), "<= 1.0"),
+        ("`Event(...)` + `log_event`, one handler, ns/call", val("log_ours", ".0f"), val("log_torch", ".0f"), "torch.monitor", ratio("log_ours", "log_torch"), "<= 0.5"),
+        ("delivered events/s, one producer, one sync handler", val("tp_ours", ",.0f"), val("tp_queue", ",.0f"), "QueueHandler + QueueListener", ratio("tp_ours", "tp_queue"), ">= 10"),
+        ("caller's p99 `log_event`, us, with a 10 ms/event handler vs without", val("p99_slow", ".2f"), val("p99_base", ".2f"), "monitor_bus without the slow handler", ratio("p99_slow", "p99_base"), "<= 2.0"),
+    ]
+    lines = [
+        f"Median of {rounds} rounds; contenders alternate within each round.",
+        "",
+        "| measure | monitor_bus | other | other is | ratio | target |",
+        "|---|---:|---:|---|---:|---|",
+    ]
+    lines += [f"| {' | '.join(row)} |" for row in rows]
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    from importlib.metadata import version
+
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import os
+
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; "
+        f"CPython {platform.python_version()}, monitor_bus {monitor_bus.__version__}, anyio {version('anyio')}, "
+        f"torch {torch.__version__ if torch is not None else 'not installed'}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds to take the median of (default 5)")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every iteration count")
+    parser.add_argument("--write", type=Path, help="replace the results section of this markdown file")
+    args = parser.parse_args()
+    medians = run(args.rounds, args.scale)
+    text = f"Measured on {datetime.now():%Y-%m-%d}: {machine()}.\n\n{table(medians, args.rounds)}\n"
+    print(text)
+    if args.write:
+        doc = args.write.read_text()
+        begin, end = "<!-- results:begin -->", "<!-- results:end -->"
+        head, rest = doc.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        args.write.write_text(f"{head}{begin}\n{text}{end}{tail}")
+
+
+if __name__ == "__main__":
+    main()
