@@ -216,11 +216,11 @@ def test_subscribing_without_an_event_loop_is_an_error(bus: EventBus) -> None:
 
 
 def test_flush_from_a_thread_that_reuses_a_finished_handler_threads_id() -> None:
-    """A new thread that gets the id of a finished handler thread may call flush() (core bug repro).
+    """A new thread that gets the id of a finished handler thread may call flush().
 
-    Handler threads add their id to the set of bus threads and never remove it, so a later
-    thread with the same id (ids are reused, here at once) is taken for a handler: anyio's
-    worker threads then fail in ``await bus.aflush()`` at random.
+    Thread ids are reused at once; a stale id in the set of bus threads made anyio's worker
+    threads fail in ``await bus.aflush()`` at random (seen after a notebook re-registered a
+    named handler).
     """
     with EventBus(name="other") as live:
         live.register_event_handler(lambda e: None)
