@@ -3,6 +3,8 @@ non-blocking dispatcher: ``import monitor_bus as monitor``."""
 
 from __future__ import annotations
 
+import contextlib as _contextlib
+
 from ._bus import EventBus as EventBus
 from ._default import aflush as aflush
 from ._default import flush as flush
@@ -47,10 +49,8 @@ __all__ = [
 for _name in __all__:
     _obj = globals()[_name]
     if getattr(_obj, "__module__", "").startswith("monitor_bus._"):
-        try:
+        with _contextlib.suppress(AttributeError, TypeError):
             _obj.__module__ = __name__
-        except (AttributeError, TypeError):
-            pass
-del _name, _obj
+del _name, _obj, _contextlib
 
 __version__ = "0.1.0"

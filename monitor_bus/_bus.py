@@ -23,6 +23,7 @@ Guarantees
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import math
@@ -33,12 +34,13 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from datetime import datetime, timezone
 from concurrent.futures import TimeoutError as FutureTimeout
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 
+from . import _stat
 from ._event import Event
 from ._handler import EventHandler, EventHandlerHandle, _bus_threads, _Handler, _Item, in_bus_thread
 
@@ -237,10 +239,8 @@ class EventBus:
                 finally:
                     self._lock.release()
             return
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop has closed: the bus is shutting down
             loop.call_soon_threadsafe(self._set_wakeup)
-        except RuntimeError:  # the loop has closed: the bus is shutting down
-            pass
 
     def _call_soon(self, func: Callable[[], object]) -> None:
         """Run ``func`` on the loop thread soon, without waiting (a no-op once it is gone)."""
@@ -250,10 +250,8 @@ class EventBus:
         if self._thread is threading.current_thread():
             func()
             return
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop has closed
             loop.call_soon_threadsafe(func, context=self._loop_context)
-        except RuntimeError:  # the loop has closed
-            pass
 
     def _set_wakeup(self) -> None:
         if self._wakeup is not None:
@@ -373,7 +371,7 @@ class EventBus:
             return False
         return all(h.wait_settled(target, _remaining(deadline)) for h, target in targets)
 
-    async def aflush(self, timeout: float | None = None) -> bool:
+    async def aflush(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109 - mirrors flush
         """``flush`` for async callers: waits on a worker thread, not the caller's loop."""
         _check_timeout("timeout", timeout)
         if in_bus_thread():
@@ -402,7 +400,7 @@ class EventBus:
             return False
         # The handlers settle concurrently: one stuck handler does not eat the others' time.
         settled = [h.wait_settled(target, _remaining(deadline)) for h, target in targets]
-        for (handler, _), done in zip(targets, settled):
+        for (handler, _), done in zip(targets, settled, strict=True):
             if not done:
                 handler.cut = True
             handler.stop()
@@ -420,10 +418,8 @@ class EventBus:
             if loop is None or thread is None:
                 return True
             self._stopping = True
-            try:
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._set_stopped)
-            except RuntimeError:
-                pass
             thread.join(_remaining(deadline))
             if thread.is_alive():
                 return False
@@ -615,7 +611,7 @@ class EventBus:
             self._report_drops()
             return True
         handlers = self._handlers
-        overflow = self._overflow
+        overflow: str = self._overflow
         if overflow == "block":
             if not force and handlers:
                 n = min(n, min(self._capacity - h.backlog for h in handlers))
@@ -657,10 +653,8 @@ class EventBus:
             self._waiting_for_room = False
             loop = self._loop
             if loop is not None and self._room is not None:
-                try:
+                with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(self._room.set)
-                except RuntimeError:
-                    pass
 
     def _count_error(self) -> None:
         with self._errors_lock:
@@ -699,10 +693,8 @@ class EventBus:
             group.add(stat)
             loop = self._loop
         if new and loop is not None:
-            try:
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._timers_changed_set)
-            except RuntimeError:
-                pass
 
     def _timers_changed_set(self) -> None:
         assert self._timers_changed is not None
@@ -719,10 +711,10 @@ class EventBus:
                 end = next_end.get(window)
                 if end is None or now >= end:
                     if end is not None:
-                        stamp = datetime.now(timezone.utc)
+                        stamp, stamp_clock = datetime.now(timezone.utc), _stat._clock()
                         for stat in list(group):
                             if stat._clock_due():
-                                stat._roll(stamp)
+                                stat._roll(stamp, stamp_clock)
                     next_end[window] = (math.floor(now / window) + 1) * window + _TIMER_SLACK
             if not next_end:
                 await self._timers_changed.wait()

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Union
 
-#: A value an event's ``data`` may hold.
 data_value_t = Union[str, float, int, bool]  # noqa: UP007 - a runtime alias, as in torch
+"""A value an event's ``data`` may hold: ``str``, ``float``, ``int`` or ``bool``."""
 
 _PLAIN = frozenset((str, int, float, bool))
 
@@ -106,7 +106,7 @@ def _plain_value(key: str, value: object) -> data_value_t:
         return str(value)
     dtype = getattr(value, "dtype", None)
     if getattr(dtype, "kind", None) == "b":
-        return bool(value)  # type: ignore[arg-type]
+        return bool(value)
     if not isinstance(value, (bytes, bytearray, complex)):
         try:
             return operator.index(value)  # type: ignore[arg-type]

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -27,8 +27,12 @@ logger = logging.getLogger("monitor_bus")
 # An event's (name, timestamp, data). Queues and batches hold these slots flat, three per event.
 _Item = tuple[str, datetime, dict[str, Any]]
 
-#: A handler: called with each event, from a thread or task of the bus, never the caller's.
-EventHandler = Union[Callable[[Event], None], Callable[[Event], Awaitable[None]]]
+EventHandler = Callable[[Event], None] | Callable[[Event], Awaitable[None]]
+"""A handler: a plain or async callable taking one ``Event``.
+
+The bus calls it from a thread or task of its own, never the caller's. A handler object may
+also have a ``flush()`` method (plain or async), which the bus calls after each delivered batch.
+"""
 
 # Identities of the threads that run handlers or the dispatcher: a blocking call made from one
 # of them could wait on itself.
@@ -221,7 +225,7 @@ class _Handler:
                 for batch in batches:
                     done = 0
                     slots = iter(batch)
-                    for name, timestamp, data in zip(slots, slots, slots):
+                    for name, timestamp, data in zip(slots, slots, slots, strict=True):
                         if self.cut:
                             break
                         event = new_event(Event)
@@ -257,7 +261,7 @@ class _Handler:
                 for batch in batches:
                     done = 0
                     slots = iter(batch)
-                    for name, timestamp, data in zip(slots, slots, slots):
+                    for name, timestamp, data in zip(slots, slots, slots, strict=True):
                         if self.cut:
                             break
                         event = new_event(Event)

@@ -9,6 +9,7 @@ is running stays in the buffer for the next window instead of being lost.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import operator
@@ -22,12 +23,11 @@ from itertools import chain
 from time import monotonic
 from typing import TYPE_CHECKING
 
-
 if TYPE_CHECKING:
     from ._bus import EventBus
 
-#: The name of the events a ``Stat`` logs when a window closes.
 STAT_EVENT = "torch.monitor.Stat"
+"""The name of the events a ``Stat`` logs when a window closes (torch.monitor's name)."""
 
 # Samples buffered before they are folded: bounds a window's memory whatever the add rate.
 _CHUNK = 4096
@@ -199,7 +199,7 @@ class Stat:
         if _clock() >= self._end:
             self._roll()
         with self._lock:
-            return dict(zip(self._aggregations, self._last))
+            return dict(zip(self._aggregations, self._last, strict=False))  # () before a window
 
     def __repr__(self) -> str:
         aggs = ", ".join(agg.name for agg in self._aggregations)
@@ -207,10 +207,8 @@ class Stat:
 
     def __del__(self) -> None:
         # Runs at arbitrary allocations; log_event never takes a lock on this path.
-        try:
+        with contextlib.suppress(Exception):  # a finalizer must not raise
             self._close()
-        except Exception:  # noqa: S110 - a finalizer must not raise
-            pass
 
     # -- window machinery, all under self._lock except the reads in add --
 
@@ -227,14 +225,17 @@ class Stat:
     def _clock_due(self) -> bool:
         return _clock() >= self._end
 
-    def _roll(self, stamp: datetime | None = None) -> None:
-        """Close the window if its time is up (called by ``add``, ``get`` and the timer, which
-        stamps every window of one pass with the time the pass began)."""
+    def _roll(self, stamp: datetime | None = None, stamp_clock: float = 0.0) -> None:
+        """Close the window if its time is up (called by ``add``, ``get`` and the timer).
+
+        The timer stamps the windows of one pass with the time the pass began (``stamp``, read
+        at ``stamp_clock``), unless a window ended after that: a long pass reaches it late.
+        """
         with self._lock:
             now = _clock()
             if now >= self._end:
                 self._take()
-                self._emit(stamp)
+                self._emit(stamp if stamp_clock >= self._end else None)
                 self._open_window(now)
 
     def _fold(self) -> None:
@@ -286,7 +287,7 @@ class Stat:
         last = self._pick((self._value, self._sum / count, count, self._sum, self._max, self._min))
         self._last = last
         self._count = 0
-        data = dict(zip(self._keys, last))
+        data = dict(zip(self._keys, last, strict=True))
         self._bus._log_nowait((STAT_EVENT, stamp or datetime.now(timezone.utc), data))
 
     def _after_fork(self) -> None:
