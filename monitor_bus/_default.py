@@ -42,7 +42,9 @@ def log_event(event: Event) -> None:
     bus.log_event(event)
 
 
-def register_event_handler(callback: EventHandler, *, name: str | None = None) -> EventHandlerHandle:
+def register_event_handler(
+    callback: EventHandler, *, name: str | None = None
+) -> EventHandlerHandle:
     """Register ``callback`` on the default bus; see ``EventBus.register_event_handler``."""
     return get_default_bus().register_event_handler(callback, name=name)
 

@@ -70,7 +70,9 @@ class Event:
             return NotImplemented
         assert isinstance(other, Event)
         return (
-            self.name == other.name and self.timestamp == other.timestamp and self.data == other.data
+            self.name == other.name
+            and self.timestamp == other.timestamp
+            and self.data == other.data
         )
 
     __hash__ = None  # type: ignore[assignment]

@@ -65,7 +65,9 @@ class EventHandlerHandle:
     _handler: _Handler
 
     def __init__(self) -> None:
-        raise TypeError("EventHandlerHandle cannot be constructed; register_event_handler returns one")
+        raise TypeError(
+            "EventHandlerHandle cannot be constructed; register_event_handler returns one"
+        )
 
     @classmethod
     def _new(cls, handler: _Handler) -> EventHandlerHandle:

@@ -1,0 +1,409 @@
+"""The dispatcher side of a bus: its thread, its loop's tasks, Stat timers, fork and exit.
+
+Guarantees
+----------
+- Threads: one daemon thread per bus runs an asyncio loop under ``anyio.run``, started with the
+  bus's first handler (never at import), with a handshake so a failure to start reaches the
+  caller. Its task group runs the distributor, the Stat timer and one task per async handler;
+  each sync handler runs on a daemon thread of its own.
+- Other threads reach the loop with ``call_soon_threadsafe`` and wait on a future with their
+  own timeout, so ``flush``/``close`` stay bounded even if a handler blocks the loop.
+- Registration changes run on the loop: the distributor drains what is queued to the current
+  handlers, then publishes a new immutable tuple of handlers, which dispatch reads lock-free.
+- Stat windows: at each boundary of each window size, the timer closes the windows that are
+  due, so a stalled producer still reports.
+- Fork: the child gets fresh locks, an empty queue, a stopped dispatcher and the same handlers;
+  the dispatcher starts again on the first event the child logs.
+- Exit: ``_close_at_exit`` (from ``atexit``, or a multiprocessing finalizer) closes the bus
+  within ``exit_timeout`` and never starts a thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import math
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+
+from . import _stat
+from ._handler import _bus_threads, _Handler
+
+if TYPE_CHECKING:
+    from ._stat import Stat
+
+logger = logging.getLogger("monitor_bus")
+
+_T = TypeVar("_T")
+
+# Drops are reported by a warning at most once per this many seconds.
+_DROP_WARNING_INTERVAL = 10.0
+# After a wake-up the dispatcher waits this long before draining, so producers logging at a
+# high rate append to the queue without waking it again.
+_LINGER = 0.001
+# Wake a timer this long after a window's end, so the window is surely over by its clock.
+_TIMER_SLACK = 0.0005
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+class _TimedOut(Exception):
+    pass
+
+
+class Dispatcher:
+    """The loop-side half of ``EventBus``: what runs on, or talks to, the dispatcher thread."""
+
+    _capacity: int
+    _overflow: str
+    _name: str
+    _exit_timeout: float
+    _stat_groups: dict[float, weakref.WeakSet[Stat]]
+
+    def _init_runtime(self) -> None:
+        """State that a forked child starts afresh."""
+        self._lock = threading.Lock()  # start, stop and registration changes
+        self._space = threading.Condition(threading.RLock())  # producers blocked on a full queue
+        self._queue: deque[Any] = deque()  # name, timestamp, data, name, ...
+        self._handlers: tuple[_Handler, ...] = ()  # published snapshot; replaced, never mutated
+        self._idle = True  # True: the next log_event schedules a wake-up (or a start)
+        self._thread: threading.Thread | None = None
+        self._loop: Any = None
+        self._loop_context: contextvars.Context | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._wakeup: anyio.Event | None = None
+        self._timers_changed: anyio.Event | None = None
+        self._stopped: anyio.Event | None = None
+        self._stopping = False
+        self._closed = False
+        self._waiting_for_room = False
+        self._consumed = 0  # events taken off the queue by the dispatcher
+        self._dropped = 0  # events the queue turned away (no handler got them)
+        self._dropped_reported = 0
+        self._last_drop_warning = -math.inf
+        self._blocked = 0  # producers waiting for room
+        self._errors = 0
+        self._errors_lock = threading.Lock()
+        self._room: anyio.Event | None = None
+
+    def _wake(self) -> None:
+        self._idle = False
+        loop = self._loop
+        if loop is None:
+            # Only after a fork: the child's dispatcher starts on its first event. A finalizer
+            # or signal handler that lands while another start is under way leaves it be.
+            if self._lock.acquire(blocking=False):
+                try:
+                    if self._handlers and not self._closed:
+                        self._start_locked()
+                finally:
+                    self._lock.release()
+            return
+        with contextlib.suppress(RuntimeError):  # the loop has closed: the bus is shutting down
+            loop.call_soon_threadsafe(self._set_wakeup)
+
+    def _call_soon(self, func: Callable[[], object]) -> None:
+        """Run ``func`` on the loop thread soon, without waiting (a no-op once it is gone)."""
+        loop = self._loop
+        if loop is None:
+            return
+        if self._thread is threading.current_thread():
+            func()
+            return
+        with contextlib.suppress(RuntimeError):  # the loop has closed
+            loop.call_soon_threadsafe(func, context=self._loop_context)
+
+    def _set_wakeup(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def _stop(self, deadline: float | None) -> bool:
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            if loop is None or thread is None:
+                return True
+            self._stopping = True
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._set_stopped)
+            thread.join(_remaining(deadline))
+            if thread.is_alive():
+                return False
+            self._loop = self._thread = None
+            return True
+
+    def _set_stopped(self) -> None:
+        assert self._stopped is not None
+        self._stopped.set()
+
+    # -- the dispatcher thread --
+
+    def _start_locked(self) -> None:
+        """Start the dispatcher and wait until it runs (``self._lock`` held)."""
+        ready: Future[None] = Future()
+        thread = threading.Thread(
+            target=self._thread_main, args=(ready,), name=f"monitor_bus-{self._name}", daemon=True
+        )
+        thread.start()
+        ready.result()  # re-raises a failure to start
+        self._thread = thread
+        self._stopping = False
+        for handler in self._handlers:  # after a fork: the handlers' runners are gone
+            if handler.is_async:
+                self._in_loop(self._start_async, handler)
+            else:
+                handler.start_thread()
+        if "multiprocessing" in sys.modules:
+            from ._default import _finalize_with_multiprocessing
+
+            _finalize_with_multiprocessing()
+
+    def _thread_main(self, ready: Future[None]) -> None:
+        _bus_threads.add(threading.get_ident())
+        try:
+            anyio.run(self._main, ready, backend="asyncio")
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            else:
+                logger.exception("%r: dispatcher stopped with an error", self)
+        finally:
+            _bus_threads.discard(threading.get_ident())
+
+    async def _main(self, ready: Future[None]) -> None:
+        import asyncio
+
+        self._wakeup = anyio.Event()
+        self._timers_changed = anyio.Event()
+        self._stopped = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            self._task_group = tg
+            # Callbacks from other threads run in the loop's context, where anyio knows its backend.
+            self._loop_context = contextvars.copy_context()
+            self._loop = asyncio.get_running_loop()
+            tg.start_soon(self._distribute)
+            tg.start_soon(self._run_timers)
+            ready.set_result(None)
+            await self._stopped.wait()
+            self._drain(force=True)
+            self._report_drops(final=True)
+            for handler in self._handlers:
+                handler.stop()
+            tg.cancel_scope.cancel()
+        self._task_group = None
+
+    def _in_loop(self, func: Callable[..., _T], *args: Any, timeout: float | None = None) -> _T:
+        """Run ``func`` on the dispatcher's loop and return its result.
+
+        Scheduled with ``call_soon_threadsafe`` and awaited on a concurrent future, so the
+        timeout holds even when the loop is blocked (a handler calling ``time.sleep`` in an
+        ``async def``): anyio's portal waits on the loop before it honours any timeout.
+        """
+        loop = self._loop
+        if loop is None or self._thread is threading.current_thread():
+            return func(*args)  # no loop to race with, or we are on it
+        future: Future[_T] = Future()
+
+        def run() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(func(*args))
+                except BaseException as exc:
+                    future.set_exception(exc)
+
+        try:
+            loop.call_soon_threadsafe(run, context=self._loop_context)
+        except RuntimeError:  # the loop has closed: nothing else runs these steps now
+            return func(*args)
+        try:
+            return future.result(timeout)
+        except FutureTimeout:
+            future.cancel()
+            raise _TimedOut from None
+
+    def _start_async(self, handler: _Handler) -> None:
+        assert self._task_group is not None
+        handler.running = True
+        self._task_group.start_soon(handler.run_async, name=f"monitor_bus-handler-{handler.name}")
+
+    def _publish_add(self, handler: _Handler) -> tuple[_Handler, int] | None:
+        """Add ``handler`` (replacing a keyed one of the same name); return what it replaced."""
+        self._drain(force=True)  # what is queued was logged before the registration returned
+        replaced = None
+        if handler.keyed:
+            for old in self._handlers:
+                if old.keyed and old.name == handler.name:
+                    replaced = (old, self._retire(old))
+        handler.bus_dropped_base = self._dropped
+        if handler.is_async and self._task_group is not None:
+            self._start_async(handler)
+        self._handlers = (*(h for h in self._handlers if h.registered), handler)
+        return replaced
+
+    def _retire(self, handler: _Handler) -> int:
+        """Mark ``handler`` unregistered (the caller republishes); return its delivery target."""
+        handler.registered = False
+        handler.bus_dropped_end = self._dropped
+        return handler.offered
+
+    def _publish_remove(self, handler: _Handler) -> int | None:
+        if not handler.registered:
+            return None
+        self._drain(force=True)
+        target = self._retire(handler)
+        self._handlers = tuple(h for h in self._handlers if h is not handler)
+        return target
+
+    def _detach_all(self) -> list[tuple[_Handler, int]]:
+        self._drain(force=True)
+        handlers, self._handlers = self._handlers, ()
+        return [(h, self._retire(h)) for h in handlers]
+
+    def _drain_targets(self) -> list[tuple[_Handler, int]]:
+        self._drain(force=True)
+        return [(h, h.offered) for h in self._handlers]
+
+    def _drain(self, *, force: bool = False) -> bool:
+        """Move queued events to the handlers' inboxes; False if ``block`` left some queued."""
+        queue = self._queue
+        n = len(queue) // 3
+        if not n:
+            self._report_drops()
+            return True
+        handlers = self._handlers
+        overflow: str = self._overflow
+        if overflow == "block":
+            if not force and handlers:
+                n = min(n, min(self._capacity - h.backlog for h in handlers))
+            overflow = "force"  # room was made above, or a flush asks for everything
+        if n > 0:
+            with self._space:
+                pop = queue.popleft
+                batch = [pop() for _ in range(3 * n)]
+            self._consumed += n
+            for handler in handlers:
+                handler.push(batch, self._capacity, overflow)
+            if self._blocked:
+                with self._space:
+                    self._space.notify_all()
+        self._report_drops()
+        return not queue
+
+    async def _distribute(self) -> None:
+        queue = self._queue
+        while True:
+            if not self._drain():
+                # "block": every handler's backlog is full; wait until one makes progress.
+                room = self._room = anyio.Event()
+                self._waiting_for_room = True
+                await room.wait()
+                continue
+            if not queue:
+                self._wakeup = anyio.Event()
+                self._idle = True
+                if not queue:  # checked again: an append may have seen _idle still False
+                    await self._wakeup.wait()
+                self._idle = False
+            # Let a burst accumulate: one wake-up and one batch per burst, not per event.
+            await anyio.sleep(_LINGER)
+
+    def _handler_progressed(self) -> None:
+        """Called by a runner after a batch: wake the distributor if it waits for room."""
+        if self._waiting_for_room:
+            self._waiting_for_room = False
+            loop = self._loop
+            if loop is not None and self._room is not None:
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self._room.set)
+
+    def _count_error(self) -> None:
+        with self._errors_lock:
+            self._errors += 1
+
+    def _report_drops(self, *, final: bool = False) -> None:
+        dropped = self._dropped
+        if dropped == self._dropped_reported:
+            return
+        now = time.monotonic()
+        if now - self._last_drop_warning < _DROP_WARNING_INTERVAL and not final:
+            return
+        logger.warning(
+            "%r: queue full (capacity %d, policy %s): %d events dropped since the last report, "
+            "%d in all",
+            self,
+            self._capacity,
+            self._overflow,
+            dropped - self._dropped_reported,
+            dropped,
+        )
+        self._dropped_reported = dropped
+        self._last_drop_warning = now
+
+    # -- Stat windows on a timer --
+
+    def _watch_stat(self, stat: Stat) -> None:
+        window = stat._window
+        with self._lock:
+            group = self._stat_groups.get(window)
+            if group is None:
+                group = self._stat_groups[window] = weakref.WeakSet()
+                new = True
+            else:
+                new = False
+            group.add(stat)
+            loop = self._loop
+        if new and loop is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._timers_changed_set)
+
+    def _timers_changed_set(self) -> None:
+        assert self._timers_changed is not None
+        self._timers_changed.set()
+
+    async def _run_timers(self) -> None:
+        """Close every Stat window at its end, so a stalled producer still reports."""
+        next_end: dict[float, float] = {}
+        while True:
+            assert self._timers_changed is not None
+            self._timers_changed = anyio.Event()
+            now = anyio.current_time()
+            for window, group in list(self._stat_groups.items()):
+                end = next_end.get(window)
+                if end is None or now >= end:
+                    if end is not None:
+                        stamp, stamp_clock = datetime.now(timezone.utc), _stat._clock()
+                        for stat in list(group):
+                            if stat._clock_due():
+                                stat._roll(stamp, stamp_clock)
+                    next_end[window] = (math.floor(now / window) + 1) * window + _TIMER_SLACK
+            if not next_end:
+                await self._timers_changed.wait()
+                continue
+            delay = min(next_end.values()) - anyio.current_time()
+            with anyio.move_on_after(max(delay, 0.0)):
+                await self._timers_changed.wait()
+
+    # -- fork and exit --
+
+    def _after_fork_in_child(self) -> None:
+        handlers = self._handlers
+        self._init_runtime()
+        for handler in handlers:
+            handler.after_fork()
+        self._handlers = handlers
