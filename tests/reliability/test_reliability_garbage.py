@@ -97,7 +97,7 @@ CHILD = textwrap.dedent(
     async def ahandler(event):
         await asyncio.sleep(0)
 
-    for k in range(12):
+    for k in range(6):
         bus = EventBus(name=f"rw{k}")
         h = bus.register_event_handler(lambda e: None)
         bus.register_event_handler(ahandler)
@@ -120,7 +120,7 @@ def test_no_resource_warning_in_dev_mode(figures: Figures) -> None:
     """A child interpreter in development mode with ResourceWarning as an error creates,
     uses, closes and drops buses (and leaves the default bus to exit) without a warning."""
     figures.describe(
-        load="12 buses with sync, async handlers and a Stat, then the default bus left open",
+        load="6 buses with sync, async handlers and a Stat, then the default bus left open",
         faults="python -X dev -W error (asyncio debug, ResourceWarning as error)",
     )
     proc = subprocess.run(
