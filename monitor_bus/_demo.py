@@ -136,7 +136,12 @@ def run_demo(
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
-    import numpy  # noqa: F401 - fail before anything is made
+    # Missing dependencies fail here, before anything is made.
+    import numpy  # noqa: F401
+
+    make_writer: Callable[[str], Any] | None = None
+    if tensorboard:
+        from .tensorboard import SummaryWriter as make_writer
 
     log_dir = os.fspath(log_dir) if log_dir is not None else default_log_dir()
     try:
@@ -148,11 +153,9 @@ def run_demo(
     jsonl_path = os.path.join(log_dir, JSONL_NAME)
     jsonl = JsonlEventHandler(jsonl_path)
     writer = None
-    if tensorboard:
+    if make_writer is not None:
         try:
-            from .tensorboard import SummaryWriter
-
-            writer = SummaryWriter(log_dir)
+            writer = make_writer(log_dir)
         except BaseException:
             jsonl.close()
             raise

@@ -30,7 +30,8 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "monitor_bus.tensorboard needs the tensorboard package: "
-        "pip install 'monitor_bus[tensorboard]'"
+        "pip install 'monitor_bus[tensorboard]'",
+        name="tensorboard",
     ) from exc
 
 if TYPE_CHECKING:

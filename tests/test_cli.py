@@ -154,6 +154,42 @@ def test_demo_jsonl_path_is_a_directory(tmp_path: Path, capsys: pytest.CaptureFi
     assert [p.name for p in tmp_path.iterdir()] == ["events.jsonl"]
 
 
+def hide_modules(monkeypatch: pytest.MonkeyPatch, package: str) -> None:
+    """Make ``package`` (and our modules importing it) fail to import, as if not installed."""
+    for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, package, None)
+    monkeypatch.delitem(sys.modules, "monitor_bus.tensorboard", raising=False)
+
+
+def test_demo_without_the_tensorboard_package(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without tensorboard, demo fails in one line naming the extra and --no-tensorboard, before writing anything."""
+    hide_modules(monkeypatch, "tensorboard")
+    assert main(["demo", "--steps", "5", "--logdir", str(tmp_path / "run")]) == 1
+    assert one_error_line(capsys.readouterr().err) == (
+        "the demo needs tensorboard: pip install 'monitor_bus[demo]' (or run with --no-tensorboard)"
+    )
+    assert list(tmp_path.iterdir()) == []
+    assert (
+        main(["demo", "--steps", "5", "--logdir", str(tmp_path / "run"), "--no-tensorboard"]) == 0
+    )
+
+
+def test_plot_without_matplotlib(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without matplotlib, plot fails in one line naming the extra."""
+    run = stat_run(tmp_path / "run.jsonl")
+    hide_modules(monkeypatch, "matplotlib")
+    assert main(["plot", str(run)]) == 1
+    assert one_error_line(capsys.readouterr().err) == (
+        "plot needs matplotlib: pip install 'monitor_bus[plot]'"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["run.jsonl"]
+
+
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     """A bad option value or no command is a usage error (exit 2), not a traceback."""
     assert main(["demo", "--steps", "0"]) == 2
