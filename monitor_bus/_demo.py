@@ -105,6 +105,9 @@ class _EpochScalars:
                     f"epoch/{key}", value, global_step=data["epoch"], walltime=walltime
                 )
 
+    def flush(self) -> None:
+        self._writer.flush()
+
 
 def default_log_dir() -> str:
     """``runs/<local date-time>`` under the working directory."""
@@ -127,7 +130,7 @@ def run_demo(
             default ``runs/<date-time>``. An existing ``events.jsonl`` is appended to.
         tensorboard: also write TensorBoard event files.
         seed: seeds the data set, the initial weights and the shuffling.
-        progress: called about ten times a second from the training loop's thread.
+        progress: called about ten times a second, on the calling thread (the loop runs there).
 
     Raises:
         ValueError: ``steps`` is below 1.
