@@ -387,10 +387,9 @@ class Dispatcher:
                 end = next_end.get(window)
                 if end is None or now >= end:
                     if end is not None:
-                        stamp, stamp_clock = datetime.now(timezone.utc), _stat._clock()
+                        stamp, clock = datetime.now(timezone.utc), _stat._clock()
                         for stat in list(group):
-                            if stat._clock_due():
-                                stat._roll(stamp, stamp_clock)
+                            stat._close_on_timer(clock, stamp)
                     next_end[window] = (math.floor(now / window) + 1) * window + _TIMER_SLACK
             if not next_end:
                 await self._timers_changed.wait()

@@ -222,21 +222,30 @@ class Stat:
             self._buf = []
         self._fold_at = min(_CHUNK, self._max_samples)
 
-    def _clock_due(self) -> bool:
-        return _clock() >= self._end
-
-    def _roll(self, stamp: datetime | None = None, stamp_clock: float = 0.0) -> None:
-        """Close the window if its time is up (called by ``add``, ``get`` and the timer).
-
-        The timer stamps the windows of one pass with the time the pass began (``stamp``, read
-        at ``stamp_clock``), unless a window ended after that: a long pass reaches it late.
-        """
+    def _roll(self) -> None:
+        """Close the window if its time is up (called by ``add``, ``get`` and ``count``)."""
         with self._lock:
             now = _clock()
             if now >= self._end:
                 self._take()
-                self._emit(stamp if stamp_clock >= self._end else None)
+                self._emit()
                 self._open_window(now)
+
+    def _close_on_timer(self, now: float, stamp: datetime) -> None:
+        """The dispatcher's timer: close the window if it is over and holds data.
+
+        An empty window is left for the next ``add`` to roll: nothing to log. ``stamp`` is the
+        wall time of the timer pass at clock time ``now``; a window that ended after that (a
+        long pass reached it late) is stamped when it closes instead.
+        """
+        if self._end > _clock() or not (self._count or len(self._buf)):
+            return
+        with self._lock:
+            clock = _clock()
+            if clock >= self._end:
+                self._take()
+                self._emit(stamp if now >= self._end else None)
+                self._open_window(clock)
 
     def _fold(self) -> None:
         with self._lock:
