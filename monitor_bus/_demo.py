@@ -89,7 +89,7 @@ class _Tally:
 
 
 class _EpochScalars:
-    """Writes each ``demo.epoch`` event's metrics to TensorBoard at step = epoch."""
+    """Writes each ``demo.epoch`` event's metrics (not its counters) to TensorBoard at step = epoch."""
 
     def __init__(self, writer: Any) -> None:
         self._writer = writer
@@ -100,7 +100,7 @@ class _EpochScalars:
         data = event.data
         walltime = event.timestamp.timestamp()
         for key, value in data.items():
-            if key != "epoch":
+            if key not in ("epoch", "step"):
                 self._writer.add_scalar(
                     f"epoch/{key}", value, global_step=data["epoch"], walltime=walltime
                 )
