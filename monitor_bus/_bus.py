@@ -298,7 +298,8 @@ class EventBus(Dispatcher):
         return await anyio.to_thread.run_sync(self.flush, timeout, abandon_on_cancel=True)
 
     def close(self, timeout: float | None = None) -> bool:
-        """Deliver what is queued, detach every handler and stop the dispatcher thread.
+        """Log the open windows of this bus's Stats, deliver what is queued, detach every
+        handler and stop the dispatcher thread.
 
         Idempotent; later ``log_event`` calls are no-ops and registration raises.
 
@@ -309,6 +310,10 @@ class EventBus(Dispatcher):
         if in_bus_thread():
             raise RuntimeError("close() cannot be called from inside an event handler")
         deadline = _deadline(timeout)
+        if not self._closed:
+            for group in list(self._stat_groups.values()):
+                for stat in list(group):
+                    stat._close()
         with self._lock:
             self._closed = True
         with self._space:

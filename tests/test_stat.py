@@ -254,3 +254,14 @@ def test_numpy_and_bool_values_are_added_as_floats(clock: StepClock) -> None:
     stat.add(True)
     clock.now += 600
     assert stat.get() == {Aggregation.SUM: 2.5, Aggregation.VALUE: 1.0}
+
+
+def test_closing_the_bus_logs_open_windows(recorder: Recorder, clock: StepClock) -> None:
+    """bus.close() logs the open window of each of its Stats before the final delivery."""
+    bus = EventBus()
+    bus.register_event_handler(recorder)
+    stat = Stat("x", [Aggregation.COUNT], LONG, bus=bus)
+    stat.add(1)
+    stat.add(2)
+    assert bus.close(10)
+    assert stat_events(recorder) == [{"x.count": 2}]
