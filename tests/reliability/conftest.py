@@ -9,6 +9,7 @@ to the file named by ``MONITOR_BUS_RELIABILITY_JSON`` (default ``build/reliabili
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -108,7 +109,7 @@ def percentile(sorted_values: list[float], q: float) -> float:
     """The q-th percentile (0..100) of already sorted values, nearest rank."""
     if not sorted_values:
         return float("nan")
-    k = max(0, min(len(sorted_values) - 1, round(q / 100 * len(sorted_values) + 0.5) - 1))
+    k = max(0, min(len(sorted_values) - 1, math.ceil(q / 100 * len(sorted_values)) - 1))
     return sorted_values[k]
 
 
