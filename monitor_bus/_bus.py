@@ -14,7 +14,8 @@ Guarantees
   lives in ``_dispatcher.py``, with its own guarantees.
 - Overflow: the queue and each handler's backlog hold at most ``capacity`` events; past that
   the policy drops the newest or the oldest (counted per handler and in ``stats()``) or, for
-  ``"block"``, holds the producer back. Memory stays bounded by the capacity.
+  ``"block"``, holds the producer back; under ``"block"`` a Stat window is queued past the
+  capacity rather than dropped (at most one per Stat per window). Memory stays bounded.
 - Fork: the child gets a fresh, stopped dispatcher, an empty queue and the same handlers; the
   dispatcher starts again on the first event the child logs. Open Stat windows are left to the
   parent.
@@ -137,10 +138,15 @@ class EventBus(Dispatcher):
             self._wake()
 
     def _log_nowait(self, item: _Item) -> None:
-        """``log_event`` for the bus's own callers (Stat windows): never blocks."""
+        """``log_event`` for Stat windows: never blocks (the timer runs on the loop).
+
+        Under ``"block"`` a window is queued past the capacity instead of dropped: the policy
+        promises no loss, and a window may summarize millions of samples. The excess is at most
+        one event per Stat per window.
+        """
         if not self._handlers:
             return
-        if len(self._queue) < self._limit:
+        if len(self._queue) < self._limit or self._overflow == "block":
             self._queue.extend(item)
         else:
             self._drop_one(item)
