@@ -194,7 +194,8 @@ class EventBus(Dispatcher):
 
         Handlers registered with an explicit ``name`` are keyed by it: registering another
         handler under the same name replaces the first, which still gets every event logged
-        before the call. Re-running a notebook cell therefore does not double every event.
+        before the call (this call does not wait for that). Re-running a notebook cell
+        therefore does not double every event.
 
         Args:
             callback: the handler.
@@ -222,10 +223,7 @@ class EventBus(Dispatcher):
             handler.start_thread()
         replaced = self._in_loop(self._publish_add, handler)
         if replaced is not None:
-            old, target = replaced
-            if not in_bus_thread():
-                old.wait_settled(target, None)
-            old.stop()
+            replaced.stop()  # it delivers its backlog, then exits; no wait on a stuck one
         return EventHandlerHandle._new(handler)
 
     def unregister_event_handler(

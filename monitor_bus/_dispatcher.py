@@ -242,14 +242,15 @@ class Dispatcher:
         handler.running = True
         self._task_group.start_soon(handler.run_async, name=f"monitor_bus-handler-{handler.name}")
 
-    def _publish_add(self, handler: _Handler) -> tuple[_Handler, int] | None:
+    def _publish_add(self, handler: _Handler) -> _Handler | None:
         """Add ``handler`` (replacing a keyed one of the same name); return what it replaced."""
         self._drain(force=True)  # what is queued was logged before the registration returned
         replaced = None
         if handler.keyed:
             for old in self._handlers:
                 if old.keyed and old.name == handler.name:
-                    replaced = (old, self._retire(old))
+                    self._retire(old)
+                    replaced = old
         handler.bus_dropped_base = self._dropped
         if handler.is_async and self._task_group is not None:
             self._start_async(handler)
