@@ -156,6 +156,7 @@ def render(meta: dict[str, Any]) -> str:
     results = load_results()
     tests = load_junit()
     stress_ids = {r["scenario"] for r in results if r["stress"]}
+    seconds = {t["name"]: t["seconds"] for t in tests}
     out: list[str] = []
     w = out.append
     w("# Reliability")
@@ -212,7 +213,7 @@ def render(meta: dict[str, Any]) -> str:
         w(
             f"| {_cell(r['group'])} | `{_cell(r['scenario'])}`{stress} | {_cell(r['load'])} | "
             f"{_cell(r['faults'])} | {_cell(r['bad_inputs'])} | {_cell(outcome(r['outcome']))} | "
-            f"{result} | {r['seconds']:.1f} |"
+            f"{result} | {seconds.get(r['scenario'], r['seconds']):.1f} |"
         )
     w("")
     w("## Every test of the run")
@@ -240,7 +241,8 @@ What the package promises, each backed by a scenario above:
   `pending` is 0. Drops happen only when a queue or a handler's backlog is full (or a handler is
   cut off by a timeout in `close`/`unregister_event_handler`), and they are counted per handler.
 - **Memory is bounded** by `capacity` events in the queue and in each handler's backlog,
-  whatever the event rate.
+  whatever the event rate. (Under `"block"`, a closed `Stat` window is queued even past
+  `capacity` rather than dropped: at most one extra event per live Stat.)
 - **Handler failures are contained.** Any exception a handler (or its `flush()` hook) raises,
   including `BaseException` subclasses, `KeyboardInterrupt` and `SystemExit`, is caught on the
   handler's thread or task, counted (`errors`, `handler_errors`) and logged with its traceback
@@ -262,7 +264,8 @@ What the package promises, each backed by a scenario above:
   `os._exit`.
 - **Stat windows are exact under concurrency.** `Stat.add` from many threads loses no value and
   counts none twice; a window with data is logged once, by the next `add` after its end or by
-  the dispatcher's timer. SUM is sequential float addition, MAX/MIN follow Python's `max`/`min`
+  the dispatcher's timer, which stamps the windows it closes with the time its pass began
+  (never before the window's end). SUM is sequential float addition, MAX/MIN follow Python's `max`/`min`
   over the order of the adds, VALUE is the last value added (as a float), COUNT an `int`, MEAN
   `sum / count`; past `max_samples`, later adds in the window are discarded.
 - **Bad input is refused, not absorbed.** `Event` accepts plain `str` keys and

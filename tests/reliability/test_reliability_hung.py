@@ -137,8 +137,9 @@ def test_child_with_hung_handler_exits_within_exit_timeout(
     stuck_kind = "sync" if kind == "default-bus" else kind
     figures.describe(
         load=f"{n} events in a child interpreter, no flush before exit",
-        faults=f"a handler that never returns ({stuck_kind})"
-        + (" (time.sleep inside async def)" if kind == "async-blocks-loop" else "")
+        faults="an async handler that blocks the event loop (time.sleep inside async def)"
+        if kind == "async-blocks-loop"
+        else f"a {stuck_kind} handler that never returns"
         + (" on the default bus" if kind == "default-bus" else ""),
     )
     out = tmp_path / "events.txt"
