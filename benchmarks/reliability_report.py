@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "build" / "reliability.jsonl"
+# Not the tests' default file, which any plain pytest run starts afresh.
+RESULTS = ROOT / "build" / "reliability-report.jsonl"
 JUNIT = ROOT / "build" / "reliability-junit.xml"
 META = ROOT / "build" / "reliability-run.json"
 OUTPUT = ROOT / "docs" / "reliability.md"
@@ -168,6 +169,7 @@ def render(meta: dict[str, Any]) -> str:
         "that must hold). Regenerate this page with:"
     )
     w("")
+    w("<!-- not-run: shell; runs the whole reliability suite (about two minutes) -->")
     w("```bash")
     w("python benchmarks/reliability_report.py")
     w("```")
