@@ -279,7 +279,8 @@ What the package promises, each backed by a scenario above:
 
 - **SIGKILL, the OOM killer, a crash of the interpreter, power loss.** Events still in the
   queue, in a handler's backlog or buffered by a sink are lost, uncounted: nothing runs after
-  the process dies. `JsonlEventHandler` hands each batch to the operating system but does not
+  the process dies (the crash scenarios above show what survives: everything flushed before, as
+  an intact, ordered prefix). `JsonlEventHandler` hands each batch to the operating system but does not
   `fsync`, so power loss can also lose what the OS had not written yet; a line torn by a crash
   is skipped by `read_jsonl` with a warning.
 - **`os._exit()` called by user code, SIGTERM with Python's default handler,** and any other
