@@ -313,7 +313,11 @@ class Dispatcher:
                 # "block": every handler's backlog is full; wait until one makes progress.
                 room = self._room = anyio.Event()
                 self._waiting_for_room = True
-                await room.wait()
+                # Drain again now the flag is up: a runner that made room before it was up
+                # did not signal, and would never signal again.
+                if not self._drain():
+                    await room.wait()
+                self._waiting_for_room = False
                 continue
             if not queue:
                 self._wakeup = anyio.Event()
