@@ -50,14 +50,14 @@ def per_call_ns(func: Callable[[int], None], n: int) -> float:
 def stat_add_ours(n: int) -> None:
     stat = monitor_bus.Stat("x", [monitor_bus.Aggregation.MEAN], timedelta(hours=1))
     add = stat.add
-    for i in range(n):
+    for _ in range(n):
         add(0.5)
 
 
 def stat_add_torch(n: int) -> None:
     stat = torch_monitor.Stat("x", [torch_monitor.Aggregation.MEAN], timedelta(hours=1))
     add = stat.add
-    for i in range(n):
+    for _ in range(n):
         add(0.5)
 
 
@@ -196,10 +196,38 @@ def table(m: dict[str, float], rounds: int) -> str:
         return format(m[key], fmt) if key in m else "n/a"
 
     rows = [
-        ("`Stat.add`, ns/call", val("add_ours", ".0f"), val("add_torch", ".0f"), "torch.monitor", ratio("add_ours", "add_torch"), "<= 1.0"),
-        ("`Event(...)` + `log_event`, one handler, ns/call", val("log_ours", ".0f"), val("log_torch", ".0f"), "torch.monitor", ratio("log_ours", "log_torch"), "<= 0.5"),
-        ("delivered events/s, one producer, one sync handler", val("tp_ours", ",.0f"), val("tp_queue", ",.0f"), "QueueHandler + QueueListener", ratio("tp_ours", "tp_queue"), ">= 10"),
-        ("caller's p99 `log_event`, us, with a 10 ms/event handler vs without", val("p99_slow", ".2f"), val("p99_base", ".2f"), "monitor_bus without the slow handler", ratio("p99_slow", "p99_base"), "<= 2.0"),
+        (
+            "`Stat.add`, ns/call",
+            val("add_ours", ".0f"),
+            val("add_torch", ".0f"),
+            "torch.monitor",
+            ratio("add_ours", "add_torch"),
+            "<= 1.0",
+        ),
+        (
+            "`Event(...)` + `log_event`, one handler, ns/call",
+            val("log_ours", ".0f"),
+            val("log_torch", ".0f"),
+            "torch.monitor",
+            ratio("log_ours", "log_torch"),
+            "<= 0.5",
+        ),
+        (
+            "delivered events/s, one producer, one sync handler",
+            val("tp_ours", ",.0f"),
+            val("tp_queue", ",.0f"),
+            "QueueHandler + QueueListener",
+            ratio("tp_ours", "tp_queue"),
+            ">= 10",
+        ),
+        (
+            "caller's p99 `log_event`, us, with a 10 ms/event handler vs without",
+            val("p99_slow", ".2f"),
+            val("p99_base", ".2f"),
+            "monitor_bus without the slow handler",
+            ratio("p99_slow", "p99_base"),
+            "<= 2.0",
+        ),
     ]
     lines = [
         f"Median of {rounds} rounds; contenders alternate within each round.",
@@ -232,10 +260,16 @@ def machine() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5, help="rounds to take the median of (default 5)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="rounds to take the median of (default 5)"
+    )
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every iteration count")
-    parser.add_argument("--write", type=Path, help="replace the results section of this markdown file")
+    parser.add_argument(
+        "--write", type=Path, help="replace the results section of this markdown file"
+    )
     args = parser.parse_args()
     medians = run(args.rounds, args.scale)
     text = f"Measured on {datetime.now():%Y-%m-%d}: {machine()}.\n\n{table(medians, args.rounds)}\n"

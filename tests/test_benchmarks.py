@@ -19,4 +19,9 @@ def test_core_benchmark_runs_and_prints_every_measure() -> None:
         timeout=120,
     ).stdout
     rows = [line for line in out.splitlines() if line.startswith("| ") and "target" not in line]
-    assert [row.split(" | ")[-1].rstrip(" |") for row in rows] == ["<= 1.0", "<= 0.5", ">= 10", "<= 2.0"]
+    assert [row.split(" | ")[-1].rstrip(" |") for row in rows] == [
+        "<= 1.0",
+        "<= 0.5",
+        ">= 10",
+        "<= 2.0",
+    ]

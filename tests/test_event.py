@@ -55,11 +55,20 @@ def test_subclasses_are_normalized() -> None:
 
 @pytest.mark.parametrize(
     ("value", "type_name"),
-    [(None, "NoneType"), ([1], "list"), ({"x": 1}, "dict"), (b"x", "bytes"), (1j, "complex"), (np.zeros(2), "numpy.ndarray")],
+    [
+        (None, "NoneType"),
+        ([1], "list"),
+        ({"x": 1}, "dict"),
+        (b"x", "bytes"),
+        (1j, "complex"),
+        (np.zeros(2), "numpy.ndarray"),
+    ],
 )
 def test_bad_value_names_the_key_and_type(value: object, type_name: str) -> None:
     """A value that is not a plain scalar is a TypeError naming the key and the type."""
-    with pytest.raises(TypeError, match=rf"data\['bad'\] must be str, int, float or bool, not {type_name}"):
+    with pytest.raises(
+        TypeError, match=rf"data\['bad'\] must be str, int, float or bool, not {type_name}"
+    ):
         Event("n", TS, {"ok": 1, "bad": value})
 
 

@@ -24,7 +24,10 @@ TS = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 def run_child(code: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -106,7 +109,7 @@ def test_fork_child_gets_a_working_bus(tmp_path: Path, recorder: Recorder) -> No
     if pid == 0:  # child
         code = 1
         try:
-            sink = open(out, "w")
+            sink = open(out, "w")  # noqa: SIM115 - closed after the flush below
             bus.register_event_handler(lambda e: sink.write(e.name + "\n"), name="child-sink")
             release.set()
             for _ in range(10):
@@ -127,7 +130,9 @@ def test_fork_child_gets_a_working_bus(tmp_path: Path, recorder: Recorder) -> No
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_forked_child_does_not_relog_the_parents_open_window(bus: EventBus, recorder: Recorder) -> None:
+def test_forked_child_does_not_relog_the_parents_open_window(
+    bus: EventBus, recorder: Recorder
+) -> None:
     """The parent's open Stat window is the parent's: the child starts the window empty."""
     bus.register_event_handler(recorder)
     stat = Stat("s", [Aggregation.COUNT], timedelta(hours=1), bus=bus)

@@ -38,7 +38,9 @@ def stat_events(recorder: Recorder) -> list[dict[str, object]]:
     return [e.data for e in recorder.events if e.name == STAT_EVENT]
 
 
-def test_window_closes_on_add_after_its_end(bus: EventBus, recorder: Recorder, clock: StepClock) -> None:
+def test_window_closes_on_add_after_its_end(
+    bus: EventBus, recorder: Recorder, clock: StepClock
+) -> None:
     """The first add after a window's end logs the window; the new value opens the next one."""
     bus.register_event_handler(recorder)
     stat = Stat("loss", ALL, timedelta(seconds=10), bus=bus)
@@ -51,7 +53,14 @@ def test_window_closes_on_add_after_its_end(bus: EventBus, recorder: Recorder, c
     stat.add(7.0)
     assert bus.flush()
     assert stat_events(recorder) == [
-        {"loss.value": 2.0, "loss.mean": 2.0, "loss.count": 3, "loss.sum": 6.0, "loss.max": 3.0, "loss.min": 1.0}
+        {
+            "loss.value": 2.0,
+            "loss.mean": 2.0,
+            "loss.count": 3,
+            "loss.sum": 6.0,
+            "loss.max": 3.0,
+            "loss.min": 1.0,
+        }
     ]
     assert stat.get() == {
         Aggregation.VALUE: 2.0,
@@ -87,7 +96,9 @@ def test_get_is_empty_before_the_first_window(clock: StepClock) -> None:
     assert (stat.get(), stat.count, stat.name) == ({}, 1, "x")
 
 
-def test_windows_are_aligned_to_the_clock(bus: EventBus, recorder: Recorder, clock: StepClock) -> None:
+def test_windows_are_aligned_to_the_clock(
+    bus: EventBus, recorder: Recorder, clock: StepClock
+) -> None:
     """Windows are [k*w, (k+1)*w) of the monotonic clock, as in torch."""
     bus.register_event_handler(recorder)
     clock.now = 1004.0
@@ -106,7 +117,9 @@ def test_max_samples_logs_inside_the_add_and_discards_the_rest(
 ) -> None:
     """The add that reaches max_samples logs the window; later adds wait for the next window."""
     bus.register_event_handler(recorder)
-    stat = Stat("x", [Aggregation.COUNT, Aggregation.SUM], timedelta(seconds=10), max_samples=3, bus=bus)
+    stat = Stat(
+        "x", [Aggregation.COUNT, Aggregation.SUM], timedelta(seconds=10), max_samples=3, bus=bus
+    )
     for v in (1, 2, 3):
         stat.add(v)
     assert stat.count == 0
@@ -220,7 +233,11 @@ def test_concurrent_adds_lose_nothing(bus: EventBus, recorder: Recorder) -> None
         ({"aggregations": 5}, TypeError, "aggregations must be an iterable"),
         ({"window_size": 1.0}, TypeError, "window_size must be a timedelta"),
         ({"window_size": timedelta(0)}, ValueError, "window_size must be at least 1 millisecond"),
-        ({"window_size": timedelta(seconds=-1)}, ValueError, "window_size must be at least 1 millisecond"),
+        (
+            {"window_size": timedelta(seconds=-1)},
+            ValueError,
+            "window_size must be at least 1 millisecond",
+        ),
         ({"max_samples": 0}, ValueError, "max_samples must be at least 1"),
         ({"max_samples": 1.5}, TypeError, "max_samples must be an int"),
         ({"name": None}, TypeError, "name must be a str"),

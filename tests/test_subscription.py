@@ -245,7 +245,9 @@ def test_flush_from_a_thread_that_reuses_a_finished_handler_threads_id() -> None
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
-def test_subscription_whose_loop_has_ended_counts_drops_and_detaches(bus: EventBus, backend: str) -> None:
+def test_subscription_whose_loop_has_ended_counts_drops_and_detaches(
+    bus: EventBus, backend: str
+) -> None:
     """If the subscriber's loop ends without leaving the block, later events are counted as dropped
     and the subscription removes itself from the bus."""
 

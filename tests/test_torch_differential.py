@@ -57,9 +57,21 @@ def test_max_samples_window(api: ModuleType) -> None:
     events = sink.settled()
     api.unregister_event_handler(handle)
     assert [e.name for e in events] == ["torch.monitor.Stat"]
-    assert events[0].data == {"s.mean": 4.0, "s.count": 3, "s.sum": 12.0, "s.max": 7.0, "s.min": 1.0}
+    assert events[0].data == {
+        "s.mean": 4.0,
+        "s.count": 3,
+        "s.sum": 12.0,
+        "s.max": 7.0,
+        "s.min": 1.0,
+    }
     assert stat.count == 0
-    assert {a.name: v for a, v in stat.get().items()} == {"MEAN": 4.0, "COUNT": 3, "SUM": 12.0, "MAX": 7.0, "MIN": 1.0}
+    assert {a.name: v for a, v in stat.get().items()} == {
+        "MEAN": 4.0,
+        "COUNT": 3,
+        "SUM": 12.0,
+        "MAX": 7.0,
+        "MIN": 1.0,
+    }
     # A difference on purpose: torch reports COUNT as a float, monitor_bus as an int.
     assert type(events[0].data["s.count"]) is (float if api is torch_monitor else int)
 
