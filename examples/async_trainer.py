@@ -194,7 +194,7 @@ async def main(steps: int, eval_every: int, patience: int, sink_path: Path) -> i
             tg.start_soon(run, "evals", evaluate, bus, eval_recv, x_val, y_val)
 
         assert await bus.aflush(30), "the bus did not deliver in time"
-        stats = bus.stats()
+    stats = bus.stats()  # after the close, which logged the Stats' last windows
     print(results["decision"])
     print(
         f"trained {results['steps']} steps, {results['evals']} evals; "
