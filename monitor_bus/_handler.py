@@ -42,6 +42,11 @@ _bus_threads: set[int] = set()
 _ERROR_LOG_INTERVAL = 10.0
 
 
+def _count(batches: list[list[Any]]) -> int:
+    """Events in a list of batches (three slots per event)."""
+    return sum(map(len, batches)) // 3
+
+
 def in_bus_thread() -> bool:
     """Whether the calling thread belongs to a bus (a handler or a dispatcher thread)."""
     return threading.get_ident() in _bus_threads
@@ -224,8 +229,8 @@ class _Handler:
                     batches = self._take()
                 if batches is None:
                     return
+                done = 0
                 for batch in batches:
-                    done = 0
                     slots = iter(batch)
                     for name, timestamp, data in zip(slots, slots, slots, strict=True):
                         if self.cut:
@@ -237,12 +242,13 @@ class _Handler:
                         except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
                             self._failed(exc)
                         done += 1
-                    if batch is batches[-1] and self.batch_end is not None:
-                        try:
-                            self.batch_end()
-                        except BaseException as exc:  # noqa: BLE001
-                            self._failed(exc)
-                    self._settle(done, len(batch) // 3 - done)
+                # Settled only after the sink's flush(): bus.flush() then means "written".
+                if self.batch_end is not None:
+                    try:
+                        self.batch_end()
+                    except BaseException as exc:  # noqa: BLE001
+                        self._failed(exc)
+                self._settle(done, _count(batches) - done)
         finally:
             _bus_threads.discard(threading.get_ident())  # idents are reused by later threads
             self._exit()
@@ -260,8 +266,8 @@ class _Handler:
                     batches = self._take()
                 if batches is None:
                     return
+                done = 0
                 for batch in batches:
-                    done = 0
                     slots = iter(batch)
                     for name, timestamp, data in zip(slots, slots, slots, strict=True):
                         if self.cut:
@@ -277,16 +283,16 @@ class _Handler:
                         except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
                             self._failed(exc)
                         done += 1
-                    if batch is batches[-1] and self.batch_end is not None:
-                        try:
-                            result = self.batch_end()
-                            if inspect.isawaitable(result):
-                                await result
-                        except cancelled:
-                            raise
-                        except BaseException as exc:  # noqa: BLE001
-                            self._failed(exc)
-                    self._settle(done, len(batch) // 3 - done)
+                if self.batch_end is not None:
+                    try:
+                        result = self.batch_end()
+                        if inspect.isawaitable(result):
+                            await result
+                    except cancelled:
+                        raise
+                    except BaseException as exc:  # noqa: BLE001
+                        self._failed(exc)
+                self._settle(done, _count(batches) - done)
         finally:
             self._exit()
 
