@@ -24,6 +24,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from _machine import cpu_model
+
 import monitor_bus
 
 try:
@@ -240,20 +242,11 @@ def table(m: dict[str, float], rounds: int) -> str:
 
 
 def machine() -> str:
+    import os
     from importlib.metadata import version
 
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import os
-
     return (
-        f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; "
+        f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; "
         f"CPython {platform.python_version()}, monitor_bus {monitor_bus.__version__}, anyio {version('anyio')}, "
         f"torch {torch.__version__ if torch is not None else 'not installed'}"
     )

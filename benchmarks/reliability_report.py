@@ -26,6 +26,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from _machine import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 # Not the tests' default file, which any plain pytest run starts afresh.
 RESULTS = ROOT / "build" / "reliability-report.jsonl"
@@ -78,15 +80,7 @@ def _git(*args: str) -> str:
 
 def machine() -> list[tuple[str, str]]:
     rows = [("OS", f"{platform.system()} {platform.release()} ({platform.machine()})")]
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    rows.append(("CPU", f"{cpu}, {os.cpu_count()} logical cores (shared with other jobs)"))
+    rows.append(("CPU", f"{cpu_model()}, {os.cpu_count()} logical cores (shared with other jobs)"))
     try:
         import psutil
 
