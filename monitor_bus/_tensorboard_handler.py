@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ._event import Event
+from ._skipped import INT64_MAX, INT64_MIN, SkipReporter, as_float64, is_utf8
 from ._stat import STAT_EVENT
 
 
@@ -27,7 +28,16 @@ class TensorboardEventHandler:
     Steps: an event whose data holds an int under the key ``"step"`` gives that step to all
     its other keys (``"step"`` itself is not written). Otherwise each tag counts its own
     steps, 0, 1, 2, ..., so the n-th window of a Stat is drawn at x = n. (torch.monitor passes
-    no step, which puts every point of a series at step 0.) A bool is not a step.
+    no step, which puts every point of a series at step 0.) A bool is not a step, nor an int
+    outside int64 (the event file's step type): both are written like any other key.
+
+    Values: each reaches the writer as a ``float`` (a bool as 0.0 or 1.0), so every writer
+    gets the same input. A value TensorBoard cannot hold is skipped, the rest of the event is
+    written: a string, an int beyond float64's range, or a key that is not valid UTF-8 (a lone
+    surrogate) and so cannot be a tag. Each is counted in ``skipped_values`` and logged as a
+    warning on the ``monitor_bus`` logger, at most once per key every 10 seconds. NaN and
+    infinities are written; the writer stores 32-bit floats, so beyond about 3.4e38 a value
+    reads back as an infinity, as with torch.
 
     The bus calls ``flush()`` after each delivered batch, which flushes the writer (if it
     has a ``flush`` method): once ``bus.flush()`` returns, the scalars are in the event file.
@@ -47,6 +57,9 @@ class TensorboardEventHandler:
         self._writer = writer
         # Next step per tag; touched only by the handler's own thread.
         self._steps: dict[str, int] = {}
+        self._skips = SkipReporter("TensorboardEventHandler")
+        #: Values skipped because TensorBoard cannot hold them (see above).
+        self.skipped_values = 0
 
     def __call__(self, event: Event) -> None:
         if event.name != STAT_EVENT:
@@ -55,16 +68,41 @@ class TensorboardEventHandler:
         add_scalar = self._writer.add_scalar
         data = event.data
         step = data.get("step")
-        if step.__class__ is int:
+        if step.__class__ is int and INT64_MIN <= step <= INT64_MAX:  # type: ignore[operator]
             for key, value in data.items():
                 if key != "step":
-                    add_scalar(key, value, global_step=step, walltime=walltime)
+                    scalar = self._scalar(key, value)
+                    if scalar is not None:
+                        add_scalar(key, scalar, global_step=step, walltime=walltime)
             return
         steps = self._steps
         for key, value in data.items():
-            n = steps.get(key, 0)
-            steps[key] = n + 1
-            add_scalar(key, value, global_step=n, walltime=walltime)
+            scalar = self._scalar(key, value)
+            if scalar is not None:
+                n = steps.get(key, 0)
+                steps[key] = n + 1
+                add_scalar(key, scalar, global_step=n, walltime=walltime)
+
+    def _scalar(self, key: str, value: object) -> float | None:
+        """``value`` as the float to write, or None (counted and reported) if it cannot be."""
+        if value.__class__ is float and key.isascii():
+            return value  # type: ignore[return-value]
+        if isinstance(value, str):
+            reason, why = (
+                "string_value",
+                f"Stat value {key!r} is a string; TensorBoard holds numbers",
+            )
+            scalar = None
+        else:
+            scalar = as_float64(value)
+            reason, why = "out_of_range", f"Stat value {key!r} is an int beyond float64's range"
+        if scalar is not None and not is_utf8(key):
+            scalar = None
+            reason, why = "invalid_text", f"Stat key {key!r} is not valid UTF-8, so no tag"
+        if scalar is None:
+            self.skipped_values += 1
+            self._skips.report(reason, key, why, self.skipped_values)
+        return scalar
 
     def flush(self) -> None:
         """Flush the writer, if it has a ``flush`` method (the bus calls this after each batch)."""

@@ -276,3 +276,104 @@ def test_bus_to_tensorboardx_writer(bus: monitor_bus.EventBus, tmp_path: Path) -
 
     run_windows_through_bus(bus, XWriter(str(tmp_path)))
     check_windows(tmp_path)
+
+
+# -- values a writer cannot hold --
+
+ODD = {
+    "a.mean": 0.5,
+    "note": "text",  # a string: skipped
+    "huge.sum": 2**1100,  # beyond float64: skipped
+    "bad\ud800.max": 1.0,  # not UTF-8, cannot be a tag: skipped
+    "big.sum": 2**64,  # an int past int64 is still a float64
+    "nan.mean": math.nan,
+    "flag.value": True,
+    "b.mean": 0.25,
+}
+WRITTEN = {
+    "a.mean": 0.5,
+    "big.sum": 2.0**64,
+    "nan.mean": math.nan,
+    "flag.value": 1.0,
+    "b.mean": 0.25,
+}
+
+
+@pytest.fixture
+def still_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Freeze the skip reporter's clock, so repeats fall in one rate-limit interval."""
+    monkeypatch.setattr("monitor_bus._skipped._clock", lambda: 100.0)
+
+
+def skip_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "monitor_bus"]
+
+
+@pytest.mark.parametrize("kind", ["ours", "torch", "tensorboardX"])
+@pytest.mark.usefixtures("still_clock")
+def test_handler_skips_values_it_cannot_write_and_writes_the_rest(
+    kind: str, bus: monitor_bus.EventBus, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Strings, ints beyond float64 and non-UTF-8 keys are skipped and counted; the rest is written."""
+    if kind == "ours":
+        writer: Any = SummaryWriter(tmp_path)
+    else:
+        require(importlib.util.find_spec(kind) is not None, f"{kind} is not installed")
+        if kind == "torch":
+            from torch.utils.tensorboard import SummaryWriter as TorchWriter
+
+            writer = TorchWriter(str(tmp_path))
+        else:
+            from tensorboardX import SummaryWriter as XWriter
+
+            writer = XWriter(str(tmp_path))
+    handler = TensorboardEventHandler(writer)
+    handle = bus.register_event_handler(handler, name="tb")
+    bus.log_event(stat_event(0, ODD))
+    bus.log_event(stat_event(1, ODD))
+    assert bus.unregister_event_handler(handle, timeout=10)
+    writer.close()
+    assert bus.stats()["handler_errors"] == 0
+    assert handler.skipped_values == 6
+    acc = load(tmp_path)
+    assert sorted(acc.Tags()["scalars"]) == sorted(WRITTEN)
+    t = T0.timestamp()
+    for key, value in WRITTEN.items():
+        got = scalars(acc, key)
+        assert [(step, wall) for step, wall, _ in got] == [(0, t), (1, t + 1)]
+        if math.isnan(value):
+            assert all(math.isnan(v) for _, _, v in got)
+        else:
+            assert [v for _, _, v in got] == [f32(value)] * 2
+    assert skip_warnings(caplog) == [
+        "TensorboardEventHandler: Stat value 'note' is a string; TensorBoard holds numbers: "
+        "skipped (1 so far; repeats of this key are logged at most every 10 s)",
+        "TensorboardEventHandler: Stat value 'huge.sum' is an int beyond float64's range: "
+        "skipped (2 so far; repeats of this key are logged at most every 10 s)",
+        "TensorboardEventHandler: Stat key 'bad\\ud800.max' is not valid UTF-8, so no tag: "
+        "skipped (3 so far; repeats of this key are logged at most every 10 s)",
+    ]
+
+
+def test_handler_hands_the_writer_floats() -> None:
+    """Every value reaches the writer as a float, so no writer sees a bool or an int numpy cannot hold."""
+    writer = FakeWriter()
+    TensorboardEventHandler(writer)(stat_event(0, {"n.count": 3, "f.value": False, "m.sum": 2**64}))
+    assert [(tag, type(v), v) for tag, v, _, _ in writer.calls] == [
+        ("n.count", float, 3.0),
+        ("f.value", float, 0.0),
+        ("m.sum", float, 2.0**64),
+    ]
+
+
+def test_step_outside_int64_is_not_a_step(tmp_path: Path) -> None:
+    """An int under "step" that protobuf's int64 cannot hold is written like any other key."""
+    with SummaryWriter(tmp_path) as writer:
+        handler = TensorboardEventHandler(writer)
+        handler(stat_event(0, {"step": 2**63, "x.mean": 1.0}))
+        handler(stat_event(1, {"step": -(2**63), "x.mean": 2.0}))
+    acc = load(tmp_path)
+    t = T0.timestamp()
+    assert scalars(acc, "step") == [(0, t, f32(2.0**63))]
+    assert scalars(acc, "x.mean") == [(0, t, 1.0), (-(2**63), t + 1, 2.0)]
+    assert handler.skipped_values == 0

@@ -1,0 +1,76 @@
+"""Values a sink cannot represent: each sink skips them, counts them and reports them here.
+
+A sink decides per value whether it can hold it (a gauge holds no string, protobuf's int64 no
+2**63, UTF-8 no lone surrogate); one it cannot is skipped, the rest of the event is written, the
+sink's public counter goes up and ``SkipReporter`` warns on the ``monitor_bus`` logger, at most
+once per key and reason per ``LOG_INTERVAL`` seconds, so a bad key in every window cannot flood
+the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ._ratelimit import LOG_INTERVAL, Throttle
+
+logger = logging.getLogger("monitor_bus")
+
+# The clock seam: tests replace it to step time.
+_clock = time.monotonic
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+class SkipReporter:
+    """Warns that a sink skipped a value, at most once per (reason, key) per ``LOG_INTERVAL`` s.
+
+    Thread-safe.
+
+    Args:
+        sink: the sink's name, first in every message (``"PrometheusEventHandler"``).
+    """
+
+    __slots__ = ("_sink", "_throttle")
+
+    def __init__(self, sink: str) -> None:
+        self._sink = sink
+        self._throttle = Throttle(LOG_INTERVAL)
+
+    def report(self, reason: str, key: str, message: str, total: int) -> None:
+        """Warn ``message`` unless this ``reason`` and ``key`` were reported in the interval.
+
+        Args:
+            reason: why the value was skipped (``"string_value"``, ``"out_of_range"``, ...).
+            key: the event key, so each bad key is reported on its own.
+            message: what was skipped and why.
+            total: the sink's count of skips so far, quoted in the message.
+        """
+        if self._throttle.ready((reason, key), now=_clock()):
+            logger.warning(
+                "%s: %s: skipped (%d so far; repeats of this key are logged at most every %g s)",
+                self._sink,
+                message,
+                total,
+                LOG_INTERVAL,
+            )
+
+
+def is_utf8(text: str) -> bool:
+    """True if ``text`` encodes to UTF-8, i.e. holds no lone surrogate (``"\\ud800"``)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def as_float64(value: object) -> float | None:
+    """``value`` (an int, float or bool) as a float, or None if it is out of float64's range."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        return None
