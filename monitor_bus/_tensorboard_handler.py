@@ -68,7 +68,7 @@ class TensorboardEventHandler:
         add_scalar = self._writer.add_scalar
         data = event.data
         step = data.get("step")
-        if step.__class__ is int and INT64_MIN <= step <= INT64_MAX:  # type: ignore[operator]
+        if step.__class__ is int and INT64_MIN <= step <= INT64_MAX:
             for key, value in data.items():
                 if key != "step":
                     scalar = self._scalar(key, value)
@@ -86,7 +86,7 @@ class TensorboardEventHandler:
     def _scalar(self, key: str, value: object) -> float | None:
         """``value`` as the float to write, or None (counted and reported) if it cannot be."""
         if value.__class__ is float and key.isascii():
-            return value  # type: ignore[return-value]
+            return value
         if isinstance(value, str):
             reason, why = (
                 "string_value",
