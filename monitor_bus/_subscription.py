@@ -6,8 +6,12 @@ Guarantees
   runs on a thread of its own and sees the events logged after ``__aenter__`` returns, in order.
 - The handler never waits on the subscriber: it filters on its thread, collects a batch and, at
   the end of the batch (the handler ``flush()`` hook), schedules one non-blocking call on the
-  subscriber's loop (``run_sync_soon`` of anyio's backend, through the loop's token). A stalled
-  subscriber loop, or one that calls the blocking ``bus.flush()``, cannot deadlock the bus.
+  subscriber's loop (asyncio's ``call_soon_threadsafe`` or trio's ``TrioToken.run_sync_soon``,
+  found through anyio's loop token). A stalled subscriber loop, or one that calls the blocking
+  ``bus.flush()``, cannot deadlock the bus.
+- Only a finished subscriber loop detaches the subscription (its later events are counted as
+  dropped). Any other failure to hand a batch over counts that batch as dropped and is raised
+  to the bus, which logs it and counts it in ``handler_errors``; the subscription stays.
 - Overflow: the buffer is an anyio memory object stream of ``buffer`` events. When it is full
   the newest events are dropped, as under the bus's default policy. Drops are counted at
   once in ``Subscription.dropped``, and in the handler's ``dropped`` in ``bus.stats()`` by the
@@ -22,6 +26,7 @@ Guarantees
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Union
@@ -64,6 +69,48 @@ def _check_buffer(buffer: object) -> int:
     if buffer < 1:
         raise ValueError(f"buffer must be at least 1, got {buffer}")
     return buffer
+
+
+_Put = Callable[[list[Event]], None]
+
+
+class _LoopFinished(Exception):
+    """The subscriber's event loop has finished: nobody will read what is scheduled on it."""
+
+
+def _scheduler(token: EventLoopToken) -> Callable[[_Put, list[Event]], None]:
+    """A thread-safe, non-blocking "call soon" into the loop behind ``token``.
+
+    Written against the native loops rather than ``AsyncBackend.run_sync_soon`` (new in anyio
+    4.16), so anyio 4.11, the first with loop tokens, is enough. The returned callable raises
+    ``_LoopFinished`` when the loop has finished and lets any other error through.
+    """
+    native = token.native_token
+    if isinstance(native, asyncio.AbstractEventLoop):
+        loop = native
+
+        def call_soon_asyncio(put: _Put, batch: list[Event]) -> None:
+            try:
+                loop.call_soon_threadsafe(put, batch)
+            except RuntimeError:
+                if loop.is_closed():
+                    raise _LoopFinished from None
+                raise
+
+        return call_soon_asyncio
+    import trio  # anyio's only other backend; already imported when it runs
+
+    if not isinstance(native, trio.lowlevel.TrioToken):
+        raise RuntimeError(f"subscribe() supports asyncio and trio loops, not {native!r}")
+    trio_token = native
+
+    def call_soon_trio(put: _Put, batch: list[Event]) -> None:
+        try:
+            trio_token.run_sync_soon(put, batch)
+        except trio.RunFinishedError:
+            raise _LoopFinished from None
+
+    return call_soon_trio
 
 
 def _label(name: object) -> str:
@@ -230,7 +277,7 @@ class _Deliver:
     def __init__(self, subscription: Subscription) -> None:
         self._sub = subscription
         self._accept = subscription._accept
-        self._token = subscription._token
+        self._call_soon = _scheduler(subscription._token)
         self._batch: list[Event] = []
 
     def __call__(self, event: Event) -> None:
@@ -245,16 +292,18 @@ class _Deliver:
         batch, self._batch = self._batch, []
         if not batch:
             return
-        token = self._token
         try:
-            token.backend_class.run_sync_soon(sub._put, (batch,), token.native_token)
-        except Exception:  # the subscriber's loop has finished: nobody will read these
+            self._call_soon(sub._put, batch)
+        except _LoopFinished:
             sub._owe(len(batch))
             handle, sub._handle = sub._handle, None
             if handle is not None:
                 sub._state = "closed"
                 sub._close_streams()  # no loop runs them any more: nothing else touches them
                 sub._bus.unregister_event_handler(handle)  # from inside a handler: no wait
+        except BaseException:
+            sub._owe(len(batch))  # lost with the error, which the bus logs and counts
+            raise
 
 
 def subscribe(

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections.abc import Callable
 from datetime import datetime, timezone
+from typing import Any
 
 import anyio
 import pytest
@@ -220,7 +223,7 @@ def test_flush_from_a_thread_that_reuses_a_finished_handler_threads_id() -> None
 
     Thread ids are reused at once; a stale id in the set of bus threads made anyio's worker
     threads fail in ``await bus.aflush()`` at random (seen after a notebook re-registered a
-    named handler).
+    named handler). New threads are started until one gets the finished thread's id.
     """
     with EventBus(name="other") as live:
         live.register_event_handler(lambda e: None)
@@ -229,19 +232,25 @@ def test_flush_from_a_thread_that_reuses_a_finished_handler_threads_id() -> None
             old = finished._handlers[0].thread
         assert old is not None
         old.join()
-        outcome: list[tuple[bool, str]] = []
+        outcome: list[str] = []
 
-        def call_flush() -> None:
+        def flush_if_reusing() -> None:
+            if threading.get_ident() != old.ident:
+                return
             try:
-                live.flush(5)
-                outcome.append((threading.get_ident() == old.ident, "ok"))
+                outcome.append("flushed" if live.flush(5) else "timed out")
             except RuntimeError as exc:
-                outcome.append((threading.get_ident() == old.ident, str(exc)))
+                outcome.append(str(exc))
 
-        t = threading.Thread(target=call_flush)
-        t.start()
-        t.join()
-    assert outcome == [(True, "ok")] or outcome == [(False, "ok")]
+        for _ in range(200):
+            t = threading.Thread(target=flush_if_reusing)
+            t.start()
+            t.join()
+            if outcome:
+                break
+    if not outcome:
+        pytest.skip("no new thread got the finished thread's id in 200 tries")
+    assert outcome == ["flushed"]
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
@@ -289,3 +298,37 @@ async def test_subscribing_to_a_closed_bus_fails_on_entry() -> None:
         async with sub:
             pass
     assert repr(sub) == "<Subscription subscription closed, buffer=1024>"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_an_unexpected_scheduling_error_is_logged_counted_and_keeps_the_subscription(
+    bus: EventBus, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failure to hand a batch to a live loop is a logged handler error with the batch counted
+    as dropped, not a silent "subscriber gone" that detaches the subscription."""
+    loop = asyncio.get_running_loop()
+    schedule = loop.call_soon_threadsafe
+    async with bus.subscribe() as events:
+
+        def broken(callback: Callable[..., object], *args: object, **kwargs: Any) -> object:
+            if events._put in (callback, *args):
+                raise ValueError("injected scheduling failure")
+            return schedule(callback, *args, **kwargs)
+
+        monkeypatch.setattr(loop, "call_soon_threadsafe", broken)
+        for i in range(3):
+            bus.log_event(ev("lost", i))
+        assert bus.flush(10)
+        monkeypatch.undo()
+        bus.log_event(ev("after", 0))
+        [got] = await take(events, 1)
+        assert got.name == "after"
+        assert await bus.aflush(10)  # the bus settles a batch after handing it over
+        stats = bus.stats()
+        [entry] = stats["handlers"]
+        assert stats["handler_errors"] == 1
+        assert (events.received, events.dropped) == (1, 3)
+        assert (entry["delivered"], entry["dropped"]) == (1, 3)
+    [record] = [r for r in caplog.records if r.name == "monitor_bus" and r.exc_info]
+    assert record.exc_info is not None
+    assert isinstance(record.exc_info[1], ValueError)
