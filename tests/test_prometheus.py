@@ -4,6 +4,7 @@ server (Debian's ``prometheus`` binary) scraping it."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import socket
 import subprocess
@@ -23,7 +24,12 @@ from .conftest import IN_CI, require
 if not IN_CI:  # in CI the import below fails instead
     pytest.importorskip("prometheus_client", reason="the prometheus extra is not installed")
 
-from prometheus_client import REGISTRY, CollectorRegistry, Gauge  # noqa: E402
+from prometheus_client import (  # noqa: E402
+    REGISTRY,
+    CollectorRegistry,
+    Gauge,
+    generate_latest,
+)
 
 from monitor_bus.exporters.prometheus import (  # noqa: E402
     PrometheusEventHandler,
@@ -97,6 +103,75 @@ def test_strings_and_taken_names_are_skipped_and_counted(bus: EventBus) -> None:
     assert get("monitor_bus_skipped_total", {"reason": "string_value", "rank": "3"}) == 2.0
     assert get("monitor_bus_skipped_total", {"reason": "name_taken", "rank": "3"}) == 3.0
     assert bus.stats()["handler_errors"] == 0
+
+
+@pytest.fixture
+def still_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Freeze the skip reporter's clock, so repeats fall in one rate-limit interval."""
+    monkeypatch.setattr("monitor_bus._skipped._clock", lambda: 100.0)
+
+
+@pytest.mark.usefixtures("still_clock")
+def test_values_a_gauge_cannot_hold_leave_no_series(
+    bus: EventBus, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A string or an int beyond float64 is skipped, counted by reason, and exports no series."""
+    prom = PrometheusEventHandler()
+    bus.register_event_handler(prom)
+    odd: dict[str, float | int | bool | str] = {
+        "note": "text",
+        "huge.sum": 2**1100,
+        "big.sum": 2**64,  # past int64, still a float64
+        "nan.mean": math.nan,
+        "inf.max": math.inf,
+        "flag.value": True,
+        "ok.mean": 0.5,
+    }
+    bus.log_event(Event(STAT_EVENT, T0, odd))
+    bus.log_event(Event(STAT_EVENT, T0, odd))
+    assert bus.flush(10)
+    assert bus.stats()["handler_errors"] == 0
+    exposition = generate_latest(prom.registry).decode()
+    series = {
+        line.split(" ")[0]: line.split(" ")[1]
+        for line in exposition.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert {k: v for k, v in series.items() if not k.startswith("monitor_bus_skipped")} == {
+        "monitor_bus_big_sum": "1.8446744073709552e+19",
+        "monitor_bus_nan_mean": "NaN",
+        "monitor_bus_inf_max": "+Inf",
+        "monitor_bus_flag_value": "1.0",
+        "monitor_bus_ok_mean": "0.5",
+    }
+    get = prom.registry.get_sample_value
+    assert get("monitor_bus_skipped_total", {"reason": "string_value"}) == 2.0
+    assert get("monitor_bus_skipped_total", {"reason": "out_of_range"}) == 2.0
+    assert get("monitor_bus_skipped_total", {"reason": "name_taken"}) == 0.0
+    assert (prom.skipped_values, prom.skipped_names) == (4, 0)
+    assert [r.getMessage() for r in caplog.records if r.name == "monitor_bus"] == [
+        "PrometheusEventHandler: Stat value 'note' is a string; Prometheus holds numbers: "
+        "skipped (1 so far; repeats of this key are logged at most every 10 s)",
+        "PrometheusEventHandler: Stat value 'huge.sum' is an int beyond float64's range: "
+        "skipped (2 so far; repeats of this key are logged at most every 10 s)",
+    ]
+
+
+def test_non_utf8_key_keeps_the_endpoint_readable(bus: EventBus) -> None:
+    """A key holding a lone surrogate becomes a gauge, and the exposition still encodes."""
+    prom = PrometheusEventHandler()
+    bus.register_event_handler(prom)
+    bus.log_event(Event(STAT_EVENT, T0, {"loss\ud800.mean": 0.25, "ok.mean": 1.0}))
+    assert bus.flush(10)
+    exposition = generate_latest(prom.registry).decode()
+    assert "monitor_bus_loss__mean 0.25\n" in exposition
+    assert "monitor_bus_ok_mean 1.0\n" in exposition
+
+
+def test_label_value_that_is_not_utf8_is_refused() -> None:
+    """A constant label value the exposition could not encode is a ValueError naming it."""
+    with pytest.raises(ValueError, match=r"labels\['host'\] is not valid UTF-8"):
+        PrometheusEventHandler(labels={"host": "node\udc801"})
 
 
 def test_default_registry_is_fresh_and_global_one_is_opt_in() -> None:

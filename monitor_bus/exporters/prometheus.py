@@ -4,27 +4,26 @@ Needs the ``prometheus`` extra (``prometheus_client``), imported when a handler 
 
 Each key of a ``STAT_EVENT`` becomes the gauge ``<namespace>_<key>`` with every character
 outside ``[a-zA-Z0-9_:]`` replaced by ``_``: ``step_time.mean`` is
-``monitor_bus_step_time_mean``. Prometheus stores no strings and stamps samples with the scrape
-time, so string values are skipped and counted, and the event's timestamp is not exported. Other
-events are ignored, as ``torch.monitor``'s TensorBoard handler does.
+``monitor_bus_step_time_mean``. Values are float64: bools are 0 or 1, NaN and infinities are
+exported as such. Prometheus stores no strings and stamps samples with the scrape time, so string
+values (and ints beyond float64's range) are skipped and counted, and the event's timestamp is not
+exported. Other events are ignored, as ``torch.monitor``'s TensorBoard handler does.
 """
 
 from __future__ import annotations
 
 import errno
-import logging
 import re
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._event import Event
+from .._skipped import SkipReporter, as_float64, is_utf8
 from .._stat import STAT_EVENT
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
-
-logger = logging.getLogger("monitor_bus")
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -50,10 +49,13 @@ class PrometheusEventHandler:
     pass ``prometheus_client.REGISTRY`` to expose them beside your other metrics. Serve the
     registry with ``serve()`` or any ``prometheus_client`` exposition.
 
-    Skipped values are counted, never raised: ``skipped_values`` (strings) and ``skipped_names``
+    Values a gauge cannot hold are skipped, counted and the rest of the event is set, never
+    raised: ``skipped_values`` (strings, and ints beyond float64's range) and ``skipped_names``
     (keys whose sanitized name is taken, by another key or by another metric of the registry),
-    also exported as ``<namespace>_skipped_total{reason="string_value"|"name_taken"}``. Each
-    skipped key is logged once.
+    also exported as ``<namespace>_skipped_total{reason=...}`` with the reasons
+    ``"string_value"``, ``"out_of_range"`` and ``"name_taken"``. A skipped value makes no series.
+    Each skip is logged as a warning on the ``monitor_bus`` logger, at most once per key and
+    reason every 10 seconds.
 
     Args:
         registry: where the gauges are registered; None makes a fresh ``CollectorRegistry``.
@@ -98,14 +100,17 @@ class PrometheusEventHandler:
                 raise ValueError("labels: 'reason' is taken by the handler's skipped counter")
             if not isinstance(value, str):
                 raise TypeError(f"labels[{key!r}] must be a str, not {type(value).__name__}")
+            if not is_utf8(value):  # the exposition could never be encoded
+                raise ValueError(f"labels[{key!r}] is not valid UTF-8: {value!r}")
         self.registry = registry
         self.namespace = namespace
         self._labels = labels
         self._gauges: dict[str, Any] = {}  # event key -> labelled gauge child, or None if skipped
         self._names: dict[str, str] = {}  # metric name -> the key that owns it
-        self._warned: set[str] = set()
+        self._taken: dict[str, str] = {}  # skipped key -> why its name is taken
+        self._skips = SkipReporter("PrometheusEventHandler")
         self._lock = threading.Lock()
-        #: String values skipped (Prometheus holds numbers only).
+        #: Values skipped because a gauge cannot hold them: strings, ints beyond float64.
         self.skipped_values = 0
         #: Values skipped because their key's metric name was taken.
         self.skipped_names = 0
@@ -117,6 +122,7 @@ class PrometheusEventHandler:
             registry=registry,
         )
         self._skipped_string = skipped.labels(reason="string_value", **labels)
+        self._skipped_range = skipped.labels(reason="out_of_range", **labels)
         self._skipped_name = skipped.labels(reason="name_taken", **labels)
 
     def __call__(self, event: Event) -> None:
@@ -124,20 +130,41 @@ class PrometheusEventHandler:
             return
         gauges = self._gauges
         for key, value in event.data.items():
+            # The value first: a gauge made for a value it cannot hold would export a phantom 0.
+            if value.__class__ is float:
+                number: float | None = value
+            elif isinstance(value, str):
+                self._skip_value(
+                    self._skipped_string,
+                    "string_value",
+                    key,
+                    f"Stat value {key!r} is a string; Prometheus holds numbers",
+                )
+                continue
+            else:
+                number = as_float64(value)
+                if number is None:
+                    self._skip_value(
+                        self._skipped_range,
+                        "out_of_range",
+                        key,
+                        f"Stat value {key!r} is an int beyond float64's range",
+                    )
+                    continue
             gauge = gauges.get(key, _MISSING)
             if gauge is _MISSING:
                 gauge = self._make_gauge(key)
             if gauge is None:
                 self.skipped_names += 1
                 self._skipped_name.inc()
-            elif value.__class__ is str:
-                self.skipped_values += 1
-                self._skipped_string.inc()
-                self._warn_once(
-                    key, f"Stat value {key!r} is a string; Prometheus holds numbers: skipped"
-                )
+                self._skips.report("name_taken", key, self._taken[key], self.skipped_names)
             else:
-                gauge.set(value)
+                gauge.set(number)
+
+    def _skip_value(self, counter: Any, reason: str, key: str, why: str) -> None:
+        self.skipped_values += 1
+        counter.inc()
+        self._skips.report(reason, key, why, self.skipped_values)
 
     def _make_gauge(self, key: str) -> Any:
         from prometheus_client import Gauge
@@ -148,27 +175,23 @@ class PrometheusEventHandler:
             name = metric_name(self.namespace, key)
             owner = self._names.get(name)
             gauge = None
-            if owner is None:
+            if owner is not None:
+                owner = f"by Stat key {owner!r}"
+            else:
+                # The key as repr in the help text: it escapes a lone surrogate, which would
+                # make every later scrape fail to encode.
+                help_text = f"monitor_bus Stat {key if is_utf8(key) else repr(key)}"
                 try:
-                    parent = Gauge(
-                        name, f"monitor_bus Stat {key}", list(self._labels), registry=self.registry
-                    )
+                    parent = Gauge(name, help_text, list(self._labels), registry=self.registry)
                 except ValueError as exc:  # the registry already has a metric of that name
-                    owner = str(exc)
+                    owner = f"in the registry ({exc})"
                 else:
                     gauge = parent.labels(**self._labels) if self._labels else parent
                     self._names[name] = key
             if gauge is None:
-                self._warn_once(
-                    key, f"Stat key {key!r} maps to {name!r}, which is taken ({owner}): skipped"
-                )
+                self._taken[key] = f"Stat key {key!r} maps to {name!r}, which is taken {owner}"
             self._gauges[key] = gauge
             return gauge
-
-    def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned and len(self._warned) < 1000:
-            self._warned.add(key)
-            logger.warning("PrometheusEventHandler: %s", message)
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> MetricsServer:
         """Serve this handler's registry over HTTP; see ``serve``."""
