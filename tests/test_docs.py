@@ -3,6 +3,7 @@ public name has a docstring."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 
 import monitor_bus
 
+from . import conftest
 from .conftest import require
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,16 +166,66 @@ def test_python_blocks_run(page: Path, tmp_path: Path) -> None:
         cwd=tmp_path,
         env=env,
     )
-    assert proc.returncode == 0, f"{page.name}:\n{proc.stderr}"
     printed: dict[int, str] = {}
     rest = proc.stdout
     for k in range(len(run)):
-        head, _, rest = rest.partition(_SEP.format(k) + "\n")
+        head, found, rest = rest.partition(_SEP.format(k) + "\n")
+        if not found:
+            break  # block k did not finish
         printed[k] = head.rstrip("\n")
     for k, text in expected_outputs(page).items():
-        assert printed[k] == text.rstrip("\n"), (
-            f"{run[k]} prints something else than the text after it"
-        )
+        if k in printed:
+            assert printed[k] == text.rstrip("\n"), (
+                f"{run[k]} prints something else than the text after it"
+            )
+    if proc.returncode != 0 and (missing := missing_module(proc.stderr)):
+        stopped = run[min(len(printed), len(run) - 1)]
+        require(False, f"{stopped} needs {missing}, which is not installed (later blocks not run)")
+    assert proc.returncode == 0, f"{page.name}:\n{proc.stderr}"
+    assert len(printed) == len(run)
+
+
+_NO_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'$", re.M)
+
+
+def missing_module(stderr: str) -> str | None:
+    """The optional package a failed script lacked: named by ModuleNotFoundError, not installed."""
+    m = _NO_MODULE.search(stderr)
+    if m is None:
+        return None
+    top = m[1].partition(".")[0]
+    return top if top != "monitor_bus" and importlib.util.find_spec(top) is None else None
+
+
+def test_missing_module_names_only_an_absent_package() -> None:
+    """A docs block that fails for lack of a package is told apart from any other failure."""
+    tail = "Traceback (most recent call last):\n  ...\n"
+    absent = "no_such_package_for_monitor_bus"
+    assert missing_module(f"{tail}ModuleNotFoundError: No module named '{absent}.sub'\n") == absent
+    assert missing_module(f"{tail}ModuleNotFoundError: No module named 'pytest'\n") is None
+    assert missing_module(f"{tail}ModuleNotFoundError: No module named 'monitor_bus.x'\n") is None
+    assert missing_module(f"{tail}NameError: name 'torch' is not defined\n") is None
+
+
+def test_a_block_needing_an_absent_package_skips_outside_ci_and_fails_in_ci(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page whose block imports a package that is not installed is skipped, or failed under CI,
+    after checking the blocks before it."""
+    page = tmp_path / "p.md"
+    page.write_text(
+        "```python\nprint('ran')\n```\n\n```text\nran\n```\n\n"
+        "```python\nimport no_such_package_for_monitor_bus\n```\n"
+    )
+    monkeypatch.setattr(conftest, "IN_CI", False)
+    with pytest.raises(pytest.skip.Exception, match=r"p.md:9 \(python\) needs no_such_package"):
+        test_python_blocks_run(page, tmp_path)
+    monkeypatch.setattr(conftest, "IN_CI", True)
+    with pytest.raises(pytest.fail.Exception, match="CI=true but p.md:9"):
+        test_python_blocks_run(page, tmp_path)
+    page.write_text(page.read_text().replace("```text\nran", "```text\nsomething else"))
+    with pytest.raises(AssertionError, match="prints something else"):
+        test_python_blocks_run(page, tmp_path)
 
 
 def test_mkdocs_builds_strictly(tmp_path: Path) -> None:
