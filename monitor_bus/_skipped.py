@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Hashable
 
 from ._ratelimit import LOG_INTERVAL, Throttle
 
@@ -38,12 +39,13 @@ class SkipReporter:
         self._sink = sink
         self._throttle = Throttle(LOG_INTERVAL)
 
-    def report(self, reason: str, key: str, message: str, total: int) -> None:
+    def report(self, reason: str, key: Hashable, message: str, total: int) -> None:
         """Warn ``message`` unless this ``reason`` and ``key`` were reported in the interval.
 
         Args:
             reason: why the value was skipped (``"string_value"``, ``"out_of_range"``, ...).
-            key: the event key, so each bad key is reported on its own.
+            key: the event key (or any hashable naming it), so each bad key is reported
+                on its own.
             message: what was skipped and why.
             total: the sink's count of skips so far, quoted in the message.
         """

@@ -4,6 +4,7 @@ local receiver that decodes the payload with the official opentelemetry-proto me
 from __future__ import annotations
 
 import gzip
+import math
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -168,6 +169,52 @@ def test_strings_and_bad_names_are_skipped_and_counted(otel: InMemory, bus: Even
     stats = bus.stats()
     assert stats["handler_errors"] == 0
     assert stats["handlers"][0]["delivered"] == 2
+
+
+@pytest.fixture
+def still_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Freeze the skip reporter's clock, so repeats fall in one rate-limit interval."""
+    monkeypatch.setattr("monitor_bus._skipped._clock", lambda: 100.0)
+
+
+def skip_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "monitor_bus"]
+
+
+REPEATS = "repeats of this key are logged at most every 10 s"
+
+
+@pytest.mark.usefixtures("still_clock")
+def test_gauge_values_outside_int64_or_not_finite_are_skipped(
+    otel: InMemory, bus: EventBus, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ints outside int64 and NaN/infinities cannot be gauge points: skipped, counted, logged."""
+    bus.register_event_handler(otel.handler)
+    data: dict[str, monitor_bus.data_value_t] = {
+        "max.sum": 2**63 - 1,
+        "min.sum": -(2**63),
+        "over.sum": 2**63,
+        "under.sum": -(2**63) - 1,
+        "nan.mean": math.nan,
+        "inf.max": math.inf,
+        "ok.mean": 0.5,
+    }
+    bus.log_event(Event(STAT_EVENT, T0, data))
+    bus.log_event(Event(STAT_EVENT, T0, data))
+    assert bus.flush(10)
+    assert otel.gauges() == {"max.sum": 2**63 - 1, "min.sum": -(2**63), "ok.mean": 0.5}
+    assert (otel.handler.skipped_values, otel.handler.skipped_names) == (8, 0)
+    assert bus.stats()["handler_errors"] == 0
+    assert skip_warnings(caplog) == [
+        f"OpenTelemetryEventHandler: Stat value 'over.sum' is an int outside int64: "
+        f"skipped (1 so far; {REPEATS})",
+        f"OpenTelemetryEventHandler: Stat value 'under.sum' is an int outside int64: "
+        f"skipped (2 so far; {REPEATS})",
+        f"OpenTelemetryEventHandler: Stat value 'nan.mean' is not finite (nan); the SDK "
+        f"drops those: skipped (3 so far; {REPEATS})",
+        f"OpenTelemetryEventHandler: Stat value 'inf.max' is not finite (inf); the SDK "
+        f"drops those: skipped (4 so far; {REPEATS})",
+    ]
 
 
 def test_resource_from_arguments_and_torchrun_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -420,3 +467,80 @@ def test_refused_endpoint_is_dropped_by_the_sdk_not_the_bus(
         if r.levelno >= logging.ERROR and r.name.startswith("opentelemetry.exporter.otlp")
     }
     assert failures == {"metric_exporter", "_log_exporter"}
+
+
+def metric_points(request: metrics_service_pb2.ExportMetricsServiceRequest) -> dict[str, Any]:
+    return {
+        metric.name: getattr(point, point.WhichOneof("value"))
+        for rm in request.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        for point in metric.gauge.data_points
+    }
+
+
+def test_int_beyond_int64_does_not_break_later_exports(receiver: Receiver, bus: EventBus) -> None:
+    """After a Stat event holding 2**63, every later OTLP export still carries the other gauges."""
+    handler = OpenTelemetryEventHandler(endpoint=receiver.url, export_interval=3600)
+    try:
+        bus.register_event_handler(handler, name="otel")
+        bus.log_event(Event(STAT_EVENT, T0, {"bytes.sum": 2**63, "step_time.mean": 0.5}))
+        assert bus.flush(10)
+        assert handler.force_flush(30)
+        bus.log_event(Event(STAT_EVENT, T0, {"step_time.mean": 0.75, "step_time.count": 3}))
+        assert bus.flush(10)
+        assert handler.force_flush(30)
+    finally:
+        assert handler.shutdown(30)
+    assert [metric_points(r) for r in receiver.metrics[:2]] == [
+        {"step_time.mean": 0.5},
+        {"step_time.mean": 0.75, "step_time.count": 3},
+    ]
+    assert (handler.skipped_values, handler.skipped_names) == (1, 0)
+
+
+@pytest.mark.usefixtures("still_clock")
+def test_log_attributes_otlp_cannot_carry_are_skipped(
+    receiver: Receiver, bus: EventBus, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ints outside int64 and non-UTF-8 text are left out of the log record; the record and the
+    batch around it are exported."""
+    handler = OpenTelemetryEventHandler(endpoint=receiver.url, export_interval=3600)
+    try:
+        bus.register_event_handler(handler, name="otel")
+        bus.log_event(Event("before", T0, {"n": 1}))
+        bus.log_event(
+            Event(
+                "odd",
+                T0,
+                {"big": 2**63, "path": "run\udc80.bin", "k\ud800": 2, "loss": 0.5, "ok": True},
+            )
+        )
+        bus.log_event(Event("name\ud800", T0, {"n": 3}))
+        bus.log_event(Event("after", T0, {"n": 4}))
+        assert bus.flush(10)
+        assert handler.force_flush(30)
+    finally:
+        assert handler.shutdown(30)
+    records = [
+        (log.body.string_value, log.event_name, attributes(log.attributes))
+        for request in receiver.logs
+        for rl in request.resource_logs
+        for sl in rl.scope_logs
+        for log in sl.log_records
+    ]
+    assert records == [
+        ("before", "before", {"n": 1}),
+        ("odd", "odd", {"loss": 0.5, "ok": True}),
+        ("name\\ud800", "name\\ud800", {"n": 3}),  # escaped, as repr would
+        ("after", "after", {"n": 4}),
+    ]
+    assert (handler.skipped_values, handler.skipped_names) == (2, 1)
+    assert skip_warnings(caplog) == [
+        f"OpenTelemetryEventHandler: data['big'] of event 'odd' is an int outside int64: "
+        f"skipped (1 so far; {REPEATS})",
+        f"OpenTelemetryEventHandler: data['path'] of event 'odd' is not valid UTF-8: "
+        f"skipped (2 so far; {REPEATS})",
+        f"OpenTelemetryEventHandler: data key 'k\\ud800' of event 'odd' is not valid UTF-8: "
+        f"skipped (1 so far; {REPEATS})",
+    ]

@@ -15,15 +15,29 @@ Mapping
   collection time, as the metrics data model has it for gauges.
 - Any other event becomes one log record: ``event_name`` and ``body`` are the event's name,
   ``timestamp`` is the event's timestamp (nanoseconds, exact) and the data are its attributes.
-- Strings in a Stat event's data cannot be gauge values, and keys that are not valid instrument
-  names once sanitized (over 255 characters, or colliding with another key's sanitized name) have
-  no instrument: both are skipped, counted in ``skipped_values`` / ``skipped_names`` and logged
-  once per key.
+
+Values OTLP cannot carry
+------------------------
+Each value is checked on its own; one that cannot be sent is skipped, counted, and the rest of
+the event is sent (one bad value used to make every later export of all metrics fail):
+
+- gauge values: a string; an int outside int64 (OTLP's ``as_int``); NaN or an infinity (the SDK
+  drops those measurements). A bool is sent as 0 or 1. Counted in ``skipped_values``.
+- gauge names: a key that is not a valid instrument name once sanitized (over 255 characters, or
+  colliding with another key's sanitized name) has no instrument. Counted in ``skipped_names``.
+- log attributes: an int outside int64, or a string that is not valid UTF-8 (a lone surrogate,
+  which protobuf cannot encode): counted in ``skipped_values``; a key that is not valid UTF-8:
+  counted in ``skipped_names``. An event name that is not valid UTF-8 is sent with its lone
+  surrogates as ``\\udXXXX`` escapes.
+
+Each skip is logged as a warning on the ``monitor_bus`` logger, at most once per key and reason
+every 10 seconds.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import socket
@@ -34,6 +48,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from .._event import Event
+from .._skipped import INT64_MAX, INT64_MIN, SkipReporter, is_utf8
 from .._stat import STAT_EVENT
 
 if TYPE_CHECKING:
@@ -199,11 +214,14 @@ class OpenTelemetryEventHandler:
         self._log_record = LogRecord
         self._gauges: dict[str, Any] = {}  # event key -> gauge, or None when skipped
         self._names: dict[str, str] = {}  # instrument name -> the key that owns it
-        self._warned: set[str] = set()
+        self._no_name: dict[str, str] = {}  # key without an instrument -> why
+        self._skips = SkipReporter("OpenTelemetryEventHandler")
         self._lock = threading.Lock()
-        #: Stat values skipped because they were strings.
+        #: Values skipped because OTLP cannot carry them: in Stat events strings, ints outside
+        #: int64 and non-finite floats; in log records ints outside int64 and non-UTF-8 strings.
         self.skipped_values = 0
-        #: Stat values skipped because their key could not be an instrument name.
+        #: Values skipped for their key: a Stat key that cannot be an instrument name, a log
+        #: attribute key that is not valid UTF-8.
         self.skipped_names = 0
 
     @staticmethod
@@ -237,18 +255,22 @@ class OpenTelemetryEventHandler:
     def _set_gauges(self, event: Event) -> None:
         gauges = self._gauges
         for key, value in event.data.items():
+            problem = _gauge_problem(value)
+            if problem is not None:
+                self._skip_value(problem[0], key, f"Stat value {key!r} {problem[1]}")
+                continue
             gauge = gauges.get(key, _MISSING)
             if gauge is _MISSING:
                 gauge = self._make_gauge(key)
             if gauge is None:
                 self.skipped_names += 1
-            elif value.__class__ is str:
-                self.skipped_values += 1
-                self._warn_once(
-                    key, f"Stat value {key!r} is a string; gauges hold numbers: skipped"
-                )
+                self._skips.report("no_name", key, self._no_name[key], self.skipped_names)
             else:
                 gauge.set(int(value) if value.__class__ is bool else value)
+
+    def _skip_value(self, reason: str, key: object, message: str) -> None:
+        self.skipped_values += 1
+        self._skips.report(reason, key, message, self.skipped_values)
 
     def _make_gauge(self, key: str) -> Any:
         with self._lock:  # one handler object may serve several buses
@@ -258,11 +280,9 @@ class OpenTelemetryEventHandler:
             owner = self._names.get(name) if name is not None else None
             gauge = None
             if name is None:
-                self._warn_once(key, f"Stat key {key!r} cannot be an instrument name: skipped")
+                self._no_name[key] = f"Stat key {key!r} cannot be an instrument name"
             elif owner is not None:
-                self._warn_once(
-                    key, f"Stat key {key!r} sanitizes to {name!r} like {owner!r}: skipped"
-                )
+                self._no_name[key] = f"Stat key {key!r} sanitizes to {name!r} like {owner!r}"
             else:
                 self._names[name] = key
                 gauge = self._meter.create_gauge(name)
@@ -272,22 +292,48 @@ class OpenTelemetryEventHandler:
     def _emit_log(self, event: Event) -> None:
         from opentelemetry._logs import SeverityNumber
 
+        name = event.name
+        if not is_utf8(name):
+            name = name.encode("utf-8", "backslashreplace").decode("utf-8")
+        data = event.data
+        for key, value in data.items():
+            if not _attribute_ok(key, value):
+                data = self._attributes(event)
+                break
         self._logger.emit(
             self._log_record(
                 timestamp=_unix_nanos(event.timestamp),
                 observed_timestamp=time.time_ns(),
                 severity_number=SeverityNumber.INFO,
                 severity_text="INFO",
-                body=event.name,
-                attributes=event.data,
-                event_name=event.name,
+                body=name,
+                attributes=data,
+                event_name=name,
             )
         )
 
-    def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned and len(self._warned) < 1000:
-            self._warned.add(key)
-            logger.warning("OpenTelemetryEventHandler: %s", message)
+    def _attributes(self, event: Event) -> dict[str, Any]:
+        """The event's data without what OTLP cannot carry, each skip counted and reported."""
+        kept: dict[str, Any] = {}
+        for key, value in event.data.items():
+            where = f"data[{key!r}] of event {event.name!r}"
+            if not is_utf8(key):
+                self.skipped_names += 1
+                self._skips.report(
+                    "invalid_text",
+                    (event.name, key),
+                    f"data key {key!r} of event {event.name!r} is not valid UTF-8",
+                    self.skipped_names,
+                )
+            elif value.__class__ is int and not INT64_MIN <= value <= INT64_MAX:
+                self._skip_value(
+                    "out_of_range", (event.name, key), f"{where} is an int outside int64"
+                )
+            elif isinstance(value, str) and not is_utf8(value):
+                self._skip_value("invalid_text", (event.name, key), f"{where} is not valid UTF-8")
+            else:
+                kept[key] = value
+        return kept
 
     def force_flush(self, timeout: float | None = None) -> bool:
         """Export what the providers hold now; True if done within ``timeout`` seconds.
@@ -350,6 +396,32 @@ def _bounded(func: Callable[[], bool], timeout: float | None) -> bool:
 
 
 _MISSING: Any = object()
+
+
+def _gauge_problem(value: object) -> tuple[str, str] | None:
+    """Why a gauge point cannot hold ``value`` (reason, description), or None if it can."""
+    if value.__class__ is float:
+        if math.isfinite(value):
+            return None
+        return "non_finite", f"is not finite ({value!r}); the SDK drops those"
+    if value.__class__ is int:
+        if INT64_MIN <= value <= INT64_MAX:
+            return None
+        return "out_of_range", "is an int outside int64"
+    if isinstance(value, str):
+        return "string_value", "is a string; gauges hold numbers"
+    return None  # a bool: sent as 0 or 1
+
+
+def _attribute_ok(key: str, value: object) -> bool:
+    """True if OTLP can carry ``key: value`` as a log attribute (the common case, checked fast)."""
+    if not is_utf8(key):
+        return False
+    if value.__class__ is int:
+        return INT64_MIN <= value <= INT64_MAX
+    if value.__class__ is str:
+        return is_utf8(value)
+    return True
 
 
 def _signal_url(endpoint: str | None, signal: str) -> str | None:
