@@ -12,6 +12,10 @@ One line per event: ``{"name": ..., "timestamp": ..., "data": {...}}``, UTF-8.
   is written as the object ``{"$float": "NaN"}``, ``{"$float": "Infinity"}`` or
   ``{"$float": "-Infinity"}``; no other value is ever an object, so this cannot be confused
   with one, and every line stays standard JSON that any tool can parse.
+- Text holding lone surrogates (what ``os.fsdecode`` makes of a non-UTF-8 file name) is written
+  with those as ``\\udXXX`` escapes, so the file stays UTF-8 and reads back equal. An int too
+  long to write as decimal text (over ``sys.get_int_max_str_digits()`` digits) is skipped and
+  counted in ``JsonlEventHandler.skipped_values``; the rest of the event is written.
 - Torn lines: a crash in the middle of a write leaves an incomplete last line. ``read_jsonl``
   skips a line that is not valid JSON (or not UTF-8) with a warning naming the file and line;
   a file in which no line at all is valid raises ``ValueError``. A handler that appends to
@@ -24,7 +28,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -32,6 +38,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ._event import Event
+from ._skipped import SkipReporter
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -39,6 +46,7 @@ if TYPE_CHECKING:
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _FLOAT_KEY = "$float"
 _encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class JsonlEventHandler:
@@ -51,6 +59,11 @@ class JsonlEventHandler:
 
     The file is opened for appending when the handler is made, so a bad path fails there and
     what the file already holds is kept. ``flush()`` and ``close()`` are thread-safe.
+
+    A value that cannot be written (an int over Python's digit limit for int-to-text
+    conversion) is skipped, counted in ``skipped_values`` and logged as a warning on the
+    ``monitor_bus`` logger, at most once per key every 10 seconds; the rest of the event is
+    written.
 
     Args:
         path: the file to append to; its directory must exist.
@@ -72,6 +85,9 @@ class JsonlEventHandler:
         self._lock = threading.Lock()
         self._pending: list[str] = []
         self._written = 0
+        self._skips = SkipReporter(f"JsonlEventHandler({self._path!r})")
+        #: Values skipped because they cannot be written (ints too long for decimal text).
+        self.skipped_values = 0
         # O_APPEND without Python's "a" mode, which seeks and so refuses pipes (/dev/stdout).
         fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         try:
@@ -97,13 +113,16 @@ class JsonlEventHandler:
         return self._written
 
     def __call__(self, event: Event) -> None:
-        line = _encode(
-            {
-                "name": event.name,
-                "timestamp": _timestamp(event.timestamp),
-                "data": {k: _value(v) for k, v in event.data.items()},
-            }
-        )
+        record = {
+            "name": event.name,
+            "timestamp": _timestamp(event.timestamp),
+            "data": {k: _value(v) for k, v in event.data.items()},
+        }
+        try:
+            line = _encode(record)
+        except ValueError:  # an int over the digit limit of int-to-text conversion
+            record["data"] = self._writable(event)
+            line = _encode(record)
         with self._lock:
             if self._file.closed:
                 raise ValueError(f"JsonlEventHandler({self._path!r}) is closed")
@@ -114,13 +133,39 @@ class JsonlEventHandler:
         with self._lock:
             self._flush_locked()
 
+    def _writable(self, event: Event) -> dict[str, Any]:
+        """The event's data without the values that cannot be encoded, each counted."""
+        kept = {}
+        limit = sys.get_int_max_str_digits()
+        for key, value in event.data.items():
+            value = _value(value)
+            try:
+                _encode(value)
+            except ValueError:
+                self.skipped_values += 1
+                self._skips.report(
+                    "out_of_range",
+                    (event.name, key),
+                    f"data[{key!r}] of event {event.name!r} is an int too long to write as "
+                    f"decimal text (sys.get_int_max_str_digits() is {limit})",
+                    self.skipped_values,
+                )
+            else:
+                kept[key] = value
+        return kept
+
     def _flush_locked(self) -> None:
         pending = self._pending
         if not pending or self._file.closed:
             return
         self._pending = []
         pending.append("")
-        self._file.write("\n".join(pending).encode("utf-8"))
+        text = "\n".join(pending)
+        try:
+            raw = text.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates: only inside JSON strings, so escape them
+            raw = _LONE_SURROGATE.sub(_escape, text).encode("utf-8")
+        self._file.write(raw)
         self._file.flush()
         self._written += len(pending) - 1
 
@@ -153,6 +198,10 @@ def _timestamp(ts: datetime) -> str:
     if ts.utcoffset() is None:
         ts = ts.astimezone()  # naive: local time
     return ts.isoformat()
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
 
 
 def _value(v: Any) -> Any:

@@ -306,3 +306,51 @@ def test_flush_is_safe_from_another_thread(tmp_path: Path) -> None:
     thread.join()
     handler.close()
     assert [e.data["i"] for e in read_jsonl(path)] == list(range(5000))
+
+
+def test_int_too_long_for_text_is_skipped_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An int over Python's int-to-text digit limit is skipped and counted; the event is written."""
+    import sys
+
+    monkeypatch.setattr("monitor_bus._skipped._clock", lambda: 100.0)
+    path = tmp_path / "run.jsonl"
+    with JsonlEventHandler(path) as handler:
+        handler(Event("a", T0, {"big": 10**5000, "ok": 1, "limit": 10**4299, "nan": math.nan}))
+        handler(Event("a", T0, {"big": -(10**5000)}))
+        handler(Event("b", T0, {"n": 2}))
+    assert [d["data"] for d in lines(path)] == [
+        {"ok": 1, "limit": 10**4299, "nan": {"$float": "NaN"}},
+        {},
+        {"n": 2},
+    ]
+    assert (handler.written, handler.skipped_values) == (3, 2)
+    limit = sys.get_int_max_str_digits()
+    assert [r.getMessage() for r in caplog.records if r.name == "monitor_bus"] == [
+        f"JsonlEventHandler({str(path)!r}): data['big'] of event 'a' is an int too long to "
+        f"write as decimal text (sys.get_int_max_str_digits() is {limit}): skipped (1 so far; "
+        "repeats of this key are logged at most every 10 s)"
+    ]
+
+
+def test_lone_surrogates_are_written_as_escapes_and_read_back(tmp_path: Path) -> None:
+    """Text holding lone surrogates (os.fsdecode of a non-UTF-8 file name) is written as \\u
+    escapes, so the batch around it is written and the file stays UTF-8."""
+    path = tmp_path / "run.jsonl"
+    logged = [
+        Event("before", T0, {"n": 1}),
+        Event("odd\udc80", T0, {"path\ud800": "run\udcff.bin", "n": 2}),
+        Event("after", T0, {"n": 3}),
+    ]
+    with JsonlEventHandler(path) as handler:
+        for event in logged:
+            handler(event)
+        handler.flush()
+        assert handler.written == 3
+    text = path.read_bytes().decode("utf-8")
+    assert text.splitlines()[1] == (
+        '{"name":"odd\\udc80","timestamp":"2026-03-01T12:00:00.123456+00:00",'
+        '"data":{"path\\ud800":"run\\udcff.bin","n":2}}'
+    )
+    assert read_jsonl(path) == logged
