@@ -34,6 +34,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         name="tensorboard",
     ) from exc
 
+from ._skipped import INT64_MAX, INT64_MIN, is_utf8
+
 if TYPE_CHECKING:
     from types import TracebackType
 
@@ -128,6 +130,8 @@ class SummaryWriter:
 
         Raises:
             TypeError: ``tag`` is not a str, or ``scalar_value`` is not a real number.
+            ValueError: ``tag`` is not valid UTF-8 (holds a lone surrogate), ``scalar_value``
+                is an int beyond float64's range, or ``global_step`` is outside int64.
             RuntimeError: the writer is closed.
         """
         value = _summary_value(tag, scalar_value, new_style, double_precision)
@@ -152,6 +156,7 @@ class SummaryWriter:
         Raises:
             TypeError: ``main_tag`` is not a str, ``tag_scalar_dict`` not a mapping, or a
                 value not a real number.
+            ValueError: as for ``add_scalar``.
             RuntimeError: the writer is closed.
         """
         if not isinstance(tag_scalar_dict, Mapping):
@@ -213,12 +218,16 @@ class SummaryWriter:
 def _summary_value(tag: Any, scalar_value: Any, new_style: bool, double_precision: bool) -> Any:
     if not isinstance(tag, str):
         raise TypeError(f"tag must be a str, not {type(tag).__name__}")
+    if not is_utf8(tag):
+        raise ValueError(f"tag {tag!r} is not valid UTF-8, which event files need")
     try:
         value = float(scalar_value)
     except (TypeError, ValueError):
         raise TypeError(
             f"scalar_value must be a real number, not {type(scalar_value).__name__}"
         ) from None
+    except OverflowError:
+        raise ValueError("scalar_value is an int beyond float64's range") from None
     if not new_style:
         return summary_pb2.Summary.Value(tag=tag, simple_value=value)
     if double_precision:
@@ -240,9 +249,12 @@ def _event(value: Any, global_step: Any, walltime: float | None) -> Any:
         if isinstance(global_step, bool):
             raise TypeError("global_step must be an int, not bool")
         try:
-            event.step = int(global_step.__index__())
+            step = int(global_step.__index__())
         except (AttributeError, TypeError):
             raise TypeError(
                 f"global_step must be an int, not {type(global_step).__name__}"
             ) from None
+        if not INT64_MIN <= step <= INT64_MAX:
+            raise ValueError(f"global_step {step} is outside int64, the event file's step type")
+        event.step = step
     return event

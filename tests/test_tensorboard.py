@@ -377,3 +377,26 @@ def test_step_outside_int64_is_not_a_step(tmp_path: Path) -> None:
     assert scalars(acc, "step") == [(0, t, f32(2.0**63))]
     assert scalars(acc, "x.mean") == [(0, t, 1.0), (-(2**63), t + 1, 2.0)]
     assert handler.skipped_values == 0
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda w: w.add_scalar("x", 2**1100), ValueError, "scalar_value .* float64"),
+        (lambda w: w.add_scalar("x", 1.0, global_step=2**63), ValueError, "global_step .* int64"),
+        (lambda w: w.add_scalar("x\ud800", 1.0), ValueError, "tag .* UTF-8"),
+        (lambda w: w.add_scalars("m\ud800", {"a": 1.0}), ValueError, "tag .* UTF-8"),
+        (lambda w: w.add_scalars("m", {"a": -(2**1100)}), ValueError, "scalar_value"),
+    ],
+)
+def test_writer_values_out_of_range_raise_naming_the_argument(
+    tmp_path: Path, call: Any, error: type[Exception], match: str
+) -> None:
+    """A value, step or tag the event file cannot hold is a ValueError naming it; nothing is written."""
+    with SummaryWriter(tmp_path) as writer:
+        with pytest.raises(error, match=match):
+            call(writer)
+        writer.add_scalar("ok", 1.0, global_step=2**63 - 1)
+    acc = load(tmp_path)
+    assert acc.Tags()["scalars"] == ["ok"]
+    assert [step for step, _, _ in scalars(acc, "ok")] == [2**63 - 1]
