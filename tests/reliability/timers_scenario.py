@@ -1,8 +1,9 @@
-"""The timers-at-scale scenario, run in a fresh interpreter by test_reliability_timers.py.
+"""The timers-at-scale scenarios of test_reliability_timers.py.
 
-A child process measures the package, not the test process: by the time the whole suite gets
-here, the pytest process holds torch and the garbage of earlier tests, whose collector pauses
-would land in this measurement.
+``run`` measures lateness in a fresh interpreter: a child process measures the package, not
+the test process, which by the time the whole suite gets here holds torch and the garbage of
+earlier tests, whose collector pauses would land in this measurement. ``run_exact`` checks
+only what must hold however late the timer is, so it runs in the test process.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 import threading
 import time
 from array import array
+from collections import defaultdict
 from datetime import timedelta
 from typing import Any
 
@@ -117,6 +119,66 @@ def run() -> dict[str, Any]:
             "clean_not_logged": len({p for p, clean in added.items() if clean} - seen),
             "earliest": lateness[0],
             "latest": lateness[-1],
+        }
+    finally:
+        bus.close(timeout=30)
+
+
+class _Counting:
+    """Records each Stat event as (value of MAX, COUNT) per Stat, and lets a caller wait for a total."""
+
+    def __init__(self) -> None:
+        self.by_stat: defaultdict[str, list[tuple[float, int]]] = defaultdict(list)
+        self.total = 0
+        self.cv = threading.Condition()
+
+    def __call__(self, event: Event) -> None:
+        ((key, top), (_, count)) = event.data.items()
+        with self.cv:
+            self.by_stat[key[: key.index(".")]].append((top, count))
+            self.total += count
+            self.cv.notify_all()
+
+    def wait_total(self, n: int, timeout: float) -> bool:
+        with self.cv:
+            return self.cv.wait_for(lambda: self.total >= n, timeout)
+
+
+def run_exact(stats: int = STATS, rounds: int = 6, timeout: float = 60.0) -> dict[str, Any]:
+    """Round k adds the value k once to every other Stat, then waits (no add meanwhile) until
+    the timer alone has logged every add so far; return what was logged and what was expected.
+
+    No assertion here depends on how late the timer is: each wait is on a condition, and
+    because no add happens while waiting, each round's adds land in windows of their own.
+    """
+    events = _Counting()
+    bus = EventBus(capacity=10 * stats, name="timers-exact")
+    try:
+        bus.register_event_handler(events, name="collect")
+        live = [
+            Stat(f"s{i}", [Aggregation.MAX, Aggregation.COUNT], timedelta(seconds=WINDOW), bus=bus)
+            for i in range(stats)
+        ]
+        expected: dict[str, list[tuple[float, int]]] = {}
+        added = 0
+        timed_out_rounds = 0
+        deadline = time.monotonic() + timeout  # for the whole run, so a stuck timer fails fast
+        for k in range(1, rounds + 1):
+            for i in range(k % 2, stats, 2):
+                live[i].add(k)
+                expected.setdefault(f"s{i}", []).append((float(k), 1))
+            added += len(range(k % 2, stats, 2))
+            timed_out_rounds += not events.wait_total(added, max(0.0, deadline - time.monotonic()))
+        assert bus.flush(timeout=timeout)
+        (h,) = bus.stats()["handlers"]
+        return {
+            "expected": expected,
+            "logged": dict(events.by_stat),
+            "rounds": rounds,
+            "added": added,
+            "counted": events.total,
+            "dropped": h["dropped"],
+            "timed_out_rounds": timed_out_rounds,
         }
     finally:
         bus.close(timeout=30)
