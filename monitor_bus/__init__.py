@@ -7,6 +7,7 @@ import contextlib as _contextlib
 
 from ._bus import EventBus as EventBus
 from ._default import aflush as aflush
+from ._default import configure_default_bus as configure_default_bus
 from ._default import flush as flush
 from ._default import get_default_bus as get_default_bus
 from ._default import log_event as log_event
@@ -22,19 +23,24 @@ from ._jsonl import read_jsonl as read_jsonl
 from ._stat import STAT_EVENT as STAT_EVENT
 from ._stat import Aggregation as Aggregation
 from ._stat import Stat as Stat
+from ._subscription import EventFilter as EventFilter
+from ._subscription import Subscription as Subscription
 from ._tensorboard_handler import TensorboardEventHandler as TensorboardEventHandler
 
 __all__ = [
     "Aggregation",
     "Event",
     "EventBus",
+    "EventFilter",
     "EventHandler",
     "EventHandlerHandle",
     "JsonlEventHandler",
     "STAT_EVENT",
     "Stat",
+    "Subscription",
     "TensorboardEventHandler",
     "aflush",
+    "configure_default_bus",
     "data_value_t",
     "flush",
     "get_default_bus",

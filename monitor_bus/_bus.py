@@ -13,33 +13,33 @@ Guarantees
   handler runs on a daemon thread of its own, so a slow one delays nobody else. The loop side
   lives in ``_dispatcher.py``, with its own guarantees.
 - Overflow: the queue and each handler's backlog hold at most ``capacity`` events; past that
-  the policy drops the newest or the oldest (counted per handler and in ``stats()``) or, for
-  ``"block"``, holds the producer back; under ``"block"`` a Stat window is queued past the
-  capacity rather than dropped (at most one per Stat per window). Memory stays bounded.
-- Fork: the child gets a fresh, stopped dispatcher, an empty queue and the same handlers; the
-  dispatcher starts again on the first event the child logs. Open Stat windows are left to the
-  parent.
-- Exit: at interpreter exit (``atexit``) and at the end of a ``multiprocessing`` child (its
-  finalizers), open Stat windows are logged and every bus is closed within its
-  ``exit_timeout``. Nothing starts a thread there.
+  the policy drops the newest or the oldest or, for ``"block"``, holds the producer back. Every
+  drop is counted (per handler and in ``stats()``) and reported on the ``monitor_bus`` logger
+  at most once per 10 s per bus and per handler, naming them and the count. A Stat window is
+  never dropped, under any policy: it is queued past the capacity (at most one per Stat per
+  window). The queue's protocol is in ``_queue.py``.
+- Handlers never share data: each gets its own ``Event`` and its own copy of ``data``.
+- Fork and exit: see ``_lifecycle.py``. Every wait (``flush``, ``close``, leaving a ``with``
+  block, exit) is bounded by its timeout; ``math.inf`` means no limit.
 """
 
 from __future__ import annotations
 
 import logging
-import weakref
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 
+from ._check import check_int, check_timeout, wrong_type
 from ._dispatcher import Dispatcher, _deadline, _remaining, _TimedOut
 from ._event import Event
-from ._handler import EventHandler, EventHandlerHandle, _Handler, _Item, in_bus_thread
+from ._handler import EventHandler, EventHandlerHandle, _Handler
+from ._lifecycle import in_bus_thread, process
+from ._queue import _Item
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from ._stat import Stat
     from ._subscription import EventFilter, Subscription
 
 logger = logging.getLogger("monitor_bus")
@@ -47,8 +47,6 @@ logger = logging.getLogger("monitor_bus")
 Overflow = Literal["drop_newest", "drop_oldest", "block"]
 _OVERFLOWS = ("drop_newest", "drop_oldest", "block")
 _T = TypeVar("_T")
-
-_all_buses: weakref.WeakSet[EventBus] = weakref.WeakSet()
 
 
 class EventBus(Dispatcher):
@@ -63,10 +61,12 @@ class EventBus(Dispatcher):
         overflow: what ``log_event`` does when the queue is full: ``"drop_newest"`` (the
             default), ``"drop_oldest"`` or ``"block"`` (wait up to ``block_timeout`` seconds,
             then drop the newest).
-        block_timeout: seconds ``log_event`` may wait under ``"block"``; None waits as long
-            as it takes.
-        exit_timeout: seconds the bus may take at interpreter exit to deliver what is queued.
-        name: shown in thread names and ``repr``.
+        block_timeout: seconds ``log_event`` may wait under ``"block"``; None (or
+            ``math.inf``) waits as long as it takes.
+        exit_timeout: seconds the bus may take to deliver what is queued at interpreter exit
+            and when a ``with`` / ``async with`` block using it ends; ``math.inf`` waits as
+            long as it takes. Handlers still busy then are cut off, and named in a warning.
+        name: shown in thread names, logs and ``repr``.
 
     Raises:
         TypeError, ValueError: an argument is invalid (the message names it).
@@ -91,23 +91,18 @@ class EventBus(Dispatcher):
         *,
         name: str = "bus",
     ) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int):
-            raise TypeError(f"capacity must be an int, not {type(capacity).__name__}")
-        if capacity < 1:
-            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self._capacity = check_int("capacity", capacity, 1)
         if overflow not in _OVERFLOWS:
             raise ValueError(f"overflow must be one of {', '.join(_OVERFLOWS)}; got {overflow!r}")
-        _check_timeout("block_timeout", block_timeout)
-        _check_timeout("exit_timeout", exit_timeout, allow_none=False)
-        self._capacity = capacity
-        self._limit = 3 * capacity  # the queue holds three slots per event
         self._overflow = overflow
-        self._block_timeout = block_timeout
-        self._exit_timeout = exit_timeout
+        self._block_timeout = check_timeout("block_timeout", block_timeout)
+        self._exit_timeout = check_timeout("exit_timeout", exit_timeout, allow_none=False)
+        if not isinstance(name, str):
+            raise wrong_type("name", "a str", name)
         self._name = name
-        self._stat_groups: dict[float, weakref.WeakSet[Stat]] = {}
+        self._stat_groups = {}
         self._init_runtime()
-        _all_buses.add(self)
+        process.buses.add(self)
 
     # -- the caller's side --
 
@@ -121,64 +116,29 @@ class EventBus(Dispatcher):
             TypeError: ``event`` is not an ``Event``.
         """
         if event.__class__ is not Event and not isinstance(event, Event):
-            raise TypeError(f"event must be an Event, not {type(event).__name__}")
+            raise wrong_type("event", "a monitor_bus.Event", event)
         if not self._handlers:
             return
-        # Queued flat, as three slots, so no per-event object the GC tracks is kept: a
-        # backlog of tracked objects triggers full collections, which rescan the whole heap
-        # (80 ms each in a process that has imported torch). Each handler gets an Event
+        # Queued flat, as three slots (see _queue for the protocol). Each handler gets an Event
         # rebuilt from the slots, as torch.monitor builds one per handler call.
         item = (event.name, event.timestamp, event.data)
         queue = self._queue
-        if len(queue) < self._limit:
-            queue.extend(item)  # one C call: atomic with respect to other producers
+        slots = queue.slots
+        if len(slots) < queue.limit:
+            slots.extend(item)  # one C call: atomic with respect to other producers
         else:
-            self._overflowed(item)
+            queue.put_full(item)
         if self._idle:
             self._wake()
 
-    def _log_nowait(self, item: _Item) -> None:
-        """``log_event`` for Stat windows: never blocks (the timer runs on the loop).
-
-        Under ``"block"`` a window is queued past the capacity instead of dropped: the policy
-        promises no loss, and a window may summarize millions of samples. The excess is at most
-        one event per Stat per window.
-        """
+    def _log_window(self, item: _Item) -> None:
+        """``log_event`` for Stat windows: never blocks (the timer runs on the loop) and never
+        drops, whatever the policy: a window may summarize millions of samples."""
         if not self._handlers:
             return
-        if len(self._queue) < self._limit or self._overflow == "block":
-            self._queue.extend(item)
-        else:
-            self._drop_one(item)
+        self._queue.put_window(item)
         if self._idle:
             self._wake()
-
-    def _overflowed(self, event: _Item) -> None:
-        if self._overflow == "block" and not in_bus_thread():
-            with self._space:
-                self._blocked += 1
-                try:
-                    if (
-                        self._space.wait_for(
-                            lambda: len(self._queue) < self._limit or self._closed,
-                            self._block_timeout,
-                        )
-                        and not self._closed
-                    ):
-                        self._queue.extend(event)
-                        return
-                finally:
-                    self._blocked -= 1
-        self._drop_one(event)
-
-    def _drop_one(self, event: _Item) -> None:
-        with self._space:
-            if self._overflow == "drop_oldest" and self._queue:
-                # Under _space, as the dispatcher's pops are: the slots of one event stay together.
-                pop = self._queue.popleft
-                pop(), pop(), pop()
-                self._queue.extend(event)
-            self._dropped += 1
 
     # -- registration --
 
@@ -207,12 +167,12 @@ class EventBus(Dispatcher):
             RuntimeError: the bus is closed.
         """
         if not callable(callback):
-            raise TypeError(f"callback must be callable, not {type(callback).__name__}")
+            raise wrong_type("callback", "callable", callback)
         keyed = name is not None
         if name is None:
             name = getattr(callback, "__qualname__", None) or type(callback).__qualname__
         elif not isinstance(name, str):
-            raise TypeError(f"name must be a str, not {type(name).__name__}")
+            raise wrong_type("name", "a str", name)
         handler = _Handler(self, callback, name, keyed=keyed)
         with self._lock:
             if self._closed:
@@ -248,11 +208,11 @@ class EventBus(Dispatcher):
             ValueError: ``handle`` belongs to another bus.
         """
         if not isinstance(handle, EventHandlerHandle):
-            raise TypeError(f"handle must be an EventHandlerHandle, not {type(handle).__name__}")
+            raise wrong_type("handle", "a monitor_bus.EventHandlerHandle", handle)
         handler = handle._handler
         if handler.bus is not self:
             raise ValueError("handle was returned by another bus")
-        _check_timeout("timeout", timeout)
+        timeout = check_timeout("timeout", timeout)
         if not handler.registered:
             return True
         deadline = _deadline(timeout)
@@ -276,17 +236,20 @@ class EventBus(Dispatcher):
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every event logged before the call has reached every handler.
 
+        Args:
+            timeout: seconds to wait; None or ``math.inf`` waits as long as it takes.
+
         Returns:
             True when done, False if ``timeout`` seconds passed first.
 
         Raises:
             RuntimeError: called from inside a handler (it would wait on itself).
         """
-        _check_timeout("timeout", timeout)
+        timeout = check_timeout("timeout", timeout)
         if in_bus_thread():
             raise RuntimeError("flush() cannot be called from inside an event handler")
-        if self._loop is None:
-            return not self._queue
+        if not self._ensure_running():
+            return not self._queue.slots
         deadline = _deadline(timeout)
         try:
             targets = self._in_loop(self._drain_targets, timeout=timeout)
@@ -296,51 +259,91 @@ class EventBus(Dispatcher):
 
     async def aflush(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109 - mirrors flush
         """``flush`` for async callers: waits on a worker thread, not the caller's loop."""
-        _check_timeout("timeout", timeout)
+        timeout = check_timeout("timeout", timeout)
         if in_bus_thread():
             raise RuntimeError("aflush() cannot be called from inside an event handler")
         return await anyio.to_thread.run_sync(self.flush, timeout, abandon_on_cancel=True)
+
+    def _ensure_running(self) -> bool:
+        """Start the dispatcher if handlers wait for it (after a fork, or a failed restart);
+        return whether it runs. A failure to start is logged, never raised."""
+        if self._loop is None and self._handlers:
+            with self._lock:
+                if self._loop is None and self._handlers and not self._closed:
+                    try:
+                        self._start_locked()
+                    except Exception:
+                        logger.exception("%r: the dispatcher could not start", self)
+        return self._loop is not None
 
     def close(self, timeout: float | None = None) -> bool:
         """Log the open windows of this bus's Stats, deliver what is queued, detach every
         handler and stop the dispatcher thread.
 
-        Idempotent; later ``log_event`` calls are no-ops and registration raises.
+        Idempotent; later ``log_event`` calls are no-ops and registration raises. Handlers
+        that have not finished within ``timeout`` are cut off: what they did not get is
+        counted as dropped for them and named in a warning.
+
+        Args:
+            timeout: seconds to wait; None or ``math.inf`` waits as long as it takes.
 
         Returns:
             True if everything was delivered and every thread stopped within ``timeout``.
         """
-        _check_timeout("timeout", timeout)
+        timeout = check_timeout("timeout", timeout)
         if in_bus_thread():
             raise RuntimeError("close() cannot be called from inside an event handler")
         deadline = _deadline(timeout)
         if not self._closed:
-            for group in list(self._stat_groups.values()):
-                for stat in list(group):
-                    stat._close()
+            for stat in self._stats():
+                stat._close()
+            self._ensure_running()
         with self._lock:
             self._closed = True
-        with self._space:
-            self._space.notify_all()
+        self._queue.close()
         try:
             targets = self._in_loop(self._detach_all, timeout=timeout)
         except _TimedOut:
+            logger.warning(
+                "EventBus %r: close() gave up after %s s: the dispatcher did not respond",
+                self._name,
+                timeout,
+            )
             return False
         # The handlers settle concurrently: one stuck handler does not eat the others' time.
         settled = [h.wait_settled(target, _remaining(deadline)) for h, target in targets]
-        for (handler, _), done in zip(targets, settled, strict=True):
+        unfinished = []
+        for (handler, target), done in zip(targets, settled, strict=True):
             if not done:
                 handler.cut = True
+                unfinished.append(f"{handler.name!r} ({target - handler.settled} undelivered)")
             handler.stop()
         stopped = [h.wait_stopped(_remaining(deadline)) for h, _ in targets]
-        if self._queue and self._loop is None:
-            lost = len(self._queue) // 3
-            self._queue.clear()
-            self._dropped += lost
+        if unfinished:
             logger.warning(
-                "%r closed with %d undelivered events (dispatcher not running)", self, lost
+                "EventBus %r: %d handler(s) still busy after %s s, cut off: %s",
+                self._name,
+                len(unfinished),
+                timeout,
+                ", ".join(unfinished),
             )
-        return self._stop(deadline) and all(settled) and all(stopped)
+        if self._queue.slots and self._loop is None:
+            lost = self._queue.discard()
+            logger.warning(
+                "EventBus %r closed with %d undelivered events (dispatcher not running)",
+                self._name,
+                lost,
+            )
+        self._report_drops([h for h, _ in targets], final=True)
+        if not self._stop(deadline):
+            logger.warning(
+                "EventBus %r: the dispatcher did not stop within %s s (an async handler "
+                "blocks its loop?)",
+                self._name,
+                timeout,
+            )
+            return False
+        return all(settled) and all(stopped)
 
     def __enter__(self) -> EventBus:
         return self
@@ -351,7 +354,8 @@ class EventBus(Dispatcher):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        """Close the bus within ``exit_timeout``, as at interpreter exit."""
+        self._close_at_exit()
 
     async def __aenter__(self) -> EventBus:
         return self
@@ -362,7 +366,8 @@ class EventBus(Dispatcher):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await anyio.to_thread.run_sync(self.close)
+        """Close the bus within ``exit_timeout``, on a worker thread."""
+        await anyio.to_thread.run_sync(self._close_at_exit, abandon_on_cancel=True)
 
     @property
     def closed(self) -> bool:
@@ -378,15 +383,17 @@ class EventBus(Dispatcher):
         (events logged while it was registered), ``delivered``, ``errors``, ``dropped`` and
         ``pending``. For each handler, ``logged == delivered + dropped + pending``.
         """
-        queued = len(self._queue) // 3
-        dropped = self._dropped
+        queue = self._queue
+        queued = len(queue)
+        dropped = queue.dropped
         handlers = [h.snapshot(queued, dropped) for h in self._handlers]
         return {
-            "logged": self._consumed + queued + dropped,
+            "logged": queue.consumed + queued + dropped,
             "dropped": dropped,
             "queued": queued,
             "handler_errors": self._errors,
             "handler_dropped": sum(h["dropped"] for h in handlers),
+            "dispatcher_restarts": self._restarts,
             "handlers": handlers,
         }
 
@@ -395,15 +402,11 @@ class EventBus(Dispatcher):
         return f"<EventBus {self._name!r} {state}, {len(self._handlers)} handlers>"
 
     def _close_at_exit(self) -> None:
-        if self._loop is None and not self._queue:
+        """Close within ``exit_timeout`` (interpreter exit, a ``with`` block's end)."""
+        if self._loop is None and not self._queue.slots:
             self._closed = True
             return
-        if not self.close(self._exit_timeout):
-            logger.warning(
-                "%r: not every event was delivered within exit_timeout=%gs",
-                self,
-                self._exit_timeout,
-            )
+        self.close(self._exit_timeout)  # what it could not deliver, it names in a warning
 
     # -- subscriptions --
 
@@ -440,14 +443,3 @@ class EventBus(Dispatcher):
         from ._subscription import subscribe
 
         return subscribe(self, name, buffer)
-
-
-def _check_timeout(name: str, value: float | None, *, allow_none: bool = True) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"{name} must be a number of seconds{' or None' if allow_none else ''}, not {type(value).__name__}"
-        )
-    if not value >= 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")

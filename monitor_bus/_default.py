@@ -1,43 +1,120 @@
-"""The default bus behind the module-level functions, and the process-wide hooks."""
+"""The default bus behind the module-level functions, and how to configure it."""
 
 from __future__ import annotations
 
-import atexit
-import logging
 import os
-import threading
+from typing import Any
 
-from . import _bus, _handler, _stat
-from ._bus import EventBus
+from ._bus import _OVERFLOWS, EventBus, Overflow
+from ._check import check_int, check_timeout, wrong_type
 from ._event import Event
 from ._handler import EventHandler, EventHandlerHandle
+from ._lifecycle import process
 from ._subscription import EventFilter, Subscription
 
-logger = logging.getLogger("monitor_bus")
+# Environment variables read when the default bus is made, and the EventBus argument each sets.
+_ENVIRONMENT = {
+    "MONITOR_BUS_CAPACITY": "capacity",
+    "MONITOR_BUS_OVERFLOW": "overflow",
+    "MONITOR_BUS_BLOCK_TIMEOUT": "block_timeout",
+    "MONITOR_BUS_EXIT_TIMEOUT": "exit_timeout",
+}
 
-_default_bus: EventBus | None = None
-_default_lock = threading.Lock()
+
+def configure_default_bus(
+    *,
+    capacity: int | None = None,
+    overflow: Overflow | None = None,
+    block_timeout: float | None = None,
+    exit_timeout: float | None = None,
+) -> None:
+    """Set the default bus's settings before its first use; see ``EventBus`` for each.
+
+    An argument left as None keeps its environment variable's value, if set
+    (``MONITOR_BUS_CAPACITY``, ``MONITOR_BUS_OVERFLOW``, ``MONITOR_BUS_BLOCK_TIMEOUT``,
+    ``MONITOR_BUS_EXIT_TIMEOUT``; a timeout of ``inf`` or ``none`` means no limit), or else
+    the ``EventBus`` default. Arguments are checked now.
+
+    Raises:
+        RuntimeError: the default bus already exists (it was used: a handler was registered,
+            a Stat made, ``get_default_bus()`` called).
+        TypeError, ValueError: an argument is invalid (the message names it).
+
+    Example:
+        ```python
+        import monitor_bus
+        monitor_bus.configure_default_bus(capacity=1_000_000, overflow="block")
+        ```
+    """
+    settings: dict[str, Any] = {
+        "capacity": capacity,
+        "overflow": overflow,
+        "block_timeout": block_timeout,
+        "exit_timeout": exit_timeout,
+    }
+    settings = {key: value for key, value in settings.items() if value is not None}
+    EventBus(**settings, name="configure_default_bus check")  # the arguments' own checks
+    with process.default_lock:
+        if process.default_bus is not None:
+            raise RuntimeError(
+                "the default bus already exists: call configure_default_bus() before the first"
+                " register_event_handler(), Stat() or get_default_bus()"
+            )
+        process.default_settings = settings
+
+
+def _from_environment() -> dict[str, Any]:
+    """The default bus's settings from the environment; a bad value names its variable."""
+    settings: dict[str, Any] = {}
+    for variable, argument in _ENVIRONMENT.items():
+        text = os.environ.get(variable, "").strip()
+        if not text:
+            continue
+        try:
+            if argument == "capacity":
+                settings[argument] = check_int(argument, int(text), 1)
+            elif argument == "overflow":
+                if text not in _OVERFLOWS:
+                    raise ValueError(f"must be one of {', '.join(_OVERFLOWS)}")
+                settings[argument] = text
+            elif text.lower() in ("none", "inf", "infinity"):
+                settings[argument] = None if argument == "block_timeout" else float("inf")
+            else:
+                settings[argument] = check_timeout(argument, float(text), allow_none=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"environment variable {variable}={text!r} is invalid: {exc}"
+            ) from None
+    return settings
 
 
 def get_default_bus() -> EventBus:
     """The bus the module-level functions use, made on first use (its thread starts later,
-    with its first handler)."""
-    global _default_bus
-    bus = _default_bus
+    with its first handler).
+
+    Its settings come from ``configure_default_bus()``, else from the environment variables
+    ``MONITOR_BUS_CAPACITY``, ``MONITOR_BUS_OVERFLOW``, ``MONITOR_BUS_BLOCK_TIMEOUT`` and
+    ``MONITOR_BUS_EXIT_TIMEOUT``, else the ``EventBus`` defaults.
+
+    Raises:
+        ValueError: an environment variable holds an invalid value (the message names it).
+    """
+    bus = process.default_bus
     if bus is None:
-        with _default_lock:
-            if _default_bus is None:
-                _default_bus = EventBus(name="default")
-            bus = _default_bus
+        with process.default_lock:
+            if process.default_bus is None:
+                settings = {**_from_environment(), **process.default_settings}
+                process.default_bus = EventBus(**settings, name="default")
+            bus = process.default_bus
     return bus
 
 
 def log_event(event: Event) -> None:
     """Queue ``event`` for every handler of the default bus; see ``EventBus.log_event``."""
-    bus = _default_bus
+    bus = process.default_bus
     if bus is None:
         if not isinstance(event, Event):
-            raise TypeError(f"event must be an Event, not {type(event).__name__}")
+            raise wrong_type("event", "a monitor_bus.Event", event)
         return  # no bus yet, so no handler
     bus.log_event(event)
 
@@ -52,7 +129,7 @@ def register_event_handler(
 def unregister_event_handler(handle: EventHandlerHandle, timeout: float | None = None) -> bool:
     """Unregister from the bus that returned ``handle``; see ``EventBus.unregister_event_handler``."""
     if not isinstance(handle, EventHandlerHandle):
-        raise TypeError(f"handle must be an EventHandlerHandle, not {type(handle).__name__}")
+        raise wrong_type("handle", "a monitor_bus.EventHandlerHandle", handle)
     return handle._handler.bus.unregister_event_handler(handle, timeout)
 
 
@@ -79,44 +156,9 @@ def subscribe(name: EventFilter = None, *, buffer: int = 1024) -> Subscription:
 
 
 def _reset_default_bus() -> None:
-    """Close the default bus and forget it (tests use this for a fresh start)."""
-    global _default_bus
-    with _default_lock:
-        bus, _default_bus = _default_bus, None
+    """Close the default bus and forget it and its configuration (tests: a fresh start)."""
+    with process.default_lock:
+        bus, process.default_bus = process.default_bus, None
+        process.default_settings = {}
     if bus is not None:
         bus.close(timeout=5.0)
-
-
-def _at_exit() -> None:
-    _stat._close_all_windows()
-    for bus in list(_bus._all_buses):
-        try:
-            bus._close_at_exit()
-        except Exception:
-            logger.exception("%r: error while closing at exit", bus)
-
-
-_mp_finalizer_pid: int | None = None
-
-
-def _finalize_with_multiprocessing() -> None:
-    """A multiprocessing child ends in ``os._exit``, past atexit; its finalizers still run."""
-    global _mp_finalizer_pid
-    if _mp_finalizer_pid != os.getpid():
-        from multiprocessing import util
-
-        util.Finalize(None, _at_exit, exitpriority=100)
-        _mp_finalizer_pid = os.getpid()
-
-
-def _after_fork_in_child() -> None:
-    global _default_lock
-    _default_lock = threading.Lock()
-    _handler._bus_threads.clear()
-    for bus in list(_bus._all_buses):
-        bus._after_fork_in_child()
-    _stat._after_fork_in_child()
-
-
-atexit.register(_at_exit)
-os.register_at_fork(after_in_child=_after_fork_in_child)

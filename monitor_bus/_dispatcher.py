@@ -27,9 +27,7 @@ import math
 import sys
 import threading
 import time
-import weakref
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime, timezone
@@ -38,7 +36,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from . import _stat
-from ._handler import _bus_threads, _Handler
+from ._handler import _Handler
+from ._lifecycle import WeakRegistry, process
+from ._queue import EventQueue
+from ._ratelimit import Throttle
 
 if TYPE_CHECKING:
     from ._stat import Stat
@@ -47,8 +48,6 @@ logger = logging.getLogger("monitor_bus")
 
 _T = TypeVar("_T")
 
-# Drops are reported by a warning at most once per this many seconds.
-_DROP_WARNING_INTERVAL = 10.0
 # After a wake-up the dispatcher waits this long before draining, so producers logging at a
 # high rate append to the queue without waking it again.
 _LINGER = 0.001
@@ -73,15 +72,15 @@ class Dispatcher:
 
     _capacity: int
     _overflow: str
+    _block_timeout: float | None
     _name: str
-    _exit_timeout: float
-    _stat_groups: dict[float, weakref.WeakSet[Stat]]
+    _exit_timeout: float | None
+    _stat_groups: dict[float, WeakRegistry[Stat]]
 
     def _init_runtime(self) -> None:
         """State that a forked child starts afresh."""
         self._lock = threading.Lock()  # start, stop and registration changes
-        self._space = threading.Condition(threading.RLock())  # producers blocked on a full queue
-        self._queue: deque[Any] = deque()  # name, timestamp, data, name, ...
+        self._queue = EventQueue(self._capacity, self._overflow, self._block_timeout)
         self._handlers: tuple[_Handler, ...] = ()  # published snapshot; replaced, never mutated
         self._idle = True  # True: the next log_event schedules a wake-up (or a start)
         self._thread: threading.Thread | None = None
@@ -94,11 +93,10 @@ class Dispatcher:
         self._stopping = False
         self._closed = False
         self._waiting_for_room = False
-        self._consumed = 0  # events taken off the queue by the dispatcher
-        self._dropped = 0  # events the queue turned away (no handler got them)
-        self._dropped_reported = 0
-        self._last_drop_warning = -math.inf
-        self._blocked = 0  # producers waiting for room
+        self._dropped_reported = 0  # the part of the queue's drops already in a warning
+        self._drop_throttle = Throttle()
+        self._restarts = 0  # times the dispatcher failed and was started again
+        self._unrun: set[Callable[[], None]] = set()  # _in_loop calls the loop has not run
         self._errors = 0
         self._errors_lock = threading.Lock()
         self._room: anyio.Event | None = None
@@ -142,11 +140,14 @@ class Dispatcher:
             self._stopping = True
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._set_stopped)
-            thread.join(_remaining(deadline))
-            if thread.is_alive():
-                return False
-            self._loop = self._thread = None
-            return True
+        # Joined without the lock: a failing dispatcher takes it on its way out.
+        thread.join(_remaining(deadline))
+        if thread.is_alive():
+            return False
+        with self._lock:
+            if self._thread is thread:
+                self._loop = self._thread = None
+        return True
 
     def _set_stopped(self) -> None:
         assert self._stopped is not None
@@ -164,27 +165,59 @@ class Dispatcher:
         ready.result()  # re-raises a failure to start
         self._thread = thread
         self._stopping = False
-        for handler in self._handlers:  # after a fork: the handlers' runners are gone
+        for handler in self._handlers:  # after a fork or a failure: runners that are gone
+            if handler.running:
+                continue
             if handler.is_async:
                 self._in_loop(self._start_async, handler)
             else:
                 handler.start_thread()
         if "multiprocessing" in sys.modules:
-            from ._default import _finalize_with_multiprocessing
-
-            _finalize_with_multiprocessing()
+            process.finalize_with_multiprocessing()
 
     def _thread_main(self, ready: Future[None]) -> None:
-        _bus_threads.add(threading.get_ident())
+        process.bus_threads.add(threading.get_ident())
+        failed = False
         try:
             anyio.run(self._main, ready, backend="asyncio")
         except BaseException as exc:
             if not ready.done():
                 ready.set_exception(exc)
             else:
-                logger.exception("%r: dispatcher stopped with an error", self)
+                failed = True
+                logger.critical(
+                    "%r: the dispatcher failed; it starts again now (failure %d)",
+                    self,
+                    self._restarts + 1,
+                    exc_info=exc,
+                )
         finally:
-            _bus_threads.discard(threading.get_ident())
+            process.bus_threads.discard(threading.get_ident())
+            # Calls scheduled on the loop that it never ran: nothing else runs them now.
+            for run in list(self._unrun):
+                run()
+        if failed:
+            self._restart_after_failure()
+
+    def _restart_after_failure(self) -> None:
+        """Start a new dispatcher in place of this failed one: delivery never ends quietly.
+
+        Events queued meanwhile wait in the queue; a handler whose task died with the loop has
+        its backlog counted as dropped (and reported). Should the start itself fail, the next
+        ``log_event``, ``flush`` or ``close`` tries again.
+        """
+        with self._lock:
+            if self._thread is not threading.current_thread():
+                return  # close() already gave up on this thread
+            self._loop = self._thread = self._task_group = None
+            self._restarts += 1
+            self._idle = True
+            if self._closed or self._stopping or not self._handlers:
+                return
+            try:
+                self._start_locked()
+            except Exception:
+                logger.exception("%r: the dispatcher could not start again", self)
 
     async def _main(self, ready: Future[None]) -> None:
         import asyncio
@@ -202,7 +235,6 @@ class Dispatcher:
             ready.set_result(None)
             await self._stopped.wait()
             self._drain(force=True)
-            self._report_drops(final=True)
             for handler in self._handlers:
                 handler.stop()
             tg.cancel_scope.cancel()
@@ -221,16 +253,18 @@ class Dispatcher:
         future: Future[_T] = Future()
 
         def run() -> None:
+            self._unrun.discard(run)
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(func(*args))
                 except BaseException as exc:
                     future.set_exception(exc)
 
+        self._unrun.add(run)
         try:
             loop.call_soon_threadsafe(run, context=self._loop_context)
         except RuntimeError:  # the loop has closed: nothing else runs these steps now
-            return func(*args)
+            run()
         try:
             return future.result(timeout)
         except FutureTimeout:
@@ -251,7 +285,7 @@ class Dispatcher:
                 if old.keyed and old.name == handler.name:
                     self._retire(old)
                     replaced = old
-        handler.bus_dropped_base = self._dropped
+        handler.bus_dropped_base = self._queue.dropped
         if handler.is_async and self._task_group is not None:
             self._start_async(handler)
         self._handlers = (*(h for h in self._handlers if h.registered), handler)
@@ -260,7 +294,7 @@ class Dispatcher:
     def _retire(self, handler: _Handler) -> int:
         """Mark ``handler`` unregistered (the caller republishes); return its delivery target."""
         handler.registered = False
-        handler.bus_dropped_end = self._dropped
+        handler.bus_dropped_end = self._queue.dropped
         return handler.offered
 
     def _publish_remove(self, handler: _Handler) -> int | None:
@@ -283,31 +317,23 @@ class Dispatcher:
     def _drain(self, *, force: bool = False) -> bool:
         """Move queued events to the handlers' inboxes; False if ``block`` left some queued."""
         queue = self._queue
-        n = len(queue) // 3
-        if not n:
-            self._report_drops()
-            return True
+        n = len(queue)
         handlers = self._handlers
-        overflow: str = self._overflow
-        if overflow == "block":
-            if not force and handlers:
-                n = min(n, min(self._capacity - h.backlog for h in handlers))
-            overflow = "force"  # room was made above, or a flush asks for everything
-        if n > 0:
-            with self._space:
-                pop = queue.popleft
-                batch = [pop() for _ in range(3 * n)]
-            self._consumed += n
-            for handler in handlers:
-                handler.push(batch, self._capacity, overflow)
-            if self._blocked:
-                with self._space:
-                    self._space.notify_all()
-        self._report_drops()
-        return not queue
+        if n:
+            overflow: str = self._overflow
+            if overflow == "block":
+                if not force and handlers:
+                    n = min(n, min(self._capacity - h.backlog for h in handlers))
+                overflow = "force"  # room was made above, or a flush asks for everything
+            if n > 0:
+                batch = queue.take(n)
+                for handler in handlers:
+                    handler.push(batch, self._capacity, overflow)
+        self._report_drops(handlers)
+        return not queue.slots
 
     async def _distribute(self) -> None:
-        queue = self._queue
+        queue = self._queue.slots
         while True:
             if not self._drain():
                 # "block": every handler's backlog is full; wait until one makes progress.
@@ -341,24 +367,36 @@ class Dispatcher:
         with self._errors_lock:
             self._errors += 1
 
-    def _report_drops(self, *, final: bool = False) -> None:
-        dropped = self._dropped
-        if dropped == self._dropped_reported:
-            return
-        now = time.monotonic()
-        if now - self._last_drop_warning < _DROP_WARNING_INTERVAL and not final:
-            return
-        logger.warning(
-            "%r: queue full (capacity %d, policy %s): %d events dropped since the last report, "
-            "%d in all",
-            self,
-            self._capacity,
-            self._overflow,
-            dropped - self._dropped_reported,
-            dropped,
-        )
-        self._dropped_reported = dropped
-        self._last_drop_warning = now
+    def _report_drops(self, handlers: Iterable[_Handler], *, final: bool = False) -> None:
+        """Warn about new drops, queue-side and per handler, at most once per interval each
+        (``final``: now, whatever the interval; for a bus or handler that is going away)."""
+        queue = self._queue
+        dropped = queue.dropped
+        if dropped != self._dropped_reported and (final or self._drop_throttle.ready()):
+            logger.warning(
+                "%r: queue full (capacity %d, policy %s): %d events dropped since the last "
+                "report, %d in all",
+                self,
+                self._capacity,
+                self._overflow,
+                dropped - self._dropped_reported,
+                dropped,
+            )
+            self._dropped_reported = dropped
+        for handler in handlers:
+            lost = handler.dropped
+            if lost != handler.dropped_reported and (final or self._drop_throttle.ready(handler)):
+                logger.warning(
+                    "%r: handler %r fell behind (backlog capacity %d, policy %s): %d events "
+                    "dropped since the last report, %d in all",
+                    self,
+                    handler.name,
+                    self._capacity,
+                    self._overflow,
+                    lost - handler.dropped_reported,
+                    lost,
+                )
+                handler.dropped_reported = lost
 
     # -- Stat windows on a timer --
 
@@ -366,16 +404,19 @@ class Dispatcher:
         window = stat._window
         with self._lock:
             group = self._stat_groups.get(window)
+            new = group is None
             if group is None:
-                group = self._stat_groups[window] = weakref.WeakSet()
-                new = True
-            else:
-                new = False
+                group = self._stat_groups[window] = WeakRegistry()
             group.add(stat)
             loop = self._loop
         if new and loop is not None:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._timers_changed_set)
+
+    def _stats(self) -> list[Stat]:
+        """This bus's live Stats."""
+        groups = list(self._stat_groups.values())  # one C call: atomic, no lock needed
+        return [stat for group in groups for stat in group.snapshot()]
 
     def _timers_changed_set(self) -> None:
         assert self._timers_changed is not None
@@ -387,21 +428,33 @@ class Dispatcher:
         while True:
             assert self._timers_changed is not None
             self._timers_changed = anyio.Event()
-            now = anyio.current_time()
-            for window, group in list(self._stat_groups.items()):
-                end = next_end.get(window)
-                if end is None or now >= end:
-                    if end is not None:
-                        stamp, clock = datetime.now(timezone.utc), _stat._clock()
-                        for stat in list(group):
-                            stat._close_on_timer(clock, stamp)
-                    next_end[window] = (math.floor(now / window) + 1) * window + _TIMER_SLACK
-            if not next_end:
+            wake_at = self._timer_pass(next_end)
+            if wake_at is None:
                 await self._timers_changed.wait()
                 continue
-            delay = min(next_end.values()) - anyio.current_time()
-            with anyio.move_on_after(max(delay, 0.0)):
+            with anyio.move_on_after(max(wake_at - _stat._clock(), 0.0)):
                 await self._timers_changed.wait()
+
+    def _timer_pass(self, next_end: dict[float, float]) -> float | None:
+        """Close the windows that are due by the Stat clock; return when the next one ends.
+
+        ``next_end`` maps each window size to the end of its current window (plus a slack, so
+        the window is surely over by its Stat's clock); a size seen for the first time is only
+        scheduled.
+        """
+        now = _stat._clock()
+        # One C call, atomic with respect to _watch_stat; never _lock, which a thread starting
+        # the dispatcher holds while it waits on this loop.
+        groups = list(self._stat_groups.items())
+        for window, group in groups:
+            end = next_end.get(window)
+            if end is None or now >= end:
+                if end is not None:
+                    stamp, clock = datetime.now(timezone.utc), _stat._clock()
+                    for stat in group.snapshot():
+                        stat._close_on_timer(clock, stamp)
+                next_end[window] = (math.floor(now / window) + 1) * window + _TIMER_SLACK
+        return min(next_end.values()) if next_end else None
 
     # -- fork and exit --
 

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Union
 
+from ._check import type_name, wrong_type
+
 data_value_t = Union[str, float, int, bool]  # noqa: UP007 - a runtime alias, as in torch
 """A value an event's ``data`` may hold: ``str``, ``float``, ``int`` or ``bool``."""
 
@@ -22,9 +24,10 @@ class Event:
     Args:
         name: what happened, for example ``"train.epoch"``.
         timestamp: when it happened (wall-clock time).
-        data: keys are strings; values are ``str``, ``int``, ``float`` or ``bool``. Other
-            scalars are converted through ``__index__`` (to ``int``) or ``__float__`` (to
-            ``float``), so numpy scalars are accepted; a numpy bool stays a ``bool``.
+        data: keys are strings; values are ``str``, ``int``, ``float`` or ``bool``. Numpy
+            scalars, and numpy arrays and torch tensors holding one element, are converted
+            to the Python value they hold (a bool stays a ``bool``); other scalars through
+            ``__index__`` (to ``int``) or ``__float__`` (to ``float``).
 
     Raises:
         TypeError: an argument has the wrong type; for ``data``, the message names the key.
@@ -48,13 +51,13 @@ class Event:
         if name.__class__ is not str:
             name = _check_str(name)
         if not isinstance(timestamp, datetime):
-            raise TypeError(f"timestamp must be a datetime, not {type(timestamp).__name__}")
+            raise wrong_type("timestamp", "a datetime", timestamp)
         if data.__class__ is dict:
             copied = data.copy()
         elif isinstance(data, Mapping):
             copied = dict(data)
         else:
-            raise TypeError(f"data must be a mapping, not {type(data).__name__}")
+            raise wrong_type("data", "a mapping", data)
         # The caller's hot path: a plain loop with identity checks beats set operations on
         # the small dicts events carry.
         for key, value in copied.items():
@@ -84,7 +87,7 @@ class Event:
 def _check_str(name: object) -> str:
     if isinstance(name, str):
         return str(name)
-    raise TypeError(f"name must be a str, not {type(name).__name__}")
+    raise wrong_type("name", "a str", name)
 
 
 def _normalize(data: dict[str, data_value_t]) -> None:
@@ -98,7 +101,28 @@ def _normalize(data: dict[str, data_value_t]) -> None:
         data[key] = _plain_value(key, data[key])
 
 
+def one_value(name: str, value: object) -> object:
+    """The Python scalar held by a one-element array, tensor or numpy scalar (via its
+    ``item()``); any other value unchanged.
+
+    Raises:
+        TypeError: ``value`` holds more than one element (or none); the message names ``name``.
+    """
+    if value.__class__ in _PLAIN or not callable(getattr(value, "item", None)):
+        return value
+    numel = getattr(value, "numel", None)
+    size = numel() if callable(numel) else getattr(value, "size", None)
+    if not isinstance(size, int):
+        return value
+    if size != 1:
+        raise TypeError(f"{name} must hold one value, not a {type_name(value)} of {size} elements")
+    return value.item()  # type: ignore[attr-defined]
+
+
 def _plain_value(key: str, value: object) -> data_value_t:
+    if value.__class__ in _PLAIN:
+        return value  # type: ignore[return-value]
+    value = one_value(f"data[{key!r}]", value)
     cls = value.__class__
     if cls in _PLAIN:
         return value  # type: ignore[return-value]
@@ -106,9 +130,6 @@ def _plain_value(key: str, value: object) -> data_value_t:
         return bool(value)
     if isinstance(value, str):
         return str(value)
-    dtype = getattr(value, "dtype", None)
-    if getattr(dtype, "kind", None) == "b":
-        return bool(value)
     if not isinstance(value, (bytes, bytearray, complex)):
         try:
             return operator.index(value)  # type: ignore[arg-type]
@@ -119,8 +140,4 @@ def _plain_value(key: str, value: object) -> data_value_t:
                 return float(value)  # type: ignore[arg-type]
             except (TypeError, ValueError, OverflowError):
                 pass
-    raise TypeError(
-        f"data[{key!r}] must be str, int, float or bool, not {cls.__module__}.{cls.__qualname__}"
-        if cls.__module__ != "builtins"
-        else f"data[{key!r}] must be str, int, float or bool, not {cls.__qualname__}"
-    )
+    raise TypeError(f"data[{key!r}] must be str, int, float or bool, not {type_name(value)}")

@@ -10,22 +10,20 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
-import time
-from collections.abc import Awaitable, Callable
-from datetime import datetime
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from ._event import Event
+from ._lifecycle import process
+from ._queue import drop_events
+from ._ratelimit import LOG_INTERVAL, Throttle
 
 if TYPE_CHECKING:
     from ._bus import EventBus
 
 logger = logging.getLogger("monitor_bus")
-
-# An event's (name, timestamp, data). Queues and batches hold these slots flat, three per event.
-_Item = tuple[str, datetime, dict[str, Any]]
 
 EventHandler = Callable[[Event], None] | Callable[[Event], Awaitable[None]]
 """A handler: a plain or async callable taking one ``Event``.
@@ -34,22 +32,10 @@ The bus calls it from a thread or task of its own, never the caller's. A handler
 also have a ``flush()`` method (plain or async), which the bus calls after each delivered batch.
 """
 
-# Identities of the threads that run handlers or the dispatcher: a blocking call made from one
-# of them could wait on itself.
-_bus_threads: set[int] = set()
-
-# A broken sink logs the same failure once per this many seconds, not once per event.
-_ERROR_LOG_INTERVAL = 10.0
-
 
 def _count(batches: list[list[Any]]) -> int:
     """Events in a list of batches (three slots per event)."""
     return sum(map(len, batches)) // 3
-
-
-def in_bus_thread() -> bool:
-    """Whether the calling thread belongs to a bus (a handler or a dispatcher thread)."""
-    return threading.get_ident() in _bus_threads
 
 
 def is_async_callable(callback: object) -> bool:
@@ -121,7 +107,8 @@ class _Handler:
         self.running = False
         self.thread: threading.Thread | None = None
         self.wakeup: anyio.Event | None = None
-        self._last_logged: dict[type[BaseException], float] = {}
+        self._error_throttle = Throttle()
+        self.dropped_reported = 0  # the part of ``dropped`` already in a warning
 
     def after_fork(self) -> None:
         self._reset()
@@ -129,18 +116,18 @@ class _Handler:
     # -- called by the dispatcher, on its loop thread --
 
     def push(self, batch: list[Any], capacity: int, overflow: str) -> None:
-        """Hand a batch over, applying the overflow policy to this handler's backlog."""
+        """Hand a batch over, applying the overflow policy to this handler's backlog.
+
+        Stat windows are kept whatever the policy (see ``_queue``).
+        """
         n = len(batch) // 3
         with self.cv:
             self.offered += n
             room = capacity - self.backlog
             if n > room and overflow != "drop_oldest" and overflow != "force":
-                keep = max(room, 0)
-                lost = n - keep
-                self.dropped += lost
-                self.settled += lost
-                batch = batch[: 3 * keep]
-                n = keep
+                batch, lost = drop_events(batch, n - max(room, 0), newest=True)
+                self._lose(lost)
+                n -= lost
             if n:
                 self.inbox.append(batch)
                 self.backlog += n
@@ -151,19 +138,21 @@ class _Handler:
             self.wakeup.set()
 
     def _trim(self, capacity: int) -> None:
+        """Drop the oldest events past ``capacity`` (windows stay, so it may stay over)."""
         inbox = self.inbox
-        while self.backlog > capacity:
+        for i, batch in enumerate(inbox):
             excess = self.backlog - capacity
-            first = inbox[0]
-            if len(first) <= 3 * excess:
-                del inbox[0]
-                lost = len(first) // 3
-            else:
-                inbox[0] = first[3 * excess :]
-                lost = excess
+            if excess <= 0:
+                break
+            inbox[i], lost = drop_events(batch, excess, newest=False)
             self.backlog -= lost
-            self.dropped += lost
-            self.settled += lost
+            self._lose(lost)
+        self.inbox = [batch for batch in inbox if batch]
+
+    def _lose(self, n: int) -> None:
+        """Count ``n`` events dropped by the policy (under ``cv``)."""
+        self.dropped += n
+        self.settled += n
 
     def stop(self) -> None:
         """No more batches will come; the runner exits once it has settled its inbox."""
@@ -217,10 +206,25 @@ class _Handler:
             self.cv.notify_all()
         self.bus._handler_progressed()
 
-    def _run_sync(self) -> None:
-        _bus_threads.add(threading.get_ident())
-        callback = self.callback
+    def _events(self, batches: list[list[Any]]) -> Iterator[Event]:
+        """The events of ``batches``, each with its own copy of ``data``, until ``cut``.
+
+        A copy per handler, as torch.monitor makes: what one handler does to ``data`` is
+        seen by no other handler and not by the producer's ``Event``.
+        """
         new_event = Event.__new__
+        for batch in batches:
+            slots = iter(batch)
+            for name, timestamp, data in zip(slots, slots, slots, strict=True):
+                if self.cut:
+                    return
+                event = new_event(Event)
+                event.name, event.timestamp, event.data = name, timestamp, dict(data)
+                yield event
+
+    def _run_sync(self) -> None:
+        process.bus_threads.add(threading.get_ident())
+        callback = self.callback
         try:
             while True:
                 with self.cv:
@@ -230,18 +234,12 @@ class _Handler:
                 if batches is None:
                     return
                 done = 0
-                for batch in batches:
-                    slots = iter(batch)
-                    for name, timestamp, data in zip(slots, slots, slots, strict=True):
-                        if self.cut:
-                            break
-                        event = new_event(Event)
-                        event.name, event.timestamp, event.data = name, timestamp, data
-                        try:
-                            callback(event)
-                        except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
-                            self._failed(exc)
-                        done += 1
+                for event in self._events(batches):
+                    try:
+                        callback(event)
+                    except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
+                        self._failed(exc)
+                    done += 1
                 # Settled only after the sink's flush(): bus.flush() then means "written".
                 if self.batch_end is not None:
                     try:
@@ -250,13 +248,12 @@ class _Handler:
                         self._failed(exc)
                 self._settle(done, _count(batches) - done)
         finally:
-            _bus_threads.discard(threading.get_ident())  # idents are reused by later threads
+            process.bus_threads.discard(threading.get_ident())  # idents are reused
             self._exit()
 
     async def run_async(self) -> None:
         callback: Callable[[Event], Awaitable[Any]] = self.callback  # type: ignore[assignment]
         cancelled = anyio.get_cancelled_exc_class()
-        new_event = Event.__new__
         try:
             while True:
                 while not self.inbox and not self.stopping:
@@ -267,22 +264,16 @@ class _Handler:
                 if batches is None:
                     return
                 done = 0
-                for batch in batches:
-                    slots = iter(batch)
-                    for name, timestamp, data in zip(slots, slots, slots, strict=True):
-                        if self.cut:
-                            break
-                        event = new_event(Event)
-                        event.name, event.timestamp, event.data = name, timestamp, data
-                        try:
-                            await callback(event)
-                        except cancelled as exc:
-                            if self.bus._stopping:
-                                raise
-                            self._failed(exc)
-                        except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
-                            self._failed(exc)
-                        done += 1
+                for event in self._events(batches):
+                    try:
+                        await callback(event)
+                    except cancelled as exc:
+                        if self.bus._stopping:
+                            raise
+                        self._failed(exc)
+                    except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
+                        self._failed(exc)
+                    done += 1
                 if self.batch_end is not None:
                     try:
                         result = self.batch_end()
@@ -300,9 +291,7 @@ class _Handler:
         with self.cv:
             self.running = False
             # Whatever is still queued for it will never be delivered: count it.
-            lost = self.offered - self.settled
-            self.dropped += lost
-            self.settled += lost
+            self._lose(self.offered - self.settled)
             self.inbox = []
             self.backlog = 0
             self.cv.notify_all()
@@ -310,18 +299,14 @@ class _Handler:
     def _failed(self, exc: BaseException) -> None:
         self.errors += 1
         self.bus._count_error()
-        now = time.monotonic()
-        kind = type(exc)
-        last = self._last_logged.get(kind)
-        if last is None or now - last >= _ERROR_LOG_INTERVAL:
-            self._last_logged[kind] = now
+        if self._error_throttle.ready(type(exc)):
             logger.error(
                 "event handler %r raised %s (error %d of this handler; the same error is logged "
                 "at most once per %g s)",
                 self.name,
-                kind.__name__,
+                type(exc).__name__,
                 self.errors,
-                _ERROR_LOG_INTERVAL,
+                LOG_INTERVAL,
                 exc_info=exc,
             )
 

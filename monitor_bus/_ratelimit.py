@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Hashable
 
 # A repeated report (the same error of a handler, drops of a queue) goes out at most once per
 # this many seconds; what happened in between is summed into the next report.
@@ -23,10 +22,10 @@ class Throttle:
     def __init__(self, interval: float = LOG_INTERVAL, *, max_keys: int = 1000) -> None:
         self._interval = interval
         self._max_keys = max_keys
-        self._last: dict[Hashable, float] = {}
+        self._last: dict[object, float] = {}
         self._lock = threading.Lock()
 
-    def ready(self, key: Hashable = None, *, now: float | None = None) -> bool:
+    def ready(self, key: object = None, *, now: float | None = None) -> bool:
         """True (and the key's clock restarts) if ``key`` was not reported in the interval."""
         if now is None:
             now = time.monotonic()

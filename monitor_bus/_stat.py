@@ -4,7 +4,9 @@
 ``_CHUNK`` samples, folds the buffer into the window's aggregates with C builtins under the
 Stat's lock. Folding takes samples from the front of the buffer (``buf[:n]`` then
 ``del buf[:n]``, each atomic), so a sample appended by another thread while a fold or a close
-is running stays in the buffer for the next window instead of being lost.
+is running stays in the buffer for the next window instead of being lost. The samples leave
+the buffer only once their aggregates are computed, in straight-line code a signal cannot
+interrupt, so a Ctrl-C landing in a fold loses nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import enum
 import math
 import operator
 import threading
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta, timezone
@@ -22,6 +23,10 @@ from functools import reduce
 from itertools import chain
 from time import monotonic
 from typing import TYPE_CHECKING
+
+from ._check import check_int, wrong_type
+from ._event import one_value
+from ._lifecycle import process
 
 if TYPE_CHECKING:
     from ._bus import EventBus
@@ -32,10 +37,9 @@ STAT_EVENT = "torch.monitor.Stat"
 # Samples buffered before they are folded: bounds a window's memory whatever the add rate.
 _CHUNK = 4096
 
-# The window clock, a module attribute so tests can step time without sleeping.
+# The window clock, a module attribute so tests can step time without sleeping (the
+# dispatcher's timer reads it too).
 _clock = monotonic
-
-_live_stats: weakref.WeakSet[Stat] = weakref.WeakSet()
 
 
 class Aggregation(enum.Enum):
@@ -132,19 +136,20 @@ class Stat:
             raise ValueError("aggregations must name at least one Aggregation")
         for agg in aggs:
             if not isinstance(agg, Aggregation):
-                raise TypeError(f"aggregations must hold Aggregation members, not {agg!r}")
+                raise wrong_type("aggregations", "monitor_bus.Aggregation members", agg)
         if not isinstance(window_size, timedelta):
-            raise TypeError(f"window_size must be a timedelta, not {type(window_size).__name__}")
+            raise wrong_type("window_size", "a timedelta", window_size)
         if window_size < timedelta(milliseconds=1):
             raise ValueError(f"window_size must be at least 1 millisecond, got {window_size!r}")
-        if isinstance(max_samples, bool) or not isinstance(max_samples, int):
-            raise TypeError(f"max_samples must be an int, not {type(max_samples).__name__}")
-        if max_samples < 1:
-            raise ValueError(f"max_samples must be at least 1, got {max_samples}")
+        check_int("max_samples", max_samples, 1)
+        from ._bus import EventBus
+
         if bus is None:
             from ._default import get_default_bus
 
             bus = get_default_bus()
+        elif not isinstance(bus, EventBus):
+            raise wrong_type("bus", "a monitor_bus.EventBus or None", bus)
 
         self._name = name
         self._aggregations = tuple(aggs)
@@ -164,7 +169,7 @@ class Stat:
         self._last: tuple[float | int, ...] = ()  # the last logged window, per aggregation
         self._buf: list[float] | deque[float] = []
         self._open_window(_clock())
-        _live_stats.add(self)
+        process.stats.add(self)
         bus._watch_stat(self)
 
     @property
@@ -182,8 +187,12 @@ class Stat:
     def add(self, v: float) -> None:
         """Add a value to the open window. Thread-safe and lock-free unless a window closes.
 
+        Args:
+            v: a real number: ``float``, ``int``, a numpy scalar, or an array or tensor
+                holding one element.
+
         Raises:
-            TypeError: ``v`` is not a real number.
+            TypeError: ``v`` is not a real number, or holds more than one element.
         """
         if v.__class__ is not float:
             v = _as_float(v)
@@ -271,20 +280,33 @@ class Stat:
         if not n:
             return
         assert isinstance(buf, list)
+        taken = n
         chunk = buf[:n]
-        del buf[:n]
         room = self._max_samples - self._count
         if n > room:
             chunk = chunk[:room]
             n = room
+        # Computed before anything changes: an exception here (a KeyboardInterrupt) leaves
+        # the samples in the buffer.
         first = self._count == 0
-        if self._want_sum:
-            self._sum = reduce(operator.add, chunk, self._sum)
+        total = reduce(operator.add, chunk, self._sum) if self._want_sum else self._sum
         if self._want_max:
-            self._max = max(chunk) if first else max(chain((self._max,), chunk))
+            high = max(chunk) if first else max(chain((self._max,), chunk))
+        else:
+            high = self._max
         if self._want_min:
-            self._min = min(chunk) if first else min(chain((self._min,), chunk))
-        self._value = chunk[-1]
+            low = min(chunk) if first else min(chain((self._min,), chunk))
+        else:
+            low = self._min
+        last = chunk[-1]
+        # Committed without a call or a backward jump in between, the only points where
+        # CPython runs a signal handler: the samples move from the buffer to the aggregates
+        # at once.
+        del buf[:taken]
+        self._sum = total
+        self._max = high
+        self._min = low
+        self._value = last
         self._count += n
 
     def _emit(self, stamp: datetime | None = None) -> None:
@@ -297,7 +319,7 @@ class Stat:
         self._last = last
         self._count = 0
         data = dict(zip(self._keys, last, strict=True))
-        self._bus._log_nowait((STAT_EVENT, stamp or datetime.now(timezone.utc), data))
+        self._bus._log_window((STAT_EVENT, stamp or datetime.now(timezone.utc), data))
 
     def _after_fork(self) -> None:
         """In a forked child: the parent logs the windows it had open, so start empty."""
@@ -307,20 +329,12 @@ class Stat:
 
 
 def _as_float(v: object) -> float:
-    if isinstance(v, (str, bytes, bytearray, complex)) or not hasattr(type(v), "__float__"):
-        raise TypeError(f"v must be a real number, not {type(v).__name__}")
+    if isinstance(v, (str, bytes, bytearray, complex)):
+        raise wrong_type("v", "a real number", v)
+    value = one_value("v", v)
+    if isinstance(value, str) or not hasattr(type(value), "__float__"):
+        raise wrong_type("v", "a real number", v)
     try:
-        return float(v)  # type: ignore[arg-type]
+        return float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError, OverflowError) as exc:
         raise TypeError(f"v must be a real number convertible to float: {exc}") from None
-
-
-def _close_all_windows() -> None:
-    """Log every Stat's open window (interpreter or worker-process exit)."""
-    for stat in list(_live_stats):
-        stat._close()
-
-
-def _after_fork_in_child() -> None:
-    for stat in list(_live_stats):
-        stat._after_fork()

@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from ._bus import EventBus
     from ._handler import EventHandlerHandle
 
-#: Selects the events a subscription receives: None (all), an event name, or a predicate.
 EventFilter = Union[None, str, Callable[[Event], bool]]  # noqa: UP007 - a runtime alias
+"""Which events a subscription gets: None (all), an event name, or a predicate on the ``Event``."""
 
 DEFAULT_BUFFER = 1024
 

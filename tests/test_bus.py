@@ -107,7 +107,7 @@ def test_unregister_delivers_pending_first(bus: EventBus) -> None:
 
 def test_unregister_bad_handles(bus: EventBus, recorder: Recorder) -> None:
     """A non-handle is a TypeError; a handle of another bus is a ValueError."""
-    with pytest.raises(TypeError, match="handle must be an EventHandlerHandle"):
+    with pytest.raises(TypeError, match="handle must be a monitor_bus.EventHandlerHandle, not str"):
         bus.unregister_event_handler("nope")  # type: ignore[arg-type]
     with EventBus() as other:
         handle = other.register_event_handler(recorder)
@@ -212,7 +212,7 @@ def test_non_callable_handler_is_rejected(bus: EventBus) -> None:
     """register_event_handler names the bad callback."""
     with pytest.raises(TypeError, match="callback must be callable, not int"):
         bus.register_event_handler(3)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="event must be an Event, not dict"):
+    with pytest.raises(TypeError, match="event must be a monitor_bus.Event, not dict"):
         bus.log_event({"name": "x"})  # type: ignore[arg-type]
 
 

@@ -229,7 +229,7 @@ def test_concurrent_adds_lose_nothing(bus: EventBus, recorder: Recorder) -> None
     ("kwargs", "error", "message"),
     [
         ({"aggregations": []}, ValueError, "aggregations must name at least one"),
-        ({"aggregations": [1]}, TypeError, "aggregations must hold Aggregation"),
+        ({"aggregations": [1]}, TypeError, "aggregations must be monitor_bus.Aggregation members, not int"),
         ({"aggregations": 5}, TypeError, "aggregations must be an iterable"),
         ({"window_size": 1.0}, TypeError, "window_size must be a timedelta"),
         ({"window_size": timedelta(0)}, ValueError, "window_size must be at least 1 millisecond"),

@@ -1,0 +1,159 @@
+"""The queue between producers and the dispatcher: one home for its protocol.
+
+Protocol
+--------
+- Slots: a ``deque`` of flat ``name, timestamp, data`` triples, no per-event object the GC
+  tracks (a backlog of tracked objects triggers full collections: 80 ms each in a process that
+  has imported torch).
+- Adding: a producer appends a whole event with one ``extend`` (one C call, so events of
+  concurrent producers never interleave). That is the whole hot path: ``EventBus.log_event``
+  does it inline while ``len(slots) < limit``, and calls ``put_full`` otherwise.
+- Removing from the head (the dispatcher's ``take``, ``drop_oldest``'s eviction) happens under
+  ``space`` and never re-entrantly on one thread: a finalizer or signal handler that logs while
+  its thread is removing only appends, so the slots of one event are never split (which would
+  pair one event's name with the next one's data).
+- Stat windows are never dropped under any policy: their data is a ``WindowData``, queued past
+  the limit (at most one event per Stat per window) and skipped by eviction.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from datetime import datetime
+from typing import Any
+
+from ._lifecycle import in_bus_thread
+
+# An event's (name, timestamp, data). Queues and batches hold these slots flat, three per event.
+_Item = tuple[str, datetime, dict[str, Any]]
+
+
+class WindowData(dict):  # type: ignore[type-arg]
+    """The data of a Stat window: never dropped. Handlers get a plain ``dict`` copy."""
+
+    __slots__ = ()
+
+
+def has_window(flat: list[Any]) -> bool:
+    """Whether a flat slot list holds a Stat window (one C-level scan of its data slots)."""
+    return WindowData in map(type, flat[2::3])
+
+
+def drop_events(flat: list[Any], k: int, *, newest: bool) -> tuple[list[Any], int]:
+    """Drop up to ``k`` events from the front (or, if ``newest``, the back) of ``flat``,
+    keeping Stat windows; return what is kept and how many were dropped."""
+    n = len(flat) // 3
+    k = min(k, n)
+    region = flat[3 * (n - k) :] if newest else flat[: 3 * k]
+    if not has_window(region):
+        return (flat[: 3 * (n - k)] if newest else flat[3 * k :]), k
+    order = range(n - 1, -1, -1) if newest else range(n)
+    keep = [True] * n
+    dropped = 0
+    for i in order:
+        if dropped == k:
+            break
+        if flat[3 * i + 2].__class__ is not WindowData:
+            keep[i] = False
+            dropped += 1
+    kept = [slot for i in range(n) if keep[i] for slot in flat[3 * i : 3 * i + 3]]
+    return kept, dropped
+
+
+class EventQueue:
+    """Producers' side of a bus: the slots, the overflow policy and its counters."""
+
+    def __init__(self, capacity: int, overflow: str, block_timeout: float | None) -> None:
+        self.slots: deque[Any] = deque()
+        self.limit = 3 * capacity  # three slots per event
+        self.overflow = overflow
+        self.block_timeout = block_timeout
+        # Guards removal from the head and the counters; producers blocked on a full queue
+        # wait on it. Reentrant: a finalizer may count a drop while its thread holds it.
+        self.space = threading.Condition(threading.RLock())
+        self._remover: int | None = None  # the thread removing from the head, if any
+        self.dropped = 0  # events the queue turned away (no handler got them)
+        self.consumed = 0  # events the dispatcher took
+        self.blocked = 0  # producers waiting for room
+        self.closed = False
+
+    def __len__(self) -> int:
+        """Events queued."""
+        return len(self.slots) // 3
+
+    def put_full(self, item: _Item) -> None:
+        """``log_event``'s slow path: the queue is full."""
+        if self.overflow == "block" and not in_bus_thread():
+            slots, limit = self.slots, self.limit
+            with self.space:
+                self.blocked += 1
+                try:
+                    if (
+                        self.space.wait_for(
+                            lambda: len(slots) < limit or self.closed, self.block_timeout
+                        )
+                        and not self.closed
+                    ):
+                        slots.extend(item)
+                        return
+                finally:
+                    self.blocked -= 1
+        self._drop(item)
+
+    def put_window(self, item: _Item) -> None:
+        """Queue a Stat window whatever the fill: it may summarize millions of samples."""
+        self.slots.extend((item[0], item[1], WindowData(item[2])))
+
+    def _drop(self, item: _Item) -> None:
+        ident = threading.get_ident()
+        with self.space:
+            if (
+                self.overflow == "drop_oldest"
+                and self._remover != ident  # not re-entering our own removal
+                and self._evict_oldest()
+            ):
+                self.slots.extend(item)
+            self.dropped += 1
+
+    def _evict_oldest(self) -> bool:
+        """Remove the oldest event that is not a Stat window (under ``space``)."""
+        slots = self.slots
+        self._remover = threading.get_ident()
+        try:
+            for i in range(0, len(slots), 3):
+                if slots[i + 2].__class__ is not WindowData:
+                    for _ in range(3):
+                        del slots[i]  # one C call each; appends happen at the other end
+                    return True
+            return False
+        finally:
+            self._remover = None
+
+    def take(self, n: int) -> list[Any]:
+        """Remove the ``n`` oldest events (the dispatcher's side), as flat slots."""
+        with self.space:
+            self._remover = threading.get_ident()
+            try:
+                pop = self.slots.popleft
+                batch = [pop() for _ in range(3 * n)]
+            finally:
+                self._remover = None
+            self.consumed += n
+            if self.blocked:
+                self.space.notify_all()
+        return batch
+
+    def discard(self) -> int:
+        """Count everything queued as dropped and clear it; return how many events."""
+        with self.space:
+            lost = len(self.slots) // 3
+            self.slots.clear()
+            self.dropped += lost
+        return lost
+
+    def close(self) -> None:
+        """Wake blocked producers: they drop their event instead of waiting."""
+        with self.space:
+            self.closed = True
+            self.space.notify_all()
