@@ -55,6 +55,12 @@ bad = st.one_of(
 )
 
 
+def tally(figures: Figures, **counts: int) -> None:
+    """Add to the counts a property test reports: hypothesis calls it once per example."""
+    for key, n in counts.items():
+        figures.outcome[key] = figures.outcome.get(key, 0) + n
+
+
 def same(a: float | int, b: float | int) -> bool:
     """Equal as floats, NaN equal to NaN, and 0.0 told from -0.0."""
     if isinstance(a, float) and isinstance(b, float):
@@ -85,15 +91,25 @@ class StepClock:
         return self.now
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(
     inputs=st.lists(st.one_of(reals, bad), min_size=1, max_size=60),
     repeat=st.sampled_from([1, 1, 80]),
 )
-def test_stat_matches_reference_model(inputs: list[Any], repeat: int) -> None:
+def test_stat_matches_reference_model(figures: Figures, inputs: list[Any], repeat: int) -> None:
     """Each aggregate of a window equals the reference model for any real values (negative
     zero, huge, tiny, NaN, inf; folded across 4096-sample chunks when repeated), and a bad
     value raises TypeError without touching the window."""
+    figures.describe(
+        load="hypothesis: one window per example, up to 60 values, repeated 80 times in some "
+        "examples (folded across 4096-sample chunks); stepped clock",
+        bad_inputs="NaN, +-inf, -0.0, subnormals, 1e308, ints up to 2**1023, Fractions, bools "
+        "as values; str, bytes, complex, None, lists, 10**400 and Fraction(10**400) refused",
+    )
     inputs = inputs * repeat
     clock = StepClock()
     accepted: list[float] = []
@@ -109,6 +125,12 @@ def test_stat_matches_reference_model(inputs: list[Any], repeat: int) -> None:
                 continue
             accepted.append(float(v))
         assert stat.count == len(accepted)
+        tally(
+            figures,
+            windows=1,
+            values_added=len(accepted),
+            values_refused=len(inputs) - len(accepted),
+        )
         clock.now += 10.0
         got = stat.get()
         assert bus.flush(timeout=10)
@@ -155,13 +177,14 @@ mappings = st.dictionaries(
 )
 
 
-def _check_event(name: Any, stamp: Any, data: Any) -> None:
+def _check_event(name: Any, stamp: Any, data: Any) -> bool:
+    """Check one Event construction; return whether it built an event (else: TypeError)."""
     before = repr(data)
     try:
         event = Event(name, stamp, data)
     except TypeError:
         assert repr(data) == before
-        return
+        return False
     assert type(event.name) is str
     assert event.name == name
     assert event.timestamp is stamp
@@ -170,26 +193,46 @@ def _check_event(name: Any, stamp: Any, data: Any) -> None:
     assert all(type(k) is str for k in event.data)
     assert all(type(v) in (str, int, float, bool) for v in event.data.values())
     assert len(event.data) == len(data)
+    return True
 
 
-@settings(max_examples=400, deadline=None)
+EVENT_BAD_INPUTS = (
+    "nested lists/dicts/tuples, bytes, complex, None, Fraction(10**400), Decimal sNaN and "
+    "1e400, non-str keys"
+)
+
+
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.one_of(flat, flat, mappings, nested))
-def test_event_data_accepts_or_raises_type_error(data: Any) -> None:
+def test_event_data_accepts_or_raises_type_error(figures: Figures, data: Any) -> None:
     """Event(name, timestamp, data) with random nested data either builds an event of plain
     str keys and str/int/float/bool values, leaving the input untouched, or raises TypeError;
     never any other exception."""
-    _check_event("e", datetime.now(timezone.utc), data)
+    figures.describe(load="hypothesis: random event data", bad_inputs=EVENT_BAD_INPUTS)
+    built = _check_event("e", datetime.now(timezone.utc), data)
+    tally(figures, events_built=built, refused_with_type_error=not built)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     name=st.one_of(st.text(max_size=10), st.integers(), st.none(), st.binary(max_size=3)),
     stamp=st.one_of(st.datetimes(), st.floats(), st.none(), st.text(max_size=3)),
     data=st.one_of(mappings, nested),
 )
-def test_event_arguments_accept_or_raise_type_error(name: Any, stamp: Any, data: Any) -> None:
+def test_event_arguments_accept_or_raise_type_error(
+    figures: Figures, name: Any, stamp: Any, data: Any
+) -> None:
     """Random names, timestamps and data: an Event or a TypeError, never anything else."""
-    _check_event(name, stamp, data)
+    figures.describe(
+        load="hypothesis: random event names, timestamps and data",
+        bad_inputs=f"int/None/bytes names; float/None/str timestamps; {EVENT_BAD_INPUTS}",
+    )
+    built = _check_event(name, stamp, data)
+    tally(figures, events_built=built, refused_with_type_error=not built)
 
 
 names = st.text(
@@ -207,13 +250,23 @@ def _read_tensorboard(log_dir: str) -> dict[str, list[float]]:
     return {tag: [s.value for s in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(name=names)
-def test_names_survive_every_bundled_sink(name: str) -> None:
+def test_names_survive_every_bundled_sink(figures: Figures, name: str) -> None:
     """A name with unicode and control characters comes back unchanged from every bundled
     sink: a plain handler, JsonlEventHandler/read_jsonl, a subscription, and TensorBoard
     (TensorboardEventHandler on monitor_bus.tensorboard.SummaryWriter, read by tensorboard)."""
     from monitor_bus.tensorboard import SummaryWriter
+
+    figures.describe(
+        load="hypothesis: an event and a Stat window per name, through a plain handler, "
+        "JSONL, a subscription and TensorBoard",
+        bad_inputs="names with control characters, NUL, BOM, line separators, emoji",
+    )
 
     clock = StepClock()
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
@@ -251,20 +304,4 @@ def test_names_survive_every_bundled_sink(name: str) -> None:
         assert [(e.name, e.data) for e in monitor_bus.read_jsonl(jsonl)] == expected
         assert [(e.name, e.data) for e in subscribed] == expected[:1]
         assert _read_tensorboard(str(Path(tmp) / "tb")) == {f"{name}.sum": [2.0]}
-
-
-def test_property_suite_figures(figures: Figures) -> None:
-    """Records what the property tests above cover (they run under hypothesis, unrecorded)."""
-    figures.describe(
-        load="hypothesis: 150 Stat windows (up to 4800 values), 500 Event constructions, "
-        "25 names through 4 sinks",
-        bad_inputs="NaN, +-inf, -0.0, subnormals, 1e308, huge ints/Fractions, str/bytes/complex/"
-        "None/lists as values; nested lists/dicts/tuples, Decimal sNaN, non-str keys/names; "
-        "names with control chars, BOM, line separators, emoji",
-    )
-    figures.measure(
-        stat_examples=150,
-        event_examples=500,
-        name_examples=25,
-        sinks="handler, JSONL, subscribe, TensorBoard",
-    )
+    tally(figures, names_checked=1)
