@@ -163,7 +163,10 @@ def render(meta: dict[str, Any]) -> str:
         "that must hold). Regenerate this page with:"
     )
     w("")
-    w("<!-- not-run: shell; runs the whole reliability suite (about two minutes) -->")
+    w(
+        "<!-- not-run: shell; runs the whole reliability suite "
+        f"({meta.get('wall_s', '?')} s in the run below) -->"
+    )
     w("```bash")
     w("python benchmarks/reliability_report.py")
     w("```")

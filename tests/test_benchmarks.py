@@ -1,27 +1,106 @@
-"""The benchmark script runs (its figures live in docs/performance.md, not in assertions)."""
+"""The benchmark scripts publish what they measured: their figures come from the run, not the
+script's text (the figures themselves live in docs/, not in assertions)."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import math
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
-def test_core_benchmark_runs_and_prints_every_measure() -> None:
-    """benchmarks/core.py completes a tiny round and prints the four measures with their targets."""
+def _number(cell: str) -> float:
+    return float(cell.replace(",", ""))
+
+
+def test_core_benchmark_writes_the_figures_it_measured(tmp_path: Path) -> None:
+    """benchmarks/core.py prints a positive measurement in every row, each ratio is its two
+    columns' quotient ("n/a" only for torch.monitor without torch), and --write puts exactly
+    the printed text between the page's markers."""
+    page = tmp_path / "performance.md"
+    page.write_text(f"before\n{BEGIN}\nold figures\n{END}\nafter\n")
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "core.py"), "--rounds", "1", "--scale", "0.01"],
+        [
+            sys.executable,
+            str(BENCHMARKS / "core.py"),
+            *("--rounds", "1", "--scale", "0.01", "--write", str(page)),
+        ],
         capture_output=True,
         text=True,
         check=True,
         timeout=120,
     ).stdout
-    rows = [line for line in out.splitlines() if line.startswith("| ") and "target" not in line]
-    assert [row.split(" | ")[-1].rstrip(" |") for row in rows] == [
-        "<= 1.0",
-        "<= 0.5",
-        ">= 10",
-        "<= 2.0",
-    ]
+    rows = [line.strip("| ").split(" | ") for line in out.splitlines() if line.startswith("| ")]
+    header, *measures = rows  # the |---| rule does not start with "| "
+    assert header == ["measure", "monitor_bus", "other", "other is", "ratio", "target"]
+    assert len(measures) == 4
+    has_torch = importlib.util.find_spec("torch") is not None
+    for measure, ours, other, other_is, ratio, _target in measures:
+        assert _number(ours) > 0, measure
+        if other_is == "torch.monitor" and not has_torch:
+            assert (other, ratio) == ("n/a", "n/a"), measure
+            continue
+        assert _number(other) > 0, measure
+        assert math.isclose(
+            _number(ratio), _number(ours) / _number(other), rel_tol=0.02, abs_tol=0.01
+        ), measure
+    assert page.read_text() == f"before\n{BEGIN}\n{out.removesuffix(chr(10))}{END}\nafter\n"
+
+
+def _report_module(monkeypatch: pytest.MonkeyPatch, build: Path) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(
+        "reliability_report", BENCHMARKS / "reliability_report.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "RESULTS", build / "results.jsonl")
+    monkeypatch.setattr(module, "JUNIT", build / "junit.xml")
+    return module
+
+
+def test_reliability_report_renders_the_runs_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """benchmarks/reliability_report.py shows each scenario's recorded load and measured
+    outcome, each test's result and time, and the run's own wall time and command."""
+    report = _report_module(monkeypatch, tmp_path)
+    record = {
+        "nodeid": "tests/reliability/test_reliability_x.py::test_a",
+        "group": "x",
+        "scenario": "test_a",
+        "stress": True,
+        "load": "7,919 events",
+        "faults": "a handler raising",
+        "bad_inputs": "",
+        "outcome": {"delivered": 7919, "late_p99_ms": 3.25},
+        "passed": True,
+        "seconds": 1.0,
+    }
+    (tmp_path / "results.jsonl").write_text(json.dumps(record) + "\n")
+    (tmp_path / "junit.xml").write_text(
+        '<testsuites><testsuite><testcase classname="tests.reliability.test_reliability_x" '
+        'name="test_a" time="4.321"/><testcase classname="tests.reliability.test_reliability_x" '
+        'name="test_b" time="0.5"><failure/></testcase></testsuite></testsuites>'
+    )
+    meta = {"command": "python -m pytest tests/reliability -k q", "wall_s": 61.5, "exit_code": 1}
+    page = report.render(meta)
+    assert "(61.5 s in the run below)" in page
+    assert "| Command | `python -m pytest tests/reliability -k q` |" in page
+    assert "| Tests | 2: 1 passed, 1 failed, 0 skipped |" in page
+    assert (
+        "| x | `test_a` (stress) | 7,919 events | a handler raising | - | "
+        "delivered: 7,919; late p99 ms: 3.25 | pass | 4.3 |"
+    ) in page
+    assert "| test_reliability_x | `test_b` | FAILED | 0.50 |" in page
