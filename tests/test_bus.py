@@ -5,9 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import anyio
 import pytest
@@ -451,6 +454,7 @@ def test_log_event_from_a_signal_handler(bus: EventBus, recorder: Recorder) -> N
         ({"overflow": "drop"}, ValueError, "overflow must be one of"),
         ({"block_timeout": -1}, ValueError, "block_timeout must be >= 0"),
         ({"exit_timeout": None}, TypeError, "exit_timeout must be a number"),
+        ({"exit_timeout": float("nan")}, ValueError, "exit_timeout must be >= 0, got nan"),
     ],
 )
 def test_bad_bus_arguments(kwargs: dict[str, object], error: type[Exception], message: str) -> None:
@@ -493,3 +497,122 @@ def test_flush_hook_runs_after_each_batch(bus: EventBus) -> None:
     assert bus.flush(10)
     assert sink.written == list(range(300))
     assert sink.buffer == []
+
+
+def _in_thread(target: object) -> None:
+    threading.Thread(target=target, daemon=True).start()  # type: ignore[arg-type]
+
+
+def test_leaving_a_with_block_is_bounded_by_exit_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Leaving ``with EventBus(exit_timeout=...)`` around a hung handler returns, cuts the
+    handler off and names it with its undelivered count."""
+    release = threading.Event()
+    left = threading.Event()
+
+    def body() -> None:
+        with EventBus(exit_timeout=0.2, name="hung-with") as bus:
+            bus.register_event_handler(lambda e: release.wait(), name="stuck")
+            bus.log_event(ev(0))
+            bus.log_event(ev(1))
+        left.set()
+
+    try:
+        _in_thread(body)
+        assert left.wait(30), "leaving the with block hung"
+    finally:
+        release.set()
+    assert (
+        "EventBus 'hung-with': 1 handler(s) still busy after 0.2 s, cut off: 'stuck' "
+        "(2 undelivered)"
+    ) in caplog.text
+
+
+def test_leaving_an_async_with_block_is_bounded_by_exit_timeout() -> None:
+    """Leaving ``async with EventBus(exit_timeout=...)`` around a hung handler returns too."""
+    release = threading.Event()
+    left = threading.Event()
+
+    async def main() -> None:
+        async with EventBus(exit_timeout=0.2) as bus:
+            bus.register_event_handler(lambda e: release.wait())
+            bus.log_event(ev(0))
+        left.set()
+
+    try:
+        _in_thread(lambda: anyio.run(main))
+        assert left.wait(30), "leaving the async with block hung"
+    finally:
+        release.set()
+
+
+def test_each_handler_gets_its_own_copy_of_data(bus: EventBus) -> None:
+    """A handler that changes ``data`` changes what no other handler and not the producer sees."""
+    popped = threading.Event()
+    seen: list[dict[str, object]] = []
+
+    def vandal(event: Event) -> None:
+        event.data.pop("loss")
+        event.data["added"] = 1
+        popped.set()
+
+    def reader(event: Event) -> None:
+        assert popped.wait(10)  # read only after the other handler changed its data
+        seen.append(dict(event.data))
+
+    bus.register_event_handler(vandal)
+    bus.register_event_handler(reader)
+    event = Event("train", TS, {"loss": 0.5, "step": 3})
+    bus.log_event(event)
+    assert bus.flush(10)
+    assert seen == [{"loss": 0.5, "step": 3}]
+    assert event.data == {"loss": 0.5, "step": 3}
+
+
+def test_infinite_timeouts_mean_no_limit(bus: EventBus, recorder: Recorder) -> None:
+    """``math.inf`` as a timeout waits as long as it takes, in every control call."""
+    inf = float("inf")
+    handle = bus.register_event_handler(recorder)
+    bus.log_event(ev(0))
+    assert bus.flush(inf) is True
+    bus.log_event(ev(1))
+    assert bus.unregister_event_handler(handle, inf) is True
+    assert indices(recorder.events) == [0, 1]
+    with EventBus(block_timeout=inf, exit_timeout=inf) as other:
+        other.register_event_handler(recorder)
+        other.log_event(ev(2))
+        assert other.close(inf) is True
+    assert indices(recorder.events) == [0, 1, 2]
+
+
+def test_infinite_exit_timeout_delivers_everything_at_exit(tmp_path: Path) -> None:
+    """``EventBus(exit_timeout=math.inf)`` delivers everything queued at interpreter exit."""
+    out = tmp_path / "out.txt"
+    code = f"""
+import math, threading
+from datetime import datetime
+import monitor_bus as monitor
+bus = monitor.EventBus(exit_timeout=math.inf)
+sink = open({str(out)!r}, "w")
+gate = threading.Event()
+def write(event):
+    gate.wait(0.001)  # slower than the producer: the backlog is still queued at exit
+    sink.write(f"{{event.data['i']}}\\n")
+    sink.flush()
+bus.register_event_handler(write)
+for i in range(300):
+    bus.log_event(monitor.Event("e", datetime.now(), {{"i": i}}))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert out.read_text().split() == [str(i) for i in range(300)]
+    assert result.stderr == ""
+
+
+def test_bus_name_must_be_a_str() -> None:
+    """``EventBus(name=None)`` is a TypeError naming the argument."""
+    with pytest.raises(TypeError, match="name must be a str, not NoneType"):
+        EventBus(name=None)  # type: ignore[arg-type]
