@@ -18,13 +18,16 @@ One line per event: ``{"name": ..., "timestamp": ..., "data": {...}}``, UTF-8.
   counted in ``JsonlEventHandler.skipped_values``; the rest of the event is written.
 - Torn lines: a crash in the middle of a write leaves an incomplete last line. ``read_jsonl``
   skips a line that is not valid JSON (or not UTF-8) with a warning naming the file and line;
-  a file in which no line at all is valid raises ``ValueError``. A handler that appends to
-  a file ending in a torn line first ends that line, so the new events start on a line of
-  their own (the torn line is then skipped wherever it is).
+  a file in which no line at all is valid raises ``ValueError``, and so does a valid line that
+  is not an event (deep nesting included). A UTF-8 byte order mark opening the file is read
+  past; an int over the reading Python's digit limit is skipped with a warning, its event kept.
+  A handler that appends to a file ending in a torn line first ends that line, so the new
+  events start on a line of their own (the torn line is then skipped wherever it is).
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import os
@@ -33,7 +36,7 @@ import stat
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -210,11 +213,20 @@ def _value(v: Any) -> Any:
     return v
 
 
+#: Called for each part of a file a read skips, with its line number, its kind (``"line"``: a
+#: line that is not valid JSON or not UTF-8; ``"value"``: a value this Python cannot read) and
+#: a message saying what was skipped, without the file and line.
+SkipCallback = Callable[[int, str, str], None]
+
+
 def read_jsonl(path: str | os.PathLike[str]) -> list[Event]:
     """Read back the events a ``JsonlEventHandler`` wrote, in file order.
 
     Lines that are not valid JSON, or not UTF-8 (a write torn by a crash), are skipped with
-    a ``UserWarning`` naming the file and line. Blank lines are ignored.
+    a ``UserWarning`` naming the file and line. Blank lines are ignored, and so is a UTF-8
+    byte order mark at the start of the file. An int too long for this Python to read (over
+    ``sys.get_int_max_str_digits()`` digits) is skipped with a warning naming its key; the
+    rest of its event is kept. ``iter_jsonl`` reads the same events one at a time.
 
     Args:
         path: the JSON-lines file.
@@ -225,41 +237,104 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[Event]:
     Raises:
         TypeError: ``path`` is not a str or path.
         OSError: the file cannot be read (the message names it).
-        ValueError: a valid JSON line is not an event, or the file is not empty but holds no
-            valid line (the message names the file and, for a line, its number).
+        ValueError: a valid JSON line is not an event (nested deeper than one, say), or the
+            file is not empty but holds no valid line (the message names the file and, for a
+            line, its number).
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or path, not {type(path).__name__}")
-    path = os.fspath(path)
-    events: list[Event] = []
+    path = _check_path(path)
+
+    def warn(lineno: int, kind: str, message: str) -> None:
+        # stacklevel: warn, iter_jsonl, read_jsonl, then the caller.
+        warnings.warn(f"{path}, line {lineno}: {message}", UserWarning, stacklevel=4)
+
+    return list(iter_jsonl(path, warn))
+
+
+def iter_jsonl(path: str | os.PathLike[str], on_skip: SkipCallback) -> Iterator[Event]:
+    """Yield the events of a JSON-lines file one at a time, as ``read_jsonl`` reads them.
+
+    Memory stays bounded by the longest line, whatever the file's size. What ``read_jsonl``
+    warns about is handed to ``on_skip`` instead, so a caller can count it.
+
+    Args:
+        path: the JSON-lines file.
+        on_skip: called with (line number, kind, message) for each line or value skipped.
+
+    Yields:
+        The events, in file order.
+
+    Raises:
+        TypeError: ``path`` is not a str or path.
+        OSError: the file cannot be read (the message names it).
+        ValueError: as ``read_jsonl``, when the iteration reaches the line (or the end of a
+            file without a valid line).
+    """
+    path = _check_path(path)
+    events = 0
     torn = 0
     with open(path, "rb") as f:
         for lineno, raw in _lines(f):
             try:
-                obj = json.loads(raw.decode("utf-8"))
+                obj = _parse(raw.decode("utf-8"))
             except ValueError:  # JSONDecodeError and UnicodeDecodeError
                 torn += 1
-                warnings.warn(
-                    f"{path}, line {lineno}: skipped a line that is not valid JSON "
-                    "(a write torn by a crash?)",
-                    UserWarning,
-                    stacklevel=2,
-                )
+                on_skip(lineno, "line", _TORN)
                 continue
-            events.append(_event(obj, path, lineno))
+            except RecursionError:
+                raise ValueError(
+                    f"{path}, line {lineno}: JSON nested deeper than an event can be; "
+                    "not a monitor_bus JSONL file?"
+                ) from None
+            events += 1
+            yield _event(obj, path, lineno, on_skip)
     if torn and not events:
         raise ValueError(f"{path}: no line is a valid JSON event; not a monitor_bus JSONL file?")
-    return events
+
+
+_TORN = "skipped a line that is not valid JSON (a write torn by a crash?)"
+
+
+class _LongInt:
+    """Stands for an int over the digit limit in a parsed line, so only its key is skipped."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def _parse(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # only int() raises a plain one: an int over the digit limit
+        return json.loads(text, parse_int=_parse_int)
+
+
+def _parse_int(text: str) -> int | _LongInt:
+    try:
+        return int(text)
+    except ValueError:
+        return _LongInt(len(text.lstrip("-")))
+
+
+def _check_path(path: str | os.PathLike[str]) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or path, not {type(path).__name__}")
+    return os.fspath(path)
 
 
 def _lines(f: Any) -> Iterator[tuple[int, bytes]]:
     for lineno, raw in enumerate(f, 1):
+        if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+            raw = raw[len(codecs.BOM_UTF8) :]  # saved by an editor that marks UTF-8
         raw = raw.rstrip(b"\r\n")
         if raw.strip():
             yield lineno, raw
 
 
-def _event(obj: Any, path: str, lineno: int) -> Event:
+def _event(obj: Any, path: str, lineno: int, on_skip: SkipCallback) -> Event:
     where = f"{path}, line {lineno}"
     if not isinstance(obj, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
@@ -278,6 +353,14 @@ def _event(obj: Any, path: str, lineno: int) -> Event:
         raise ValueError(f"{where}: 'timestamp' has no UTC offset: {stamp!r}")
     values = {}
     for key, value in data.items():
+        if isinstance(value, _LongInt):
+            on_skip(
+                lineno,
+                "value",
+                f"data[{key!r}]: skipped an int of {value.digits} digits, more than "
+                f"sys.get_int_max_str_digits() ({sys.get_int_max_str_digits()}) lets Python read",
+            )
+            continue
         if isinstance(value, dict):
             special = value.get(_FLOAT_KEY) if len(value) == 1 else None
             if not isinstance(special, str) or special not in _NONFINITE:

@@ -1,0 +1,149 @@
+"""read_jsonl and iter_jsonl on files the writer did not quite make: a BOM, deep nesting, long ints."""
+
+from __future__ import annotations
+
+import codecs
+import sys
+import warnings
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from monitor_bus import STAT_EVENT, Event, JsonlEventHandler, read_jsonl
+from monitor_bus._jsonl import iter_jsonl
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+LINE = '{"name":"a","timestamp":"2026-03-01T12:00:00+00:00","data":{"x":1}}'
+EVENT = Event("a", T0, {"x": 1})
+
+
+def test_bom_on_the_first_line_is_not_a_torn_write(tmp_path: Path) -> None:
+    """A UTF-8 BOM before the first line (as some editors save) is read past, with no warning."""
+    run = tmp_path / "run.jsonl"
+    run.write_bytes(codecs.BOM_UTF8 + f"{LINE}\n{LINE}\n".encode())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read_jsonl(run) == [EVENT, EVENT]
+
+
+def test_bom_alone_on_the_first_line_is_a_blank_line(tmp_path: Path) -> None:
+    """A BOM followed by a newline counts as a blank first line, not a torn one."""
+    run = tmp_path / "run.jsonl"
+    run.write_bytes(codecs.BOM_UTF8 + f"\n{LINE}\n".encode())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read_jsonl(run) == [EVENT]
+
+
+def test_a_bom_past_the_first_line_is_a_bad_line(tmp_path: Path) -> None:
+    """Only the file may start with a BOM: one inside is skipped like any line that is not JSON."""
+    run = tmp_path / "run.jsonl"
+    run.write_bytes(f"{LINE}\n".encode() + codecs.BOM_UTF8 + f"{LINE}\n".encode())
+    with pytest.warns(UserWarning, match="line") as caught:
+        assert read_jsonl(run) == [EVENT]
+    assert [str(w.message) for w in caught] == [
+        f"{run}, line 2: skipped a line that is not valid JSON (a write torn by a crash?)"
+    ]
+
+
+@pytest.mark.parametrize("opening", ['{"a":', "["])
+def test_deeply_nested_json_is_not_an_event(tmp_path: Path, opening: str) -> None:
+    """A line nested 100,000 deep is a ValueError naming the file and line, not a RecursionError."""
+    run = tmp_path / "run.jsonl"
+    run.write_text(f"{LINE}\n" + opening * 100_000 + "\n")
+    with pytest.raises(ValueError, match="nested") as info:
+        read_jsonl(run)
+    assert str(info.value) == (
+        f"{run}, line 2: JSON nested deeper than an event can be; not a monitor_bus JSONL file?"
+    )
+
+
+def test_an_int_too_long_for_this_python_is_skipped_and_the_rest_kept(tmp_path: Path) -> None:
+    """An int over sys.get_int_max_str_digits() digits is skipped with a warning; its event's other keys stay."""
+    digits = sys.get_int_max_str_digits() + 1
+    run = tmp_path / "run.jsonl"
+    run.write_text(
+        '{"name":"a","timestamp":"2026-03-01T12:00:00+00:00","data":{"big":'
+        + "9" * digits
+        + ',"x":1,"s":"t"}}\n'
+        + f"{LINE}\n"
+    )
+    with pytest.warns(UserWarning, match="line") as caught:
+        events = read_jsonl(run)
+    assert events == [Event("a", T0, {"x": 1, "s": "t"}), EVENT]
+    assert [str(w.message) for w in caught] == [
+        f"{run}, line 1: data['big']: skipped an int of {digits} digits, more than "
+        f"sys.get_int_max_str_digits() ({digits - 1}) lets Python read"
+    ]
+
+
+def test_huge_ints_the_writer_wrote_read_back_exactly(tmp_path: Path) -> None:
+    """10**400 (beyond float64, within the digit limit) written by the handler reads back as that int."""
+    run = tmp_path / "run.jsonl"
+    with JsonlEventHandler(run) as handler:
+        handler(Event(STAT_EVENT, T0, {"x.sum": 10**400, "y.mean": 1.5}))
+        handler(Event("plain", T0, {"n": -(10**400)}))
+    assert read_jsonl(run) == [
+        Event(STAT_EVENT, T0, {"x.sum": 10**400, "y.mean": 1.5}),
+        Event("plain", T0, {"n": -(10**400)}),
+    ]
+
+
+def test_iter_jsonl_reads_lazily(tmp_path: Path) -> None:
+    """iter_jsonl yields each event as its line is read: a bad third line fails only when reached."""
+    run = tmp_path / "run.jsonl"
+    run.write_text(f"{LINE}\n{LINE}\n[1]\n")
+    skipped: list[tuple[int, str, str]] = []
+    events = iter_jsonl(run, lambda *skip: skipped.append(skip))
+    assert next(events) == EVENT
+    assert next(events) == EVENT
+    with pytest.raises(ValueError, match=r", line 3: expected a JSON object, got list$"):
+        next(events)
+    assert skipped == []
+
+
+def test_iter_jsonl_reports_skips_to_the_callback(tmp_path: Path) -> None:
+    """Each skip reaches the callback as (line, kind, message) and no warning is issued."""
+    run = tmp_path / "run.jsonl"
+    long_int = "9" * (sys.get_int_max_str_digits() + 1)
+    run.write_text(
+        f'{LINE}\n{{"name":\n{{"name":"a","timestamp":"2026-03-01T12:00:00+00:00","data":{{"n":{long_int}}}}}\n'
+    )
+    skipped: list[tuple[int, str, str]] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        events = list(iter_jsonl(run, lambda *skip: skipped.append(skip)))
+    assert events == [EVENT, Event("a", T0, {})]
+    assert [(line, kind) for line, kind, _ in skipped] == [(2, "line"), (3, "value")]
+
+
+def test_iter_jsonl_file_without_a_valid_line(tmp_path: Path) -> None:
+    """A file with no valid line raises ValueError once it has been read through."""
+    run = tmp_path / "run.jsonl"
+    run.write_bytes(b"\xff\xfe\n{\n")
+    skipped: list[tuple[int, str, str]] = []
+    with pytest.raises(ValueError, match="no line is a valid JSON event"):
+        list(iter_jsonl(run, lambda *skip: skipped.append(skip)))
+    assert [line for line, _, _ in skipped] == [1, 2]
+
+
+def test_read_jsonl_warning_points_at_the_caller(tmp_path: Path) -> None:
+    """The torn-line warning is attributed to the code calling read_jsonl."""
+    run = tmp_path / "run.jsonl"
+    run.write_text(f"{LINE}\n{{\n")
+    with pytest.warns(UserWarning, match="line") as caught:
+        read_jsonl(run)
+    assert [w.filename for w in caught] == [__file__]
+
+
+def test_a_line_torn_after_a_long_int_is_a_torn_line(tmp_path: Path) -> None:
+    """A line cut short after an over-long int is skipped as torn, like any other cut line."""
+    run = tmp_path / "run.jsonl"
+    long_int = "9" * (sys.get_int_max_str_digits() + 1)
+    run.write_text(f'{LINE}\n{{"name":"a","data":{{"n":{long_int},"m"\n')
+    with pytest.warns(UserWarning, match="line") as caught:
+        assert read_jsonl(run) == [EVENT]
+    assert [str(w.message) for w in caught] == [
+        f"{run}, line 2: skipped a line that is not valid JSON (a write torn by a crash?)"
+    ]
