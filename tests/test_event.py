@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from enum import IntEnum
 
 import numpy as np
 import pytest
 
-from monitor_bus import Event
+from monitor_bus import Event, EventBus, Stat
+
+from .conftest import require
 
 TS = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 
@@ -95,3 +97,69 @@ def test_equality_and_repr() -> None:
         "Event(name='n', timestamp=datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc), "
         "data={'x': 1})"
     )
+
+
+def test_one_element_arrays_and_numpy_scalars_become_python_values() -> None:
+    """One-element numpy arrays are accepted like numpy scalars; a bool stays a bool."""
+    data = {
+        "f": np.array([1.5]),
+        "i": np.array([[3]]),
+        "b": np.array([True]),
+        "f32": np.float32(0.5),
+        "b_": np.bool_(False),
+    }
+    e = Event("n", TS, data)
+    assert e.data == {"f": 1.5, "i": 3, "b": True, "f32": 0.5, "b_": False}
+    assert [type(v) for v in e.data.values()] == [float, int, bool, float, bool]
+
+
+def test_arrays_of_more_than_one_element_name_the_key() -> None:
+    """An array of several elements is a TypeError naming the key and the size."""
+    with pytest.raises(
+        TypeError, match=r"data\['bad'\] must hold one value, not a numpy.ndarray of 2 elements"
+    ):
+        Event("n", TS, {"ok": 1, "bad": np.zeros(2)})
+
+
+def test_torch_values_and_objects() -> None:
+    """One-element tensors become Python values (a bool tensor a bool), and torch.monitor
+    objects get a message naming their module and what to use instead."""
+    try:
+        import torch
+        import torch.monitor
+    except ImportError as exc:
+        require(False, f"torch is not installed: {exc}")
+    e = Event("n", TS, {"b": torch.tensor(True), "f": torch.tensor([0.5]), "i": torch.tensor(7)})
+    assert e.data == {"b": True, "f": 0.5, "i": 7}
+    assert [type(v) for v in e.data.values()] == [bool, float, int]
+    with pytest.raises(TypeError, match="must hold one value, not a torch.Tensor of 3 elements"):
+        Event("n", TS, {"t": torch.zeros(3)})
+    hint = "monitor_bus does not take torch.monitor objects; use the monitor_bus ones"
+    torch_event = torch.monitor.Event("n", TS, {"x": 1.0})
+    with EventBus() as bus:
+        bus.register_event_handler(lambda e: None)
+        with pytest.raises(
+            TypeError, match=f"event must be a monitor_bus.Event, not torch.monitor.Event: {hint}"
+        ):
+            bus.log_event(torch_event)  # type: ignore[arg-type]
+        torch_handle = torch.monitor.register_event_handler(lambda e: None)
+        try:
+            with pytest.raises(
+                TypeError,
+                match="handle must be a monitor_bus.EventHandlerHandle, not "
+                f"torch.monitor.EventHandlerHandle: {hint}",
+            ):
+                bus.unregister_event_handler(torch_handle)  # type: ignore[arg-type]
+        finally:
+            torch.monitor.unregister_event_handler(torch_handle)
+        with pytest.raises(
+            TypeError,
+            match="aggregations must be monitor_bus.Aggregation members, not "
+            f"torch.monitor.Aggregation: {hint}",
+        ):
+            Stat(
+                "x",
+                [torch.monitor.Aggregation.MEAN],
+                window_size=timedelta(seconds=1),
+                bus=bus,
+            )  # type: ignore[list-item]

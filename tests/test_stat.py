@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from monitor_bus import STAT_EVENT, Aggregation, EventBus, Stat, _stat
+from monitor_bus import STAT_EVENT, Aggregation, EventBus, Stat, _dispatcher, _stat
 
 from .conftest import Recorder
 
@@ -229,7 +229,11 @@ def test_concurrent_adds_lose_nothing(bus: EventBus, recorder: Recorder) -> None
     ("kwargs", "error", "message"),
     [
         ({"aggregations": []}, ValueError, "aggregations must name at least one"),
-        ({"aggregations": [1]}, TypeError, "aggregations must be monitor_bus.Aggregation members, not int"),
+        (
+            {"aggregations": [1]},
+            TypeError,
+            "aggregations must be monitor_bus.Aggregation members, not int",
+        ),
         ({"aggregations": 5}, TypeError, "aggregations must be an iterable"),
         ({"window_size": 1.0}, TypeError, "window_size must be a timedelta"),
         ({"window_size": timedelta(0)}, ValueError, "window_size must be at least 1 millisecond"),
@@ -241,6 +245,7 @@ def test_concurrent_adds_lose_nothing(bus: EventBus, recorder: Recorder) -> None
         ({"max_samples": 0}, ValueError, "max_samples must be at least 1"),
         ({"max_samples": 1.5}, TypeError, "max_samples must be an int"),
         ({"name": None}, TypeError, "name must be a str"),
+        ({"bus": "default"}, TypeError, "bus must be a monitor_bus.EventBus or None, not str"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, object], error: type[Exception], message: str) -> None:
@@ -282,3 +287,71 @@ def test_closing_the_bus_logs_open_windows(recorder: Recorder, clock: StepClock)
     stat.add(2)
     assert bus.close(10)
     assert stat_events(recorder) == [{"x.count": 2}]
+
+
+def test_interrupt_inside_a_fold_loses_no_sample(
+    monkeypatch: pytest.MonkeyPatch, clock: StepClock
+) -> None:
+    """A KeyboardInterrupt landing in a fold leaves the samples in the window: the last
+    window of an interrupted run holds every sample added."""
+    stat = Stat("x", [Aggregation.COUNT, Aggregation.SUM], LONG)
+    real_reduce = _stat.reduce
+    interrupts = []
+
+    def interrupted_once(*args: object) -> object:
+        if not interrupts:
+            interrupts.append(1)
+            raise KeyboardInterrupt
+        return real_reduce(*args)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(_stat, "reduce", interrupted_once)
+    n = _stat._CHUNK
+    for _ in range(n - 1):
+        stat.add(1.0)
+    with pytest.raises(KeyboardInterrupt):
+        stat.add(1.0)  # fills the chunk, so it folds, and the fold is interrupted
+    stat.add(1.0)
+    assert stat.count == n + 1
+    stat._close()
+    assert stat.get() == {Aggregation.COUNT: n + 1, Aggregation.SUM: float(n + 1)}
+
+
+def test_one_element_arrays_are_samples_alike(clock: StepClock) -> None:
+    """numpy scalars and one-element arrays are samples; more elements is a TypeError."""
+    np = pytest.importorskip("numpy")
+    stat = Stat("x", [Aggregation.COUNT, Aggregation.SUM], LONG)
+    for v in (np.float32(1.5), np.array([2.0]), np.array(3), np.array([[True]])):
+        stat.add(v)
+    stat._close()
+    assert stat.get() == {Aggregation.COUNT: 4, Aggregation.SUM: 7.5}
+    with pytest.raises(TypeError, match="v must hold one value, not a numpy.ndarray of 2 elements"):
+        stat.add(np.zeros(2))
+    with pytest.raises(TypeError, match="v must be a real number, not str"):
+        stat.add("1.0")  # type: ignore[arg-type]
+
+
+def test_timer_pass_closes_due_windows_by_the_stat_clock(
+    bus: EventBus, recorder: Recorder, clock: StepClock
+) -> None:
+    """The dispatcher's timer pass reads the Stat clock: it closes each window that holds
+    data once its end (plus a slack) has passed, leaves empty ones, and returns the next end."""
+    slack = _dispatcher._TIMER_SLACK
+    bus.register_event_handler(recorder)
+    fast = Stat("fast", [Aggregation.SUM], timedelta(seconds=10), bus=bus)
+    slow = Stat("slow", [Aggregation.SUM], timedelta(seconds=60), bus=bus)
+    next_end: dict[float, float] = {}
+    assert bus._timer_pass(next_end) == 1010.0 + slack  # the first pass only schedules
+    fast.add(1.0)
+    slow.add(2.0)
+    clock.now = 1010.0  # the window is over, but not by the slack yet
+    assert bus._timer_pass(next_end) == 1010.0 + slack
+    assert bus.flush(10)
+    assert stat_events(recorder) == []
+    clock.now = 1010.0 + slack
+    assert bus._timer_pass(next_end) == 1020.0 + slack
+    assert bus.flush(10)
+    assert stat_events(recorder) == [{"fast.sum": 1.0}]
+    clock.now = 1060.0 + slack  # fast's window [1010, 1020) was empty: nothing to log
+    assert bus._timer_pass(next_end) == 1070.0 + slack
+    assert bus.flush(10)
+    assert stat_events(recorder) == [{"fast.sum": 1.0}, {"slow.sum": 2.0}]
