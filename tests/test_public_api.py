@@ -78,3 +78,14 @@ def test_import_starts_no_thread_and_loads_no_optional_dependency() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.split("\n")[:2] == ["1", "[]"]
+
+
+@pytest.mark.asyncio
+async def test_what_public_functions_return_is_public() -> None:
+    """subscribe() returns a monitor_bus.Subscription and takes an EventFilter, both exported."""
+    with monitor_bus.EventBus() as bus:
+        subscription = bus.subscribe("train.step")
+        assert type(subscription) is monitor_bus.Subscription
+        assert monitor_bus.Subscription.__module__ == "monitor_bus"
+        assert "EventFilter" in monitor_bus.__all__
+        assert "configure_default_bus" in monitor_bus.__all__
