@@ -233,21 +233,30 @@ def test_flush_from_a_thread_that_reuses_a_finished_handler_threads_id() -> None
         assert old is not None
         old.join()
         outcome: list[str] = []
+        release = threading.Event()
 
-        def flush_if_reusing() -> None:
+        def flush_if_reusing(decided: threading.Event) -> None:
             if threading.get_ident() != old.ident:
+                decided.set()
+                release.wait()  # hold this stack, so the next thread gets another one
                 return
             try:
                 outcome.append("flushed" if live.flush(5) else "timed out")
             except RuntimeError as exc:
                 outcome.append(str(exc))
+            decided.set()
 
+        candidates = []
         for _ in range(200):
-            t = threading.Thread(target=flush_if_reusing)
-            t.start()
-            t.join()
+            decided = threading.Event()
+            candidates.append(threading.Thread(target=flush_if_reusing, args=(decided,)))
+            candidates[-1].start()
+            assert decided.wait(10)
             if outcome:
                 break
+        release.set()
+        for t in candidates:
+            t.join()
     if not outcome:
         pytest.skip("no new thread got the finished thread's id in 200 tries")
     assert outcome == ["flushed"]
