@@ -10,12 +10,14 @@ take to reach a handler. Needs the ``demo`` extra (numpy; tensorboard unless dis
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
+import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -172,7 +174,7 @@ def run_demo(
             bus.register_event_handler(_EpochScalars(writer), name="tensorboard-epochs")
         bus.register_event_handler(tally, name="tally")
         started = time.perf_counter()
-        epochs, accuracy = anyio.run(_train, bus, steps, seed, progress)
+        epochs, accuracy = _run_interruptible(_train, bus, steps, seed, progress)
         seconds = time.perf_counter() - started
         bus.flush()
         stats = bus.stats()
@@ -198,6 +200,24 @@ def run_demo(
             handler_errors=stats["handler_errors"],
             latencies_ms=list(tally.latencies_ms),
         )
+
+
+def _run_interruptible(
+    train: Callable[..., Awaitable[tuple[int, float]]], *args: Any
+) -> tuple[int, float]:
+    """``anyio.run(train, *args)``, where Ctrl-C ends in ``KeyboardInterrupt`` on every Python.
+
+    anyio turns the first SIGINT into a cancellation of the main task, so ``finally`` blocks
+    run (the last Stat windows get logged), then raises ``KeyboardInterrupt``. Below 3.11 the
+    task has no ``uncancel()`` to tell that cancellation apart, and ``CancelledError`` escapes
+    instead. Nothing else here cancels the main task, so that is the Ctrl-C.
+    """
+    try:
+        return anyio.run(train, *args)
+    except asyncio.CancelledError:
+        if sys.version_info >= (3, 11):
+            raise
+        raise KeyboardInterrupt from None
 
 
 def _spirals(rng: Any, n: int) -> tuple[Any, Any]:

@@ -6,6 +6,7 @@ import importlib
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -131,6 +132,27 @@ def test_python_dash_m_runs_the_demo(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "Trained 20 steps (1 epochs)" in proc.stdout
     assert len(read_jsonl(tmp_path / "events.jsonl")) > 1
+
+
+def test_ctrl_c_in_the_demo_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    """SIGINT during `monitor-bus demo` prints one 'interrupted' line and exits 130, on every Python."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "monitor_bus", "demo", "--steps", "1000000"]
+        + ["--logdir", str(tmp_path), "--no-tensorboard"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        # The first progress line is drawn from inside the event loop: training has begun.
+        assert proc.stderr.readline() == f"[{'-' * 30}] 0/1000000 steps\n"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert (proc.returncode, out, err) == (130, "", "monitor-bus: error: interrupted\n")
+    assert (tmp_path / "events.jsonl").is_file()
 
 
 def test_demo_log_dir_that_cannot_be_created(
