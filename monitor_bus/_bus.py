@@ -378,7 +378,8 @@ class EventBus(Dispatcher):
         """A snapshot of the bus's counters.
 
         Keys: ``logged``, ``dropped`` (turned away by the full queue), ``queued``,
-        ``handler_errors``, ``handler_dropped`` (sum over handlers, queue drops included) and
+        ``handler_errors``, ``handler_dropped`` (sum over handlers, queue drops included),
+        ``dispatcher_restarts`` (times the dispatcher failed, was logged and started again) and
         ``handlers``: one mapping per registered handler with ``name``, ``async``, ``logged``
         (events logged while it was registered), ``delivered``, ``errors``, ``dropped`` and
         ``pending``. For each handler, ``logged == delivered + dropped + pending``.
