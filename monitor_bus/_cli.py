@@ -8,15 +8,21 @@ only once the inputs have been checked, and ``plot`` replaces its output file at
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import math
 import os
 import shlex
 import sys
 import tempfile
-import warnings
+from array import array
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any, TextIO
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
+from typing import TextIO
+
+from . import __version__
+from ._event import Event
+from ._stat import STAT_EVENT
 
 PROG = "monitor-bus"
 
@@ -30,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Events and windowed counters without PyTorch: run the demo, or read a run's JSONL file.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser(
@@ -92,6 +99,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--output",
         metavar="FILE",
         help="image to write; the format follows the extension (default: RUN.png beside RUN.jsonl)",
+    )
+    plot.add_argument(
+        "--stat",
+        action="append",
+        metavar="PATTERN",
+        help="draw only the Stats whose name matches this glob pattern (step_time_ms, 'loss*'); "
+        "repeat for more",
+    )
+    plot.add_argument(
+        "--max-panels",
+        type=_positive_int,
+        default=12,
+        metavar="N",
+        help="draw at most N panels, the first by name, and say so if there are more "
+        "(default: %(default)s)",
     )
     return parser
 
@@ -232,64 +254,174 @@ def _demo(args: argparse.Namespace) -> int:
 
 # -- reading runs --
 
-
-def _read(path: str) -> list[Any]:
-    from ._jsonl import read_jsonl
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        events = read_jsonl(path)
-    # Reported only when the file was readable: otherwise the error line says it all.
-    for warning in caught:
-        print(f"{PROG}: warning: {warning.message}", file=sys.stderr)
-    return events
+_SHOWN_SKIPS = 5
 
 
-def _stat_series(events: list[Any]) -> dict[str, list[tuple[Any, float]]]:
-    """Each Stat key (``name.aggregation``) with its (timestamp, value) per window, in order."""
-    from ._stat import STAT_EVENT
+class _Skips:
+    """What reading a run skipped: the first few reported as they came, then one total."""
 
-    series: dict[str, list[tuple[Any, float]]] = {}
-    for event in events:
-        if event.name != STAT_EVENT:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lines = 0
+        self.values = 0
+        self.shown: list[str] = []
+
+    def __call__(self, lineno: int, kind: str, message: str) -> None:
+        if kind == "line":
+            self.lines += 1
+        else:
+            self.values += 1
+        if len(self.shown) < _SHOWN_SKIPS:
+            self.shown.append(f"{self.path}, line {lineno}: {message}")
+
+    def report(self) -> None:
+        for message in self.shown:
+            _warn(message)
+        more = self.lines + self.values - len(self.shown)
+        if more:
+            _warn(
+                f"{self.path}: {more} more skipped "
+                f"({_plural(self.lines, 'line')}, {_plural(self.values, 'value')} in all)"
+            )
+
+
+class _StatSkips:
+    """Stat values the command cannot use, counted per key."""
+
+    def __init__(self) -> None:
+        self.too_large: Counter[str] = Counter()
+        self.not_numbers: Counter[str] = Counter()
+
+    def report(self) -> None:
+        for counts, one, many in (
+            (self.too_large, "too large for a float", "too large for a float"),
+            (self.not_numbers, "that is not a number", "that are not numbers"),
+        ):
+            if not counts:
+                continue
+            total = sum(counts.values())
+            keys = ", ".join(f"{key} ({n})" for key, n in sorted(counts.items())[:_SHOWN_SKIPS])
+            if len(counts) > _SHOWN_SKIPS:
+                keys += f" and {len(counts) - _SHOWN_SKIPS} more keys"
+            what = one if total == 1 else many
+            _warn(f"skipped {_plural(total, 'Stat value')} {what}: {keys}")
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _warn(message: str) -> None:
+    print(f"{PROG}: warning: {message}", file=sys.stderr)
+
+
+def _events(path: str, skips: _Skips) -> Iterator[Event]:
+    """The run's events, read one at a time; what is skipped goes to ``skips``."""
+    from ._jsonl import iter_jsonl
+
+    return iter_jsonl(path, skips)
+
+
+def _stat_values(event: Event, skips: _StatSkips) -> Iterator[tuple[str, float]]:
+    """Each (key, value) of a Stat event as a float; other events give none."""
+    if event.name != STAT_EVENT:
+        return
+    for key, value in event.data.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            skips.not_numbers[key] += 1
             continue
-        for key, value in event.data.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                series.setdefault(key, []).append((event.timestamp, float(value)))
-    return series
+        try:
+            yield key, float(value)
+        except OverflowError:  # an int past 1.8e308, as a Stat's sum can be
+            skips.too_large[key] += 1
 
 
 def _fmt(value: float) -> str:
     return f"{value:.6g}"
 
 
+# -- summary --
+
+
+class _Column:
+    """One Stat key's windows, folded as they are read."""
+
+    __slots__ = ("high", "last", "low", "windows")
+
+    def __init__(self) -> None:
+        self.windows = 0
+        self.last = math.nan
+        self.low = math.inf  # over the values that are not NaN
+        self.high = -math.inf
+
+    def add(self, value: float) -> None:
+        self.windows += 1
+        self.last = value
+        if value < self.low:
+            self.low = value
+        if value > self.high:
+            self.high = value
+
+
+class _Summary:
+    """What ``summary`` prints, folded from the events one at a time."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.names: Counter[str] = Counter()
+        self.first: datetime | None = None
+        self.last: datetime | None = None
+        self.stats: dict[str, _Column] = {}
+        self.skipped = _StatSkips()
+
+
+def _summarize(events: Iterable[Event]) -> _Summary:
+    """Fold ``events`` into a summary, keeping none of them: memory grows with names and keys."""
+    summary = _Summary()
+    names = summary.names
+    stats = summary.stats
+    for event in events:
+        summary.events += 1
+        names[event.name] += 1
+        ts = event.timestamp
+        if summary.first is None or ts < summary.first:
+            summary.first = ts
+        if summary.last is None or ts > summary.last:
+            summary.last = ts
+        for key, value in _stat_values(event, summary.skipped):
+            column = stats.get(key)
+            if column is None:
+                column = stats[key] = _Column()
+            column.add(value)
+    return summary
+
+
 def _summary(args: argparse.Namespace) -> int:
-    events = _read(args.run)
-    names = Counter(event.name for event in events)
-    if events:
-        first = min(e.timestamp for e in events)
-        last = max(e.timestamp for e in events)
-        span = f", {first.isoformat(timespec='seconds')} to {last.isoformat(timespec='seconds')}"
-    else:
-        span = ""
-    print(f"{args.run}: {len(events)} events{span}")
-    width = max((len(name) for name in names), default=0) + 4
-    for name, n in sorted(names.items()):
+    skips = _Skips(args.run)
+    summary = _summarize(_events(args.run, skips))
+    # Reported only when the file was readable: otherwise the error line says it all.
+    skips.report()
+    summary.skipped.report()
+    span = ""
+    if summary.first is not None and summary.last is not None:
+        first = summary.first.isoformat(timespec="seconds")
+        span = f", {first} to {summary.last.isoformat(timespec='seconds')}"
+    print(f"{args.run}: {summary.events} events{span}")
+    width = max((len(name) for name in summary.names), default=0) + 4
+    for name, n in sorted(summary.names.items()):
         print(f"  {name:<{width}}{n:>8}")
-    series = _stat_series(events)
     print()
-    if not series:
+    if not summary.stats:
         print("no Stat events")
         return 0
     header = ("stat", "aggregate", "windows", "last", "min", "max")
     rows = []
-    for key in sorted(series):
+    for key in sorted(summary.stats):
         stat, _, agg = key.rpartition(".")
-        values = [v for _, v in series[key]]
-        finite = [v for v in values if not math.isnan(v)]
-        low = _fmt(min(finite)) if finite else "nan"
-        high = _fmt(max(finite)) if finite else "nan"
-        rows.append((stat, agg, str(len(values)), _fmt(values[-1]), low, high))
+        column = summary.stats[key]
+        low = _fmt(column.low) if column.low <= column.high else "nan"
+        high = _fmt(column.high) if column.low <= column.high else "nan"
+        rows.append((stat, agg, str(column.windows), _fmt(column.last), low, high))
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         cells = [
@@ -313,9 +445,16 @@ def _log_label(value: float, _pos: object) -> str:
     return f"{value:g}" if any(math.isclose(mantissa, m) for m in (1, 2, 5)) else ""
 
 
+def _panel(key: str) -> str:
+    """The panel a Stat key is drawn in: its Stat's, or its own for counts and sums."""
+    stat, _, agg = key.rpartition(".")
+    return stat if agg in _SHARED_AXES else key
+
+
 def _plot(args: argparse.Namespace) -> int:
     run_path: str = args.run
     output: str = args.output or os.path.splitext(run_path)[0] + ".png"
+    patterns: list[str] = args.stat or []
     if os.path.isdir(output):
         raise CliError(f"output is a directory: {output}")
     directory = os.path.dirname(os.path.abspath(output))
@@ -328,28 +467,60 @@ def _plot(args: argparse.Namespace) -> int:
     except ImportError:
         raise CliError("plot needs matplotlib: pip install 'monitor_bus[plot]'") from None
 
-    events = _read(run_path)
-    series = _stat_series(events)
+    # Points are kept as packed doubles (seconds since the epoch, value): 16 bytes a window.
+    series: dict[str, tuple[array[float], array[float]]] = {}
+    unchosen: set[str] = set()
+    skips = _Skips(run_path)
+    stat_skips = _StatSkips()
+    for event in _events(run_path, skips):
+        ts = event.timestamp.timestamp()
+        for key, value in _stat_values(event, stat_skips):
+            points = series.get(key)
+            if points is None:
+                stat = key.rpartition(".")[0]
+                if patterns and not any(fnmatch.fnmatchcase(stat, p) for p in patterns):
+                    unchosen.add(stat)
+                    continue
+                points = series[key] = (array("d"), array("d"))
+            points[0].append(ts)
+            points[1].append(value)
+    skips.report()
+    stat_skips.report()
     if not series:
+        if unchosen:
+            chosen = " ".join(f"--stat {p}" for p in patterns)
+            raise CliError(
+                f"no Stat in {run_path} matches {chosen}; its Stats: {', '.join(sorted(unchosen))}"
+            )
         raise CliError(f"no Stat events in {run_path}: nothing to plot")
 
     # One panel per Stat; counts and sums have other units, so they get panels of their own.
     panels: dict[str, list[str]] = {}
     for key in sorted(series):
-        stat, _, agg = key.rpartition(".")
-        panels.setdefault(stat if agg in _SHARED_AXES else key, []).append(key)
-    start = min(ts for points in series.values() for ts, _ in points)
+        panels.setdefault(_panel(key), []).append(key)
+    if len(panels) > args.max_panels:
+        print(
+            f"{PROG}: note: drew the first {args.max_panels} of {len(panels)} panels, by name; "
+            "choose with --stat PATTERN or --max-panels N",
+            file=sys.stderr,
+        )
+        panels = dict(list(panels.items())[: args.max_panels])
+    drawn = [key for keys in panels.values() for key in keys]
+    start = min(series[key][0][0] for key in drawn)  # windows come in time order per key
 
     figure = Figure(figsize=(8, 2.2 * len(panels) + 0.6), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
     for ax, (title, keys) in zip(axes, panels.items(), strict=True):
+        low, high = math.inf, -math.inf
         for key in keys:
-            xs = [(ts - start).total_seconds() for ts, _ in series[key]]
-            ys = [v for _, v in series[key]]
+            stamps, ys = series[key]
+            xs = [ts - start for ts in stamps]
             ax.plot(xs, ys, marker="o", markersize=3, label=key.rpartition(".")[2])
-        values = [v for key in keys for _, v in series[key] if math.isfinite(v)]
-        if values and min(values) > 0 and max(values) > 20 * min(values):
+            finite = [v for v in ys if math.isfinite(v)]
+            if finite:
+                low, high = min(low, min(finite)), max(high, max(finite))
+        if low > 0 and high > 20 * low:
             ax.set_yscale("log")  # spikes or a falling loss would flatten the rest
             ax.yaxis.set_major_formatter(FuncFormatter(_log_label))
             ax.yaxis.set_minor_formatter(FuncFormatter(_log_label))
@@ -373,5 +544,5 @@ def _plot(args: argparse.Namespace) -> int:
     except BaseException:
         os.unlink(tmp)
         raise
-    print(f"wrote {output} ({len(panels)} panels, {len(series)} series)")
+    print(f"wrote {output} ({len(panels)} panels, {len(drawn)} series)")
     return 0

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import codecs
 import importlib
+import io
+import math
 import os
 import re
 import shlex
 import signal
 import subprocess
 import sys
+import weakref
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
+import monitor_bus
 from monitor_bus import STAT_EVENT, Event, JsonlEventHandler, read_jsonl
 from monitor_bus.__main__ import main
-from monitor_bus._cli import _log_label
+from monitor_bus._cli import _log_label, _ProgressBar, _summarize
+from monitor_bus._demo import run_demo
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -72,12 +79,50 @@ def test_demo_prints_summary_and_tensorboard_command(
     )
     assert f"  tensorboard --logdir {shlex.quote(str(log_dir))}" in lines
     assert f"  monitor-bus summary {shlex.quote(str(log_dir / 'events.jsonl'))}" in lines
-    assert (
-        err.splitlines()[-1]
-        == "[##############################] 40/40 steps  loss "
-        + err.splitlines()[-1].split("loss ")[1]
+    # The seeded run is repeatable: the same 40 steps, run again, give the last loss shown.
+    losses: list[float] = []
+    run_demo(
+        40, tmp_path / "again", tensorboard=False, seed=2, progress=lambda *p: losses.append(p[2])
     )
+    assert err.splitlines()[-1] == f"[{'#' * 30}] 40/40 steps  loss {losses[-1]:.4f}"
     assert any(p.name.startswith("events.out.tfevents.") for p in log_dir.iterdir())
+
+
+class FakeStream(io.StringIO):
+    """A stream that says whether it is a terminal."""
+
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_progress_bar_off_a_terminal_writes_a_line_per_tenth() -> None:
+    """Off a terminal the bar writes one line each time a tenth is reached, and the loss once known."""
+    stream = FakeStream(tty=False)
+    bar = _ProgressBar(stream, width=10)
+    for done in range(0, 21):
+        bar(done, 20, math.nan if done == 0 else 1.0 / done)
+    bar.end()
+    assert stream.getvalue().splitlines() == [
+        "[----------] 0/20 steps",
+        *[
+            f"[{'#' * t}{'-' * (10 - t)}] {2 * t}/20 steps  loss {1 / (2 * t):.4f}"
+            for t in range(1, 11)
+        ],
+    ]
+
+
+def test_progress_bar_on_a_terminal_redraws_in_place() -> None:
+    """On a terminal each call redraws the line after a carriage return, and end() closes it."""
+    stream = FakeStream(tty=True)
+    bar = _ProgressBar(stream, width=4)
+    bar(1, 4, 0.5)
+    bar(1, 4, 0.25)
+    bar.end()
+    assert stream.getvalue() == "\r[#---] 1/4 steps  loss 0.5000\r[#---] 1/4 steps  loss 0.2500\n"
 
 
 def test_demo_no_tensorboard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -106,7 +151,7 @@ def test_console_script_points_at_main(capsys: pytest.CaptureFixture[str]) -> No
     assert target is main
     assert target(["--help"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: monitor-bus [-h] COMMAND ...")
+    assert out.startswith("usage: monitor-bus [-h] [--version] COMMAND ...")
     commands = [line.split()[0] for line in out.splitlines() if re.match(r"^    \w", line)]
     assert commands == ["demo", "summary", "plot"]
 
@@ -212,6 +257,12 @@ def test_plot_without_matplotlib(
     assert [p.name for p in tmp_path.iterdir()] == ["run.jsonl"]
 
 
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    """--version prints the package's version and exits 0."""
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"monitor-bus {monitor_bus.__version__}\n"
+
+
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     """A bad option value or no command is a usage error (exit 2), not a traceback."""
     assert main(["demo", "--steps", "0"]) == 2
@@ -254,6 +305,142 @@ def test_summary_warns_about_a_torn_line_and_goes_on(
         == f"monitor-bus: warning: {run}, line 8: skipped a line that is not valid JSON (a write torn by a crash?)\n"
     )
     assert out.startswith(f"{run}: 7 events")
+
+
+def test_summary_reports_many_skipped_lines_in_a_few(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Past five skipped lines, summary gives one total instead of a warning per line."""
+    run = stat_run(tmp_path / "run.jsonl")
+    with run.open("ab") as f:
+        f.write(b"{\n" * 100)
+    assert main(["summary", str(run)]) == 0
+    out, err = capsys.readouterr()
+    torn = "skipped a line that is not valid JSON (a write torn by a crash?)"
+    assert err.splitlines() == [
+        *[f"monitor-bus: warning: {run}, line {n}: {torn}" for n in range(8, 13)],
+        f"monitor-bus: warning: {run}: 95 more skipped (100 lines, 0 values in all)",
+    ]
+    assert out.startswith(f"{run}: 7 events")
+
+
+def test_summary_and_plot_skip_a_stat_value_beyond_float(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Stat value of 10**400 (the handler writes it) is skipped and counted; the rest is summarized and plotted."""
+    run = write_run(
+        tmp_path / "run.jsonl",
+        [
+            Event(STAT_EVENT, T0, {"x.sum": 10**400, "x.mean": 1.0}),
+            Event(STAT_EVENT, T0 + timedelta(seconds=1), {"x.sum": 3, "x.mean": 2.0}),
+            Event("plain", T0, {"n": 10**400}),
+        ],
+    )
+    warning = "monitor-bus: warning: skipped 1 Stat value too large for a float: x.sum (1)\n"
+    assert main(["summary", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert err == warning
+    assert out.endswith(
+        "stat  aggregate  windows  last  min  max\n"
+        "x     mean             2     2    1    2\n"
+        "x     sum              1     3    3    3\n"
+    )
+    assert "  plain                        1\n" in out
+    assert main(["plot", str(run), "-o", str(tmp_path / "p.png")]) == 0
+    out, err = capsys.readouterr()
+    assert (out, err) == (f"wrote {tmp_path / 'p.png'} (2 panels, 2 series)\n", warning)
+
+
+def test_summary_counts_stat_values_that_are_not_numbers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A string or bool under a Stat event's key is not a Stat value: skipped and counted by key."""
+    run = write_run(
+        tmp_path / "run.jsonl",
+        [Event(STAT_EVENT, T0, {"a.value": "n/a", "b.value": True, "c.value": 1.0})],
+    )
+    assert main(["summary", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert err == (
+        "monitor-bus: warning: skipped 2 Stat values that are not numbers: a.value (1), b.value (1)\n"
+    )
+    assert out.endswith("c     value            1     1    1    1\n")
+
+
+@pytest.mark.parametrize("command", ["summary", "plot"])
+@pytest.mark.parametrize("opening", ['{"a":', "["])
+def test_deeply_nested_line_is_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, opening: str
+) -> None:
+    """A line nested 100,000 deep: one error line naming file and line, exit 1, no traceback."""
+    run = stat_run(tmp_path / "run.jsonl")
+    with run.open("a") as f:
+        f.write(opening * 100_000 + "\n")
+    assert main([command, str(run)]) == 1
+    assert one_error_line(capsys.readouterr().err) == (
+        f"{run}, line 8: JSON nested deeper than an event can be; not a monitor_bus JSONL file?"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.jsonl"]
+
+
+def test_summary_skips_an_int_too_long_to_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An int over the digit limit is one warning naming line and key; its event still counts."""
+    limit = sys.get_int_max_str_digits()
+    run = stat_run(tmp_path / "run.jsonl")
+    with run.open("a") as f:
+        f.write('{"name":"big","timestamp":"2026-03-01T12:00:00+00:00","data":{"n":')
+        f.write("1" * (limit + 1) + "}}\n")
+    assert main(["summary", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert err == (
+        f"monitor-bus: warning: {run}, line 8: data['n']: skipped an int of {limit + 1} digits, "
+        f"more than sys.get_int_max_str_digits() ({limit}) lets Python read\n"
+    )
+    assert out.startswith(f"{run}: 8 events")
+    assert "  big                          1\n" in out
+
+
+def test_summary_reads_past_a_bom(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file saved with a UTF-8 BOM is summarized whole, with no warning."""
+    run = stat_run(tmp_path / "run.jsonl")
+    run.write_bytes(codecs.BOM_UTF8 + run.read_bytes())
+    assert main(["summary", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert (err, out.splitlines()[0]) == (
+        "",
+        f"{run}: 7 events, 2026-03-01T12:00:00+00:00 to 2026-03-01T12:00:03+00:00",
+    )
+
+
+class TrackedEvent(Event):
+    """An event that can be watched for being freed."""
+
+    __slots__ = ("__weakref__",)
+
+
+def test_summary_keeps_no_events() -> None:
+    """summary folds events one at a time: by the last event, the ones before it are freed."""
+    alive: list[weakref.ref[TrackedEvent]] = []
+
+    def events() -> Iterator[Event]:
+        for i in range(1000):
+            event = TrackedEvent(STAT_EVENT, T0 + timedelta(seconds=i), {"x.mean": float(i)})
+            alive.append(weakref.ref(event))
+            yield event
+            del event
+
+    summary = _summarize(events())
+    assert [ref() for ref in alive] == [None] * 1000
+    assert (summary.events, summary.names, summary.first, summary.last) == (
+        1000,
+        {STAT_EVENT: 1000},
+        T0,
+        T0 + timedelta(seconds=999),
+    )
+    column = summary.stats["x.mean"]
+    assert (column.windows, column.last, column.low, column.high) == (1000, 999.0, 0.0, 999.0)
 
 
 def test_summary_without_stats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -348,6 +535,61 @@ def test_plot_output_errors_leave_files_alone(
     assert "xyz" in one_error_line(capsys.readouterr().err)
     assert old.read_bytes() == b"previous picture"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "old.xyz", "run.jsonl"]
+
+
+def many_stats_run(path: Path, n: int) -> Path:
+    """n Stats (s00, s01, ...) of a mean and a count each, over two windows."""
+    events = [
+        Event(
+            STAT_EVENT, T0 + timedelta(seconds=w), {f"s{i:02d}.mean": 1.0 + w, f"s{i:02d}.count": 5}
+        )
+        for w in range(2)
+        for i in range(n)
+    ]
+    return write_run(path, events)
+
+
+def test_plot_draws_the_first_panels_and_says_how_to_choose(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Past --max-panels (default 12) plot draws the first panels by name and says so on stderr."""
+    run = many_stats_run(tmp_path / "run.jsonl", 40)
+    out_png = tmp_path / "p.png"
+    assert main(["plot", str(run), "-o", str(out_png)]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"wrote {out_png} (12 panels, 12 series)\n"
+    assert err == (
+        "monitor-bus: note: drew the first 12 of 80 panels, by name; choose with "
+        "--stat PATTERN or --max-panels N\n"
+    )
+    assert main(["plot", str(run), "-o", str(out_png), "--max-panels", "3"]) == 0
+    assert capsys.readouterr().out == f"wrote {out_png} (3 panels, 3 series)\n"
+
+
+def test_plot_stat_patterns_choose_the_panels(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--stat takes glob patterns on Stat names, repeatable; panels beyond the limit are not drawn."""
+    from matplotlib.image import imread
+
+    run = many_stats_run(tmp_path / "run.jsonl", 40)
+    out_png = tmp_path / "p.png"
+    assert main(["plot", str(run), "-o", str(out_png), "--stat", "s0[12]", "--stat", "s39"]) == 0
+    out, err = capsys.readouterr()
+    assert (out, err) == (f"wrote {out_png} (6 panels, 6 series)\n", "")
+    assert imread(out_png).shape[0] == int(100 * (2.2 * 6 + 0.6))
+
+
+def test_plot_stat_pattern_matching_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --stat that matches no Stat is one error line listing the run's Stats, nothing written."""
+    run = stat_run(tmp_path / "run.jsonl")
+    assert main(["plot", str(run), "-o", str(tmp_path / "p.png"), "--stat", "nope*"]) == 1
+    assert one_error_line(capsys.readouterr().err) == (
+        f"no Stat in {run} matches --stat nope*; its Stats: lat, loss"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.jsonl"]
 
 
 def test_log_axis_labels_one_two_five() -> None:
