@@ -1,0 +1,240 @@
+"""The dispatcher keeps delivering: registries that race, a failing task, and drop reports."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import types
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Stat
+
+from .conftest import Recorder
+
+TS = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def ev(i: int, name: str = "e") -> Event:
+    return Event(name, TS, {"i": i})
+
+
+def errors_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "monitor_bus" and r.levelno >= logging.ERROR
+    ]
+
+
+def drop_warnings(caplog: pytest.LogCaptureFixture, what: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "monitor_bus" and r.levelno == logging.WARNING and what in r.getMessage()
+    ]
+
+
+@pytest.fixture
+def drop_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The clock of the drop reports' rate limit, stepped by the test (starts at 0)."""
+    from monitor_bus import _ratelimit
+
+    now = [0.0]
+    monkeypatch.setattr(_ratelimit, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    return now
+
+
+class Gate:
+    """An async handler that blocks the dispatcher's loop on each event named "gate"."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    async def __call__(self, event: Event) -> None:
+        if event.name == "gate":
+            self.entered.set()
+            self.release.wait()  # blocks the whole loop: nothing is drained meanwhile
+
+    def hold(self, bus: EventBus) -> None:
+        """Log a gate event and return once the loop is blocked on it."""
+        self.entered.clear()
+        self.release.clear()
+        bus.log_event(ev(-1, "gate"))
+        assert self.entered.wait(10)
+
+
+# -- item 1: Stats created while the timer runs --
+
+
+@pytest.mark.parametrize(
+    ("existing", "created_per_thread"),
+    [
+        pytest.param(5_000, 10_000, id="5k+2x10k"),
+        pytest.param(20_000, 20_000, id="20k+2x20k", marks=pytest.mark.stress),
+    ],
+)
+def test_stats_created_during_timer_passes_do_not_stop_delivery(
+    existing: int, created_per_thread: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stats created by two threads while the timer walks thousands of 5 ms windows leave the
+    dispatcher running: no error is logged and a later event arrives without flush()."""
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    arrived = threading.Event()
+    window = timedelta(milliseconds=5)
+    bus = EventBus(name="timers")
+    try:
+        bus.register_event_handler(lambda e: arrived.set() if e.name == "after" else None)
+        stats = [Stat(f"s{i}", [Aggregation.COUNT], window, bus=bus) for i in range(existing)]
+
+        def create(k: int) -> None:
+            made = [
+                Stat(f"t{k}.{i}", [Aggregation.COUNT], window, bus=bus)
+                for i in range(created_per_thread)
+            ]
+            stats.extend(made)
+
+        threads = [threading.Thread(target=create, args=(k,)) for k in range(2)]
+        switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # threads switch every microsecond: the race is near-certain
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            sys.setswitchinterval(switch_interval)
+
+        assert errors_of(caplog) == []
+        bus.log_event(Event("after", TS, {}))
+        assert arrived.wait(30), "the event did not arrive without flush()"
+        assert bus.stats()["dispatcher_restarts"] == 0
+        assert len(stats) == existing + 2 * created_per_thread
+    finally:
+        assert bus.close(timeout=30)
+
+
+def test_a_failed_dispatcher_is_logged_and_started_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, recorder: Recorder
+) -> None:
+    """An exception in a dispatcher task is logged at CRITICAL naming the bus, the dispatcher
+    starts again, later events and Stat windows arrive without flush(), and close() succeeds."""
+    from monitor_bus._dispatcher import Dispatcher
+
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    original = Dispatcher._timer_pass
+    calls = [0]
+    failed = threading.Event()
+
+    def fail_once(self: Dispatcher, next_end: dict[float, float]) -> float | None:
+        calls[0] += 1
+        if calls[0] == 2:  # the pass a new window size triggers, after registration
+            failed.set()
+            raise RuntimeError("injected timer failure")
+        return original(self, next_end)
+
+    monkeypatch.setattr(Dispatcher, "_timer_pass", fail_once)
+    bus = EventBus(name="crashy")
+    bus.register_event_handler(recorder)
+    stat = Stat("load", [Aggregation.COUNT], timedelta(milliseconds=5), bus=bus)
+    assert failed.wait(10)
+
+    bus.log_event(ev(1))
+    assert recorder.wait_for(1), "the event did not arrive without flush()"
+    stat.add(1.0)  # the restarted timer closes this window
+    assert recorder.wait_for(2), "the Stat window did not arrive without flush()"
+
+    critical = [r for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert len(critical) == 1
+    assert "EventBus 'crashy'" in critical[0].getMessage()
+    assert "the dispatcher failed" in critical[0].getMessage()
+    assert "injected timer failure" in caplog.text
+    assert bus.stats()["dispatcher_restarts"] == 1
+    assert [e.name for e in recorder.events] == ["e", STAT_EVENT]
+    assert recorder.events[1].data == {"load.count": 1}
+    assert bus.close(timeout=10) is True
+
+
+# -- item 5: every drop is reported, at most once per interval --
+
+
+def test_handler_drops_are_reported_once_per_interval(
+    drop_clock: list[float], caplog: pytest.LogCaptureFixture, recorder: Recorder
+) -> None:
+    """A handler that falls behind is named in a WARNING with its drop count, at most once per
+    interval, and close() reports the rest."""
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(event: Event) -> None:
+        entered.set()
+        release.wait()
+
+    bus = EventBus(capacity=10, name="lagging")
+    bus.register_event_handler(slow, name="slow")
+    bus.register_event_handler(recorder)  # paces the producer: the queue itself never overflows
+    bus.log_event(ev(0))
+    assert entered.wait(10)  # event 0 in flight; the next 10 fill the backlog, the rest drop
+
+    def log_paced(first: int, last: int) -> None:
+        for i in range(first, last + 1):
+            bus.log_event(ev(i))
+            assert recorder.wait_for(i + 1)
+
+    log_paced(1, 20)  # events 11..20 dropped: one warning, at the first drop
+    assert drop_warnings(caplog, "fell behind") == [
+        f"{bus!r}: handler 'slow' fell behind (backlog capacity 10, policy drop_newest): "
+        "1 events dropped since the last report, 1 in all"
+    ]
+    drop_clock[0] += 10.0  # one interval later, the next drop is reported again
+    log_paced(21, 30)
+    drop_clock[0] += 1.0  # within that interval: no report
+    log_paced(31, 41)
+    release.set()
+    assert bus.flush(10)
+    (slow_stats, _) = bus.stats()["handlers"]
+    assert (slow_stats["delivered"], slow_stats["dropped"]) == (11, 31)
+    assert bus.stats()["dropped"] == 0
+    assert bus.close(timeout=10)
+
+    reports = drop_warnings(caplog, "fell behind")
+    assert len(reports) == 3
+    assert reports[1].endswith("10 events dropped since the last report, 11 in all")
+    assert reports[2].endswith("20 events dropped since the last report, 31 in all")
+    assert all("EventBus 'lagging'" in r and "handler 'slow'" in r for r in reports)
+
+
+def test_queue_drops_are_reported_once_per_interval(
+    drop_clock: list[float], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Drops by a full queue are reported naming the bus and the count, at most once per
+    interval, and the next interval reports what was dropped meanwhile."""
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    gate = Gate()
+    bus = EventBus(capacity=5, name="narrow")
+    bus.register_event_handler(gate, name="gate")
+
+    def flood(n: int) -> None:
+        gate.hold(bus)
+        for i in range(n):
+            bus.log_event(ev(i))
+        gate.release.set()
+        assert bus.flush(10)
+
+    flood(20)  # the loop is blocked: 5 queued, 15 dropped
+    flood(20)  # 15 more, within the interval
+    assert drop_warnings(caplog, "queue full") == [
+        f"{bus!r}: queue full (capacity 5, policy drop_newest): "
+        "15 events dropped since the last report, 15 in all"
+    ]
+    drop_clock[0] += 10.0
+    assert bus.flush(10)
+    assert bus.close(timeout=10)
+    reports = drop_warnings(caplog, "queue full")
+    assert len(reports) == 2
+    assert "EventBus 'narrow'" in reports[1]
+    assert reports[1].endswith("15 events dropped since the last report, 30 in all")
+    assert bus.stats()["dropped"] == 30
