@@ -186,8 +186,8 @@ class Dispatcher:
             else:
                 failed = True
                 logger.critical(
-                    "%r: the dispatcher failed; it starts again now (failure %d)",
-                    self,
+                    "EventBus %r: the dispatcher failed; it starts again now (failure %d)",
+                    self._name,
                     self._restarts + 1,
                     exc_info=exc,
                 )
@@ -374,9 +374,9 @@ class Dispatcher:
         dropped = queue.dropped
         if dropped != self._dropped_reported and (final or self._drop_throttle.ready()):
             logger.warning(
-                "%r: queue full (capacity %d, policy %s): %d events dropped since the last "
-                "report, %d in all",
-                self,
+                "EventBus %r: queue full (capacity %d, policy %s): %d events dropped since the "
+                "last report, %d in all",
+                self._name,
                 self._capacity,
                 self._overflow,
                 dropped - self._dropped_reported,
@@ -387,9 +387,9 @@ class Dispatcher:
             lost = handler.dropped
             if lost != handler.dropped_reported and (final or self._drop_throttle.ready(handler)):
                 logger.warning(
-                    "%r: handler %r fell behind (backlog capacity %d, policy %s): %d events "
-                    "dropped since the last report, %d in all",
-                    self,
+                    "EventBus %r: handler %r fell behind (backlog capacity %d, policy %s): %d "
+                    "events dropped since the last report, %d in all",
+                    self._name,
                     handler.name,
                     self._capacity,
                     self._overflow,

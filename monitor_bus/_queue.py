@@ -10,8 +10,9 @@ Protocol
   does it inline while ``len(slots) < limit``, and calls ``put_full`` otherwise.
 - Removing from the head (the dispatcher's ``take``, ``drop_oldest``'s eviction) happens under
   ``space`` and never re-entrantly on one thread: a finalizer or signal handler that logs while
-  its thread is removing only appends, so the slots of one event are never split (which would
-  pair one event's name with the next one's data).
+  its thread is removing never removes (it appends, or, with the queue full, drops its own
+  event and counts it), so the slots of one event are never split (which would pair one
+  event's name with the next one's data).
 - Stat windows are never dropped under any policy: their data is a ``WindowData``, queued past
   the limit (at most one event per Stat per window) and skipped by eviction.
 """

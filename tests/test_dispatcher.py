@@ -186,7 +186,7 @@ def test_handler_drops_are_reported_once_per_interval(
 
     log_paced(1, 20)  # events 11..20 dropped: one warning, at the first drop
     assert drop_warnings(caplog, "fell behind") == [
-        f"{bus!r}: handler 'slow' fell behind (backlog capacity 10, policy drop_newest): "
+        "EventBus 'lagging': handler 'slow' fell behind (backlog capacity 10, policy drop_newest): "
         "1 events dropped since the last report, 1 in all"
     ]
     drop_clock[0] += 10.0  # one interval later, the next drop is reported again
@@ -227,7 +227,7 @@ def test_queue_drops_are_reported_once_per_interval(
     flood(20)  # the loop is blocked: 5 queued, 15 dropped
     flood(20)  # 15 more, within the interval
     assert drop_warnings(caplog, "queue full") == [
-        f"{bus!r}: queue full (capacity 5, policy drop_newest): "
+        "EventBus 'narrow': queue full (capacity 5, policy drop_newest): "
         "15 events dropped since the last report, 15 in all"
     ]
     drop_clock[0] += 10.0
