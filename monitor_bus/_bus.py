@@ -273,7 +273,7 @@ class EventBus(Dispatcher):
                     try:
                         self._start_locked()
                     except Exception:
-                        logger.exception("%r: the dispatcher could not start", self)
+                        logger.exception("EventBus %r: the dispatcher could not start", self._name)
         return self._loop is not None
 
     def close(self, timeout: float | None = None) -> bool:

@@ -217,7 +217,7 @@ class Dispatcher:
             try:
                 self._start_locked()
             except Exception:
-                logger.exception("%r: the dispatcher could not start again", self)
+                logger.exception("EventBus %r: the dispatcher could not start again", self._name)
 
     async def _main(self, ready: Future[None]) -> None:
         import asyncio
