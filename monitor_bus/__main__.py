@@ -7,14 +7,15 @@ from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``monitor-bus`` command line (``demo``, ``summary``, ``plot``).
+    """Run the ``monitor-bus`` command line (``demo``, ``summary``, ``plot``, ``--version``).
 
     Args:
         argv: the arguments after the program name; ``sys.argv[1:]`` if None.
 
     Returns:
-        The exit status: 0 on success, 1 on an error (reported in one line on stderr), 2 on
-        a usage error.
+        The exit status: 0 on success (also when lines or values were skipped, which are
+        reported on stderr), 1 on an error (reported in one line on stderr), 2 on a usage
+        error, 130 when interrupted by Ctrl-C.
     """
     from ._cli import run
 

@@ -1,8 +1,14 @@
-"""The ``monitor-bus`` command: ``demo``, ``summary`` and ``plot``.
+"""The ``monitor-bus`` command: ``demo``, ``summary`` and ``plot``, and ``--version``.
 
 Errors the user can fix (a bad path, a file that is not a run, a missing extra) end the
-command with one line on stderr and exit status 1, never a traceback. Outputs are written
-only once the inputs have been checked, and ``plot`` replaces its output file atomically.
+command with one line on stderr and exit status 1, never a traceback; Ctrl-C ends it with
+one line and status 130. Outputs are written only once the inputs have been checked, and
+``plot`` replaces its output file atomically.
+
+What a read skips is reported on stderr and does not fail the command: torn lines and values
+this Python cannot read (the first five as they came, then a total), and Stat values that are
+not numbers or are beyond a float (a count per key). ``summary`` reads the run one event at a
+time, so its memory does not grow with the file; ``plot`` keeps 16 bytes per window drawn.
 """
 
 from __future__ import annotations
