@@ -10,10 +10,9 @@ take to reach a handler. Needs the ``demo`` extra (numpy; tensorboard unless dis
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
-import sys
+import signal
 import threading
 import time
 from collections import Counter
@@ -207,17 +206,40 @@ def _run_interruptible(
 ) -> tuple[int, float]:
     """``anyio.run(train, *args)``, where Ctrl-C ends in ``KeyboardInterrupt`` on every Python.
 
-    anyio turns the first SIGINT into a cancellation of the main task, so ``finally`` blocks
-    run (the last Stat windows get logged), then raises ``KeyboardInterrupt``. Below 3.11 the
-    task has no ``uncancel()`` to tell that cancellation apart, and ``CancelledError`` escapes
-    instead. Nothing else here cancels the main task, so that is the Ctrl-C.
+    The demo takes SIGINT itself (in the main thread): the first one cancels the training, whose
+    ``finally`` blocks run (the last Stat windows get logged), then ``KeyboardInterrupt`` is
+    raised. Left to the event loop's runner, the cancellation it makes escaped as
+    ``CancelledError`` on 3.10, and under load on 3.13 was now and then absorbed by a cancel
+    scope, so the training went on.
     """
-    try:
-        return anyio.run(train, *args)
-    except asyncio.CancelledError:
-        if sys.version_info >= (3, 11):
-            raise
-        raise KeyboardInterrupt from None
+    interrupted = False
+    result: tuple[int, float] = (0, math.nan)
+
+    async def main() -> None:
+        nonlocal interrupted, result
+        async with anyio.create_task_group() as tg:
+
+            async def on_sigint() -> None:
+                nonlocal interrupted
+                with anyio.open_signal_receiver(signal.SIGINT) as signals:
+                    async for _ in signals:
+                        interrupted = True
+                        tg.cancel_scope.cancel()
+                        return
+
+            async def run() -> None:
+                nonlocal result
+                result = await train(*args)
+                tg.cancel_scope.cancel()
+
+            if threading.current_thread() is threading.main_thread():
+                tg.start_soon(on_sigint)
+            tg.start_soon(run)
+
+    anyio.run(main)
+    if interrupted:
+        raise KeyboardInterrupt
+    return result
 
 
 def _spirals(rng: Any, n: int) -> tuple[Any, Any]:
