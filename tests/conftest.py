@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
+from datetime import datetime, timezone
 
 import pytest
 
@@ -55,3 +56,26 @@ class Recorder:
 @pytest.fixture
 def recorder() -> Recorder:
     return Recorder()
+
+
+class LoopGate:
+    """An async handler that records events and blocks the dispatcher's loop on each event
+    named "gate", so a test can fill the queue with nothing drained meanwhile."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.events: list[monitor_bus.Event] = []
+
+    async def __call__(self, event: monitor_bus.Event) -> None:
+        self.events.append(event)
+        if event.name == "gate":
+            self.entered.set()
+            self.release.wait()  # blocks the whole loop: nothing is drained meanwhile
+
+    def hold(self, bus: monitor_bus.EventBus) -> None:
+        """Log a gate event and return once the loop is blocked on it."""
+        self.entered.clear()
+        self.release.clear()
+        bus.log_event(monitor_bus.Event("gate", datetime.now(timezone.utc), {"name": "gate"}))
+        assert self.entered.wait(10)

@@ -12,6 +12,7 @@ import pytest
 
 from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Stat
 
+from .conftest import LoopGate as Gate
 from .conftest import Recorder
 
 TS = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -45,26 +46,6 @@ def drop_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     now = [0.0]
     monkeypatch.setattr(_ratelimit, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     return now
-
-
-class Gate:
-    """An async handler that blocks the dispatcher's loop on each event named "gate"."""
-
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    async def __call__(self, event: Event) -> None:
-        if event.name == "gate":
-            self.entered.set()
-            self.release.wait()  # blocks the whole loop: nothing is drained meanwhile
-
-    def hold(self, bus: EventBus) -> None:
-        """Log a gate event and return once the loop is blocked on it."""
-        self.entered.clear()
-        self.release.clear()
-        bus.log_event(ev(-1, "gate"))
-        assert self.entered.wait(10)
 
 
 # -- item 1: Stats created while the timer runs --

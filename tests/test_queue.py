@@ -22,32 +22,11 @@ from monitor_bus import (
     read_jsonl,
 )
 
+from .conftest import LoopGate as Gate
 from .conftest import Recorder
 
 TS = datetime(2026, 1, 1, tzinfo=timezone.utc)
 OVERFLOWS = ["drop_newest", "drop_oldest", "block"]
-
-
-class Gate:
-    """An async handler that blocks the dispatcher's loop on each event named "gate"."""
-
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.events: list[Event] = []
-
-    async def __call__(self, event: Event) -> None:
-        self.events.append(event)
-        if event.name == "gate":
-            self.entered.set()
-            self.release.wait()  # blocks the whole loop: nothing is drained meanwhile
-
-    def hold(self, bus: EventBus) -> None:
-        """Log a gate event and return once the loop is blocked on it."""
-        self.entered.clear()
-        self.release.clear()
-        bus.log_event(Event("gate", TS, {"name": "gate"}))
-        assert self.entered.wait(10)
 
 
 def slots_of(bus: EventBus) -> deque[Any]:
