@@ -238,10 +238,15 @@ What the package promises, each backed by a scenario above:
 - **Nothing is lost without being counted.** For every handler,
   `logged == delivered + dropped + pending` in `bus.stats()`; after `flush()` returns True,
   `pending` is 0. Drops happen only when a queue or a handler's backlog is full (or a handler is
-  cut off by a timeout in `close`/`unregister_event_handler`), and they are counted per handler.
+  cut off by a timeout in `close`/`unregister_event_handler`, or at exit); they are counted per
+  handler and reported on the `monitor_bus` logger at most once per 10 s each, naming the bus,
+  the handler and the count. A `Stat` window is never dropped, under any policy. Each handler
+  gets its own copy of an event's `data`. If the dispatcher itself fails, the failure is logged
+  at CRITICAL and a new dispatcher starts (`stats()["dispatcher_restarts"]`).
 - **Memory is bounded** by `capacity` events in the queue and in each handler's backlog,
-  whatever the event rate. (Under `"block"`, a closed `Stat` window is queued even past
-  `capacity` rather than dropped: at most one extra event per live Stat.)
+  whatever the event rate. (A closed `Stat` window is queued even past `capacity` rather than
+  dropped: at most one event per Stat per window; behind a handler that never returns, they
+  accumulate at that rate until it is cut off.)
 - **Handler failures are contained.** Any exception a handler (or its `flush()` hook) raises,
   including `BaseException` subclasses, `KeyboardInterrupt` and `SystemExit`, is caught on the
   handler's thread or task, counted (`errors`, `handler_errors`) and logged with its traceback
@@ -252,9 +257,10 @@ What the package promises, each backed by a scenario above:
   code, and it is treated as that handler's failure.
 - **Time-bounded shutdown.** `flush(timeout)`, `close(timeout)` and
   `unregister_event_handler(handle, timeout)` return False once the timeout has passed, even
-  with a handler that never returns. At interpreter exit each bus delivers what is queued
-  within its `exit_timeout`, then the process exits; a handler that never returns does not
-  keep it alive.
+  with a handler that never returns (`math.inf` means no limit). At interpreter exit, and
+  when a `with` or `async with` block around a bus ends, the bus delivers what is queued
+  within its `exit_timeout`; a handler still busy then is cut off and named in a warning with
+  its undelivered count, and a handler that never returns does not keep the process alive.
 - **Processes.** After `os.fork()` the child starts with a fresh dispatcher, an empty queue and
   the same handlers; locks held by other threads at the fork do not deadlock it. A
   `multiprocessing` worker (fork, spawn or forkserver) and a PyTorch `DataLoader` worker that
@@ -266,11 +272,14 @@ What the package promises, each backed by a scenario above:
   the dispatcher's timer, which stamps the windows it closes with the time its pass began
   (never before the window's end). SUM is sequential float addition, MAX/MIN follow Python's `max`/`min`
   over the order of the adds, VALUE is the last value added (as a float), COUNT an `int`, MEAN
-  `sum / count`; past `max_samples`, later adds in the window are discarded.
+  `sum / count`; past `max_samples`, later adds in the window are discarded. A Ctrl-C that
+  lands inside a fold loses no sample.
 - **Bad input is refused, not absorbed.** `Event` accepts plain `str` keys and
-  `str`/`int`/`float`/`bool` values (numpy-style scalars converted) or raises `TypeError` naming
-  the argument or key; `Stat.add` raises `TypeError` for a non-real value and leaves the window
-  as it was. Names are kept verbatim (unicode, control characters) by every bundled sink.
+  `str`/`int`/`float`/`bool` values (numpy scalars, and arrays or tensors of one element,
+  converted) or raises `TypeError` naming the argument or key; `Stat.add` raises `TypeError`
+  for a non-real value and leaves the window as it was. Names are kept verbatim (unicode,
+  control characters) by every bundled sink; a value a sink cannot represent is skipped,
+  counted and reported, and the rest of the event is written.
 
 ## What the package does not guarantee
 

@@ -127,6 +127,8 @@ class EventBus(Dispatcher):
         if len(slots) < queue.limit:
             slots.extend(item)  # one C call: atomic with respect to other producers
         else:
+            if self._idle:
+                self._wake()  # before waiting for room: a stopped dispatcher makes none
             queue.put_full(item)
         if self._idle:
             self._wake()
@@ -249,7 +251,7 @@ class EventBus(Dispatcher):
         if in_bus_thread():
             raise RuntimeError("flush() cannot be called from inside an event handler")
         if not self._ensure_running():
-            return not self._queue.slots
+            return not self._queue.slots and not self._broken
         deadline = _deadline(timeout)
         try:
             targets = self._in_loop(self._drain_targets, timeout=timeout)
@@ -269,7 +271,7 @@ class EventBus(Dispatcher):
         return whether it runs. A failure to start is logged, never raised."""
         if self._loop is None and self._handlers:
             with self._lock:
-                if self._loop is None and self._handlers and not self._closed:
+                if self._loop is None and self._handlers and not self._closed and not self._broken:
                     try:
                         self._start_locked()
                     except Exception:
@@ -319,6 +321,9 @@ class EventBus(Dispatcher):
                 unfinished.append(f"{handler.name!r} ({target - handler.settled} undelivered)")
             handler.stop()
         stopped = [h.wait_stopped(_remaining(deadline)) for h, _ in targets]
+        for handler, _ in targets:
+            if not handler.running:  # its runner is gone: what it holds now is lost, counted
+                handler._exit()
         if unfinished:
             logger.warning(
                 "EventBus %r: %d handler(s) still busy after %s s, cut off: %s",
@@ -334,7 +339,7 @@ class EventBus(Dispatcher):
                 self._name,
                 lost,
             )
-        self._report_drops([h for h, _ in targets], final=True)
+        self._report_drops((), final=True)  # the handlers report their own as they exit
         if not self._stop(deadline):
             logger.warning(
                 "EventBus %r: the dispatcher did not stop within %s s (an async handler "
@@ -343,7 +348,7 @@ class EventBus(Dispatcher):
                 timeout,
             )
             return False
-        return all(settled) and all(stopped)
+        return all(settled) and all(stopped) and not self._broken
 
     def __enter__(self) -> EventBus:
         return self

@@ -27,6 +27,7 @@ import math
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -39,7 +40,7 @@ from . import _stat
 from ._handler import _Handler
 from ._lifecycle import WeakRegistry, process
 from ._queue import EventQueue
-from ._ratelimit import Throttle
+from ._ratelimit import LOG_INTERVAL, Throttle
 
 if TYPE_CHECKING:
     from ._stat import Stat
@@ -53,6 +54,9 @@ _T = TypeVar("_T")
 _LINGER = 0.001
 # Wake a timer this long after a window's end, so the window is surely over by its clock.
 _TIMER_SLACK = 0.0005
+# A dispatcher failing this many times within LOG_INTERVAL is not started again: a failure that
+# repeats at once would only fill the log and burn a core.
+_MAX_FAILURES = 3
 
 
 def _deadline(timeout: float | None) -> float | None:
@@ -96,6 +100,8 @@ class Dispatcher:
         self._dropped_reported = 0  # the part of the queue's drops already in a warning
         self._drop_throttle = Throttle()
         self._restarts = 0  # times the dispatcher failed and was started again
+        self._failures: deque[float] = deque(maxlen=_MAX_FAILURES)  # when, monotonic
+        self._broken = False  # failed too often: no more restarts
         self._unrun: set[Callable[[], None]] = set()  # _in_loop calls the loop has not run
         self._errors = 0
         self._errors_lock = threading.Lock()
@@ -109,7 +115,7 @@ class Dispatcher:
             # or signal handler that lands while another start is under way leaves it be.
             if self._lock.acquire(blocking=False):
                 try:
-                    if self._handlers and not self._closed:
+                    if self._handlers and not self._closed and not self._broken:
                         self._start_locked()
                 finally:
                     self._lock.release()
@@ -149,6 +155,11 @@ class Dispatcher:
                 self._loop = self._thread = None
         return True
 
+    def _loop_cancelled(self) -> bool:
+        """Whether the loop's tasks are being cancelled (the bus stops, or its loop failed)."""
+        tg = self._task_group
+        return self._stopping or tg is None or tg.cancel_scope.cancel_called
+
     def _set_stopped(self) -> None:
         assert self._stopped is not None
         self._stopped.set()
@@ -177,47 +188,65 @@ class Dispatcher:
 
     def _thread_main(self, ready: Future[None]) -> None:
         process.bus_threads.add(threading.get_ident())
-        failed = False
+        failure: BaseException | None = None
         try:
             anyio.run(self._main, ready, backend="asyncio")
         except BaseException as exc:
             if not ready.done():
                 ready.set_exception(exc)
             else:
-                failed = True
-                logger.critical(
-                    "EventBus %r: the dispatcher failed; it starts again now (failure %d)",
-                    self._name,
-                    self._restarts + 1,
-                    exc_info=exc,
-                )
+                failure = exc
         finally:
             process.bus_threads.discard(threading.get_ident())
             # Calls scheduled on the loop that it never ran: nothing else runs them now.
             for run in list(self._unrun):
                 run()
-        if failed:
-            self._restart_after_failure()
+        if failure is not None:
+            self._restart_after_failure(failure)
 
-    def _restart_after_failure(self) -> None:
-        """Start a new dispatcher in place of this failed one: delivery never ends quietly.
+    def _restart_after_failure(self, failure: BaseException) -> None:
+        """Start a new dispatcher in place of this failed one, then log the failure: delivery
+        never ends quietly.
 
         Events queued meanwhile wait in the queue; a handler whose task died with the loop has
-        its backlog counted as dropped (and reported). Should the start itself fail, the next
+        its backlog counted as dropped (and reported). After ``_MAX_FAILURES`` failures within
+        ``LOG_INTERVAL``, no new dispatcher starts. Should a start itself fail, the next
         ``log_event``, ``flush`` or ``close`` tries again.
         """
+        now = time.monotonic()
         with self._lock:
             if self._thread is not threading.current_thread():
                 return  # close() already gave up on this thread
-            self._loop = self._thread = self._task_group = None
-            self._restarts += 1
+            self._loop = self._thread = None
             self._idle = True
-            if self._closed or self._stopping or not self._handlers:
-                return
-            try:
-                self._start_locked()
-            except Exception:
-                logger.exception("EventBus %r: the dispatcher could not start again", self._name)
+            self._failures.append(now)
+            self._broken = (
+                len(self._failures) == _MAX_FAILURES and now - self._failures[0] < LOG_INTERVAL
+            )
+            if self._broken:
+                self._queue.close()  # producers blocked for room drop instead of waiting
+            else:
+                self._restarts += 1
+                if not (self._closed or self._stopping or not self._handlers):
+                    try:
+                        self._start_locked()
+                    except Exception:
+                        logger.exception(
+                            "EventBus %r: the dispatcher could not start again", self._name
+                        )
+            # Logged once the new dispatcher runs, so what a reader of the log does next
+            # meets the bus in its new state.
+            logger.critical(
+                "EventBus %r: the dispatcher failed (failure %d); %s",
+                self._name,
+                self._restarts + self._broken,  # every failure so far
+                f"{_MAX_FAILURES} failures within {LOG_INTERVAL:g} s: it is not started "
+                "again; events wait in the queue for close(), and flush() and close() return "
+                "False"
+                if self._broken
+                else "a new one runs",
+                exc_info=failure,
+            )
 
     async def _main(self, ready: Future[None]) -> None:
         import asyncio
@@ -225,20 +254,23 @@ class Dispatcher:
         self._wakeup = anyio.Event()
         self._timers_changed = anyio.Event()
         self._stopped = anyio.Event()
-        async with anyio.create_task_group() as tg:
-            self._task_group = tg
-            # Callbacks from other threads run in the loop's context, where anyio knows its backend.
-            self._loop_context = contextvars.copy_context()
-            self._loop = asyncio.get_running_loop()
-            tg.start_soon(self._distribute)
-            tg.start_soon(self._run_timers)
-            ready.set_result(None)
-            await self._stopped.wait()
-            self._drain(force=True)
-            for handler in self._handlers:
-                handler.stop()
-            tg.cancel_scope.cancel()
-        self._task_group = None
+        try:
+            async with anyio.create_task_group() as tg:
+                self._task_group = tg
+                # Callbacks from other threads run in the loop's context, where anyio knows
+                # its backend.
+                self._loop_context = contextvars.copy_context()
+                self._loop = asyncio.get_running_loop()
+                tg.start_soon(self._distribute)
+                tg.start_soon(self._run_timers)
+                ready.set_result(None)
+                await self._stopped.wait()
+                self._drain(force=True)
+                for handler in self._handlers:
+                    handler.stop()
+                tg.cancel_scope.cancel()
+        finally:
+            self._task_group = None  # a failed loop too: nothing may start on it
 
     def _in_loop(self, func: Callable[..., _T], *args: Any, timeout: float | None = None) -> _T:
         """Run ``func`` on the dispatcher's loop and return its result.
@@ -248,12 +280,20 @@ class Dispatcher:
         ``async def``): anyio's portal waits on the loop before it honours any timeout.
         """
         loop = self._loop
-        if loop is None or self._thread is threading.current_thread():
-            return func(*args)  # no loop to race with, or we are on it
+        if self._thread is threading.current_thread():
+            return func(*args)  # we are on the loop
+        if loop is None:
+            with self._lock:  # no dispatcher: nothing else runs these steps while we hold it
+                if self._loop is None:
+                    return func(*args)
+                loop = self._loop
         future: Future[_T] = Future()
 
         def run() -> None:
-            self._unrun.discard(run)
+            try:
+                self._unrun.remove(run)  # claimed once: by the loop, its end, or the caller
+            except KeyError:
+                return
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(func(*args))
@@ -385,7 +425,7 @@ class Dispatcher:
             self._dropped_reported = dropped
         for handler in handlers:
             lost = handler.dropped
-            if lost != handler.dropped_reported and (final or self._drop_throttle.ready(handler)):
+            if lost != handler.dropped_reported and (final or handler.throttle.ready("drops")):
                 logger.warning(
                     "EventBus %r: handler %r fell behind (backlog capacity %d, policy %s): %d "
                     "events dropped since the last report, %d in all",

@@ -108,15 +108,26 @@ def one_value(name: str, value: object) -> object:
     Raises:
         TypeError: ``value`` holds more than one element (or none); the message names ``name``.
     """
-    if value.__class__ in _PLAIN or not callable(getattr(value, "item", None)):
+    ndim = getattr(value, "ndim", None)
+    item = getattr(value, "item", None) if ndim is not None else None
+    if item is None or value.__class__ in _PLAIN:
         return value
-    numel = getattr(value, "numel", None)
+    if ndim == 0:  # a numpy scalar, a 0-d array or tensor
+        kind = getattr(getattr(value, "dtype", None), "kind", None)  # numpy's: no item() call
+        if kind == "f":
+            return float(value)  # type: ignore[arg-type]
+        if kind == "i" or kind == "u":
+            return int(value)  # type: ignore[call-overload]
+        if kind == "b":
+            return bool(value)
+        return item()
+    numel = getattr(value, "numel", None)  # torch; numpy and JAX arrays have an int size
     size = numel() if callable(numel) else getattr(value, "size", None)
     if not isinstance(size, int):
         return value
     if size != 1:
         raise TypeError(f"{name} must hold one value, not a {type_name(value)} of {size} elements")
-    return value.item()  # type: ignore[attr-defined]
+    return item()
 
 
 def _plain_value(key: str, value: object) -> data_value_t:

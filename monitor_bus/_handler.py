@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from . import _queue
 from ._event import Event
 from ._lifecycle import process
 from ._queue import drop_events
@@ -107,7 +108,7 @@ class _Handler:
         self.running = False
         self.thread: threading.Thread | None = None
         self.wakeup: anyio.Event | None = None
-        self._error_throttle = Throttle()
+        self.throttle = Throttle()  # its error and drop reports, keyed by exception type or "drops"
         self.dropped_reported = 0  # the part of ``dropped`` already in a warning
 
     def after_fork(self) -> None:
@@ -118,33 +119,48 @@ class _Handler:
     def push(self, batch: list[Any], capacity: int, overflow: str) -> None:
         """Hand a batch over, applying the overflow policy to this handler's backlog.
 
-        Stat windows are kept whatever the policy (see ``_queue``).
+        Stat windows are kept whatever the policy, up to ``WINDOW_ALLOWANCE`` past
+        ``capacity`` (see ``_queue``): past that the handler has taken nothing for a long while.
         """
         n = len(batch) // 3
+        hard_limit = capacity + _queue.WINDOW_ALLOWANCE
         with self.cv:
             self.offered += n
-            room = capacity - self.backlog
-            if n > room and overflow != "drop_oldest" and overflow != "force":
-                batch, lost = drop_events(batch, n - max(room, 0), newest=True)
-                self._lose(lost)
-                n -= lost
-            if n:
+            if overflow == "drop_oldest":
                 self.inbox.append(batch)
                 self.backlog += n
-            if overflow == "drop_oldest":
-                self._trim(capacity)
+                self._trim(capacity, keep_windows=True)
+                self._trim(hard_limit, keep_windows=False)
+            else:
+                if overflow != "force":
+                    room = capacity - self.backlog
+                    if n > room:
+                        batch, lost = drop_events(batch, n - max(room, 0), newest=True)
+                        self._lose(lost)
+                        n -= lost
+                    hard_room = max(hard_limit - self.backlog, 0)
+                    if n > hard_room:
+                        self._lose(n - hard_room)
+                        batch, n = batch[: 3 * hard_room], hard_room
+                if n:
+                    self.inbox.append(batch)
+                    self.backlog += n
             self.cv.notify_all()
         if self.is_async and self.wakeup is not None:
             self.wakeup.set()
 
-    def _trim(self, capacity: int) -> None:
-        """Drop the oldest events past ``capacity`` (windows stay, so it may stay over)."""
+    def _trim(self, limit: int, *, keep_windows: bool) -> None:
+        """Drop the oldest events past ``limit`` (sparing windows if ``keep_windows``)."""
         inbox = self.inbox
         for i, batch in enumerate(inbox):
-            excess = self.backlog - capacity
+            excess = self.backlog - limit
             if excess <= 0:
                 break
-            inbox[i], lost = drop_events(batch, excess, newest=False)
+            if keep_windows:
+                inbox[i], lost = drop_events(batch, excess, newest=False)
+            else:
+                lost = min(excess, len(batch) // 3)
+                inbox[i] = batch[3 * lost :]
             self.backlog -= lost
             self._lose(lost)
         self.inbox = [batch for batch in inbox if batch]
@@ -210,7 +226,8 @@ class _Handler:
         """The events of ``batches``, each with its own copy of ``data``, until ``cut``.
 
         A copy per handler, as torch.monitor makes: what one handler does to ``data`` is
-        seen by no other handler and not by the producer's ``Event``.
+        seen by no other handler and not by the producer's ``Event``. (``dict.copy`` makes a
+        plain ``dict`` of a window's ``WindowData`` too.)
         """
         new_event = Event.__new__
         for batch in batches:
@@ -219,7 +236,7 @@ class _Handler:
                 if self.cut:
                     return
                 event = new_event(Event)
-                event.name, event.timestamp, event.data = name, timestamp, dict(data)
+                event.name, event.timestamp, event.data = name, timestamp, data.copy()
                 yield event
 
     def _run_sync(self) -> None:
@@ -268,8 +285,8 @@ class _Handler:
                     try:
                         await callback(event)
                     except cancelled as exc:
-                        if self.bus._stopping:
-                            raise
+                        if self.bus._loop_cancelled():
+                            raise  # the bus stops or its loop failed: not the handler's doing
                         self._failed(exc)
                     except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
                         self._failed(exc)
@@ -295,11 +312,14 @@ class _Handler:
             self.inbox = []
             self.backlog = 0
             self.cv.notify_all()
+        # Its last drops (cut off by a timeout, or its task ended with a failed loop): the
+        # dispatcher no longer sees it, so it reports them itself.
+        self.bus._report_drops([self], final=True)
 
     def _failed(self, exc: BaseException) -> None:
         self.errors += 1
         self.bus._count_error()
-        if self._error_throttle.ready(type(exc)):
+        if self.throttle.ready(type(exc)):
             logger.error(
                 "event handler %r raised %s (error %d of this handler; the same error is logged "
                 "at most once per %g s)",
@@ -313,12 +333,19 @@ class _Handler:
     def snapshot(self, queued: int, bus_dropped: int) -> dict[str, Any]:
         end = self.bus_dropped_end if self.bus_dropped_end is not None else bus_dropped
         upstream = end - self.bus_dropped_base
+        with self.cv:  # one consistent reading: logged == delivered + dropped + pending
+            offered, delivered, dropped, pending = (
+                self.offered,
+                self.delivered,
+                self.dropped,
+                self.pending(),
+            )
         return {
             "name": self.name,
             "async": self.is_async,
-            "logged": self.offered + upstream + (queued if self.registered else 0),
-            "delivered": self.delivered,
+            "logged": offered + upstream + (queued if self.registered else 0),
+            "delivered": delivered,
             "errors": self.errors,
-            "dropped": self.dropped + upstream,
-            "pending": self.pending() + (queued if self.registered else 0),
+            "dropped": dropped + upstream,
+            "pending": pending + (queued if self.registered else 0),
         }

@@ -14,7 +14,10 @@ Protocol
   event and counts it), so the slots of one event are never split (which would pair one
   event's name with the next one's data).
 - Stat windows are never dropped under any policy: their data is a ``WindowData``, queued past
-  the limit (at most one event per Stat per window) and skipped by eviction.
+  the limit (at most one event per Stat per window) and skipped by eviction. Memory still has
+  a bound: at most ``WINDOW_ALLOWANCE`` windows past the limit, in the queue and in each
+  handler's backlog; only a consumer that has taken nothing for that long (100,000 windows:
+  a day of 1 s windows of one Stat) has windows dropped, counted like any event.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from datetime import datetime
 from typing import Any
 
 from ._lifecycle import in_bus_thread
+
+# Stat windows kept past the capacity, in the queue and in each handler's backlog (~30 MB).
+WINDOW_ALLOWANCE = 100_000
 
 # An event's (name, timestamp, data). Queues and batches hold these slots flat, three per event.
 _Item = tuple[str, datetime, dict[str, Any]]
@@ -74,6 +80,9 @@ class EventQueue:
         # wait on it. Reentrant: a finalizer may count a drop while its thread holds it.
         self.space = threading.Condition(threading.RLock())
         self._remover: int | None = None  # the thread removing from the head, if any
+        # How many events at the head are known to be windows: eviction starts past them. Only
+        # removal from the head (under ``space``) shortens that run; appends never do.
+        self._head_windows = 0
         self.dropped = 0  # events the queue turned away (no handler got them)
         self.consumed = 0  # events the dispatcher took
         self.blocked = 0  # producers waiting for room
@@ -103,8 +112,12 @@ class EventQueue:
         self._drop(item)
 
     def put_window(self, item: _Item) -> None:
-        """Queue a Stat window whatever the fill: it may summarize millions of samples."""
-        self.slots.extend((item[0], item[1], WindowData(item[2])))
+        """Queue a Stat window past the limit: it may summarize millions of samples."""
+        window = (item[0], item[1], WindowData(item[2]))
+        if len(self.slots) < self.limit + 3 * WINDOW_ALLOWANCE:  # read here: tests lower it
+            self.slots.extend(window)
+        else:
+            self._drop(window)
 
     def _drop(self, item: _Item) -> None:
         ident = threading.get_ident()
@@ -122,11 +135,12 @@ class EventQueue:
         slots = self.slots
         self._remover = threading.get_ident()
         try:
-            for i in range(0, len(slots), 3):
+            for i in range(3 * self._head_windows, len(slots), 3):
                 if slots[i + 2].__class__ is not WindowData:
                     for _ in range(3):
                         del slots[i]  # one C call each; appends happen at the other end
                     return True
+                self._head_windows += 1
             return False
         finally:
             self._remover = None
@@ -136,10 +150,12 @@ class EventQueue:
         with self.space:
             self._remover = threading.get_ident()
             try:
+                n = min(n, len(self.slots) // 3)
                 pop = self.slots.popleft
                 batch = [pop() for _ in range(3 * n)]
             finally:
                 self._remover = None
+            self._head_windows = max(0, self._head_windows - n)
             self.consumed += n
             if self.blocked:
                 self.space.notify_all()
@@ -150,6 +166,7 @@ class EventQueue:
         with self.space:
             lost = len(self.slots) // 3
             self.slots.clear()
+            self._head_windows = 0
             self.dropped += lost
         return lost
 

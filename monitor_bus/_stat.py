@@ -316,10 +316,12 @@ class Stat:
         # Every aggregate in Aggregation order, then the requested ones picked by position:
         # the timer closes thousands of windows per pass, so no per-window enum hashing.
         last = self._pick((self._value, self._sum / count, count, self._sum, self._max, self._min))
+        data = dict(zip(self._keys, last, strict=True))
+        # Queued before the window is emptied: a Ctrl-C in between can log it twice at worst,
+        # never lose it.
+        self._bus._log_window((STAT_EVENT, stamp or datetime.now(timezone.utc), data))
         self._last = last
         self._count = 0
-        data = dict(zip(self._keys, last, strict=True))
-        self._bus._log_window((STAT_EVENT, stamp or datetime.now(timezone.utc), data))
 
     def _after_fork(self) -> None:
         """In a forked child: the parent logs the windows it had open, so start empty."""
@@ -329,12 +331,12 @@ class Stat:
 
 
 def _as_float(v: object) -> float:
-    if isinstance(v, (str, bytes, bytearray, complex)):
-        raise wrong_type("v", "a real number", v)
-    value = one_value("v", v)
-    if isinstance(value, str) or not hasattr(type(value), "__float__"):
+    if getattr(v, "ndim", 0):  # an array or tensor: one element only
+        v = one_value("v", v)
+    cls = v.__class__
+    if getattr(cls, "__float__", None) is None or cls is complex or isinstance(v, str):
         raise wrong_type("v", "a real number", v)
     try:
-        return float(value)  # type: ignore[arg-type]
+        return float(v)  # type: ignore[arg-type]
     except (TypeError, ValueError, OverflowError) as exc:
         raise TypeError(f"v must be a real number convertible to float: {exc}") from None

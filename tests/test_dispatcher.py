@@ -8,6 +8,7 @@ import threading
 import types
 from datetime import datetime, timedelta, timezone
 
+import anyio
 import pytest
 
 from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Stat
@@ -219,3 +220,160 @@ def test_queue_drops_are_reported_once_per_interval(
     assert "EventBus 'narrow'" in reports[1]
     assert reports[1].endswith("15 events dropped since the last report, 30 in all")
     assert bus.stats()["dropped"] == 30
+
+
+# -- a dispatcher that keeps failing, and what a failure does to handlers --
+
+
+class _LogSeen(logging.Handler):
+    """Sets ``seen`` once a monitor_bus record holding ``text`` is emitted."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+def test_a_dispatcher_failing_again_and_again_stops_restarting(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, recorder: Recorder
+) -> None:
+    """Three failures within the interval stop the restarts, say so once at CRITICAL, and from
+    then on flush() returns False; close() hands what is queued to the sync handlers, whose
+    threads still run, and returns False."""
+    from monitor_bus._dispatcher import Dispatcher
+
+    original = Dispatcher._timer_pass
+    fail = threading.Event()
+
+    def fail_once_told(self: Dispatcher, next_end: dict[float, float]) -> float | None:
+        if fail.is_set():  # every pass, of every new dispatcher, from now on
+            raise RuntimeError("injected timer failure")
+        return original(self, next_end)
+
+    monkeypatch.setattr(Dispatcher, "_timer_pass", fail_once_told)
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    gave_up = _LogSeen("it is not started again")
+    logging.getLogger("monitor_bus").addHandler(gave_up)
+    try:
+        bus = EventBus(name="doomed")
+        bus.register_event_handler(recorder)
+        fail.set()
+        Stat("trigger", [Aggregation.COUNT], timedelta(milliseconds=7), bus=bus)  # a pass
+        assert gave_up.seen.wait(10)
+        bus.log_event(ev(0))
+        assert bus.flush(1) is False
+        assert bus.stats()["dispatcher_restarts"] == 2
+        assert bus.close(1) is False
+    finally:
+        logging.getLogger("monitor_bus").removeHandler(gave_up)
+    critical = [r.getMessage() for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert [m.split(";")[0] for m in critical] == [
+        f"EventBus 'doomed': the dispatcher failed (failure {n})" for n in (1, 2, 3)
+    ]
+    assert critical[-1].endswith(
+        "3 failures within 10 s: it is not started again; events wait in the queue for "
+        "close(), and flush() and close() return False"
+    )
+    assert [e.data for e in recorder.events] == [{"i": 0}]
+
+
+def test_a_failure_does_not_blame_an_async_handler(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An async handler cancelled because its loop failed is not counted as raising: its
+    backlog is counted as dropped, and it takes events again once the dispatcher restarts."""
+    from monitor_bus._dispatcher import Dispatcher
+
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    original = Dispatcher._timer_pass
+    fail = threading.Event()
+
+    def fail_when_told(self: Dispatcher, next_end: dict[float, float]) -> float | None:
+        if fail.is_set():
+            fail.clear()
+            raise RuntimeError("injected timer failure")
+        return original(self, next_end)
+
+    monkeypatch.setattr(Dispatcher, "_timer_pass", fail_when_told)
+    restarted = _LogSeen("a new one runs")
+    logging.getLogger("monitor_bus").addHandler(restarted)
+    got: list[int] = []
+    entered = threading.Event()
+
+    async def waits_on_first(event: Event) -> None:
+        if event.data["i"] == 0:
+            entered.set()
+            await anyio.sleep_forever()  # cancelled by the failure, not by the handler
+        got.append(event.data["i"])  # type: ignore[arg-type]
+
+    bus = EventBus(name="blameless")
+    bus.register_event_handler(waits_on_first, name="async")
+    for i in range(5):
+        bus.log_event(ev(i))
+    assert entered.wait(10)
+    fail.set()
+    Stat("trigger", [Aggregation.COUNT], timedelta(milliseconds=7), bus=bus)  # a timer pass
+    try:
+        assert restarted.seen.wait(10)
+    finally:
+        logging.getLogger("monitor_bus").removeHandler(restarted)
+    bus.log_event(ev(5))
+    assert bus.flush(10)
+    (h,) = bus.stats()["handlers"]
+    assert (h["errors"], h["delivered"], h["dropped"], h["pending"]) == (0, 1, 5, 0)
+    assert got == [5]
+    assert bus.close(10)
+    assert drop_warnings(caplog, "fell behind") == [
+        "EventBus 'blameless': handler 'async' fell behind (backlog capacity 65536, policy "
+        "drop_newest): 5 events dropped since the last report, 5 in all"
+    ]
+
+
+def test_a_call_the_dying_loop_ran_is_not_run_twice(bus: EventBus, recorder: Recorder) -> None:
+    """When the loop's end runs a scheduled call and the caller then finds the loop closed,
+    the call runs once and its result comes back (no 'Future in unexpected state')."""
+    bus.register_event_handler(recorder)
+    calls: list[int] = []
+
+    class ClosingLoop:
+        def call_soon_threadsafe(self, func: object, *args: object, **kwargs: object) -> None:
+            for run in list(bus._unrun):  # what a dying dispatcher's last step does
+                run()
+            raise RuntimeError("Event loop is closed")
+
+    real_loop = bus._loop
+    bus._loop = ClosingLoop()
+    try:
+        assert bus._in_loop(lambda: calls.append(1) or "done") == "done"
+    finally:
+        bus._loop = real_loop
+    assert calls == [1]
+
+
+def test_drops_of_a_handler_cut_off_by_unregister_are_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A handler cut off by unregister_event_handler(timeout) reports what it did not get."""
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(event: Event) -> None:
+        entered.set()
+        release.wait()
+
+    bus = EventBus(name="cut")
+    handle = bus.register_event_handler(stuck, name="stuck")
+    for i in range(4):
+        bus.log_event(ev(i))
+    assert entered.wait(10)
+    assert bus.unregister_event_handler(handle, timeout=0.05) is False
+    release.set()
+    assert bus.close(10)
+    assert drop_warnings(caplog, "fell behind") == [
+        "EventBus 'cut': handler 'stuck' fell behind (backlog capacity 65536, policy "
+        "drop_newest): 3 events dropped since the last report, 3 in all"
+    ]

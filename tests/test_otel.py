@@ -499,6 +499,17 @@ def test_int_beyond_int64_does_not_break_later_exports(receiver: Receiver, bus: 
     assert (handler.skipped_values, handler.skipped_names) == (1, 0)
 
 
+def test_infinite_timeouts_mean_no_limit(receiver: Receiver, bus: EventBus) -> None:
+    """force_flush(math.inf) and shutdown(math.inf) wait as long as it takes and export."""
+    handler = OpenTelemetryEventHandler(endpoint=receiver.url, export_interval=3600)
+    bus.register_event_handler(handler, name="otel")
+    bus.log_event(Event(STAT_EVENT, T0, {"step_time.mean": 0.5}))
+    assert bus.flush(10)
+    assert handler.force_flush(math.inf) is True
+    assert handler.shutdown(math.inf) is True
+    assert metric_points(receiver.metrics[0]) == {"step_time.mean": 0.5}
+
+
 @pytest.mark.usefixtures("still_clock")
 def test_log_attributes_otlp_cannot_carry_are_skipped(
     receiver: Receiver, bus: EventBus, caplog: pytest.LogCaptureFixture

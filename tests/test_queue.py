@@ -212,3 +212,34 @@ def test_no_window_lost_by_the_default_bus_under_a_flood(tmp_path: Path) -> None
     plain = sum(1 for e in events if e.name == "e")
     assert sum(windows) == n  # type: ignore[arg-type]
     assert plain + counts["dropped"] == n
+
+
+def test_windows_past_the_allowance_are_dropped_and_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Memory stays bounded: behind a handler that takes nothing, windows are kept up to
+    WINDOW_ALLOWANCE past the capacity, and the rest are dropped and counted."""
+    monkeypatch.setattr(monitor_bus._queue, "WINDOW_ALLOWANCE", 3)
+    entered, release = threading.Event(), threading.Event()
+    got: list[Event] = []
+
+    def stuck(event: Event) -> None:
+        entered.set()
+        release.wait()
+        got.append(event)
+
+    bus = EventBus(capacity=2, name="allowance")
+    try:
+        bus.register_event_handler(stuck, name="stuck")
+        stats = window_stats(bus, 10)
+        bus.log_event(Event("e", TS, {"i": 0}))
+        assert entered.wait(10)  # in flight: the backlog is empty
+        for stat in stats:
+            stat.add(1.0)  # one window each
+        release.set()
+        assert bus.flush(10)
+        (h,) = bus.stats()["handlers"]
+        assert (h["delivered"], h["dropped"]) == (1 + 2 + 3, 10 - 5)
+        assert split(got)[1] == [f"w{k}.count" for k in range(5)]
+    finally:
+        assert bus.close(timeout=10)

@@ -355,3 +355,29 @@ def test_timer_pass_closes_due_windows_by_the_stat_clock(
     assert bus._timer_pass(next_end) == 1070.0 + slack
     assert bus.flush(10)
     assert stat_events(recorder) == [{"fast.sum": 1.0}, {"slow.sum": 2.0}]
+
+
+def test_interrupt_while_a_window_is_logged_loses_it_not(
+    bus: EventBus, recorder: Recorder, monkeypatch: pytest.MonkeyPatch, clock: StepClock
+) -> None:
+    """A KeyboardInterrupt landing as a window is handed to the bus leaves the window in the
+    Stat: the next close logs it, with every sample."""
+    bus.register_event_handler(recorder)
+    stat = Stat("x", [Aggregation.COUNT], LONG, bus=bus)
+    for _ in range(10):
+        stat.add(1.0)
+    real = bus._log_window
+    interrupts: list[int] = []
+
+    def interrupted_once(item: object) -> None:
+        if not interrupts:
+            interrupts.append(1)
+            raise KeyboardInterrupt
+        real(item)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bus, "_log_window", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        stat._close()
+    stat._close()
+    assert bus.flush(10)
+    assert stat_events(recorder) == [{"x.count": 10}]

@@ -47,6 +47,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from .._check import check_timeout
 from .._event import Event
 from .._skipped import INT64_MAX, INT64_MIN, SkipReporter, is_utf8
 from .._stat import STAT_EVENT
@@ -341,9 +342,11 @@ class OpenTelemetryEventHandler:
         Runs on a helper thread, because the SDK's batch log processor ignores its own timeout
         while an export hangs; after a False return the flush goes on in the background. True
         means the SDK is done trying: a batch it dropped after its retries (logged by the SDK)
-        still counts as flushed. Thread-safe.
+        still counts as flushed. Thread-safe. ``timeout`` None or ``math.inf``: no limit.
         """
-        millis = 30_000 if timeout is None else max(int(timeout * 1000), 1)
+        timeout = check_timeout("timeout", timeout)
+        # The SDK takes whole milliseconds; "no limit" is the largest it surely handles.
+        millis = _NO_LIMIT_MS if timeout is None else max(int(timeout * 1000), 1)
         providers = (self.meter_provider, self.logger_provider)
 
         def run() -> bool:
@@ -359,11 +362,13 @@ class OpenTelemetryEventHandler:
     def shutdown(self, timeout: float | None = 30.0) -> bool:
         """Flush, then shut down the providers this handler made (never ones passed in).
 
-        Unregister the handler first. Like ``force_flush``, waits at most ``timeout`` seconds.
+        Unregister the handler first. Like ``force_flush``, waits at most ``timeout`` seconds
+        (None or ``math.inf``: no limit).
 
         Returns:
             True if everything was exported and shut down in time.
         """
+        timeout = check_timeout("timeout", timeout)
         owned, self._owned = self._owned, []
         if not owned:
             return self.force_flush(timeout)
@@ -375,6 +380,9 @@ class OpenTelemetryEventHandler:
             return ok
 
         return _bounded(run, timeout)
+
+
+_NO_LIMIT_MS = 2**31 - 1
 
 
 def _bounded(func: Callable[[], bool], timeout: float | None) -> bool:
