@@ -91,12 +91,10 @@ class EventBus(Dispatcher):
         *,
         name: str = "bus",
     ) -> None:
-        self._capacity = check_int("capacity", capacity, 1)
-        if overflow not in _OVERFLOWS:
-            raise ValueError(f"overflow must be one of {', '.join(_OVERFLOWS)}; got {overflow!r}")
-        self._overflow = overflow
-        self._block_timeout = check_timeout("block_timeout", block_timeout)
-        self._exit_timeout = check_timeout("exit_timeout", exit_timeout, allow_none=False)
+        self._capacity: int = check_setting("capacity", capacity)
+        self._overflow: Overflow = check_setting("overflow", overflow)
+        self._block_timeout: float | None = check_setting("block_timeout", block_timeout)
+        self._exit_timeout: float | None = check_setting("exit_timeout", exit_timeout)
         if not isinstance(name, str):
             raise wrong_type("name", "a str", name)
         self._name = name
@@ -449,3 +447,14 @@ class EventBus(Dispatcher):
         from ._subscription import subscribe
 
         return subscribe(self, name, buffer)
+
+
+def check_setting(argument: str, value: object) -> Any:
+    """One of ``EventBus``'s settings, checked (a timeout of ``math.inf`` becomes None)."""
+    if argument == "capacity":
+        return check_int(argument, value, 1)
+    if argument == "overflow":
+        if value not in _OVERFLOWS:
+            raise ValueError(f"overflow must be one of {', '.join(_OVERFLOWS)}; got {value!r}")
+        return value
+    return check_timeout(argument, value, allow_none=argument == "block_timeout")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
-from ._bus import _OVERFLOWS, EventBus, Overflow
-from ._check import check_int, check_timeout, wrong_type
+from ._bus import EventBus, Overflow, check_setting
+from ._check import wrong_type
 from ._event import Event
 from ._handler import EventHandler, EventHandlerHandle
 from ._lifecycle import process
@@ -53,7 +54,8 @@ def configure_default_bus(
         "exit_timeout": exit_timeout,
     }
     settings = {key: value for key, value in settings.items() if value is not None}
-    EventBus(**settings, name="configure_default_bus check")  # the arguments' own checks
+    for key, value in settings.items():
+        check_setting(key, value)  # now, not at the default bus's first use
     with process.default_lock:
         if process.default_bus is not None:
             raise RuntimeError(
@@ -72,15 +74,15 @@ def _from_environment() -> dict[str, Any]:
             continue
         try:
             if argument == "capacity":
-                settings[argument] = check_int(argument, int(text), 1)
+                value: object = int(text)
             elif argument == "overflow":
-                if text not in _OVERFLOWS:
-                    raise ValueError(f"must be one of {', '.join(_OVERFLOWS)}")
-                settings[argument] = text
+                value = text
             elif text.lower() in ("none", "inf", "infinity"):
-                settings[argument] = None if argument == "block_timeout" else float("inf")
+                value = math.inf  # no limit
             else:
-                settings[argument] = check_timeout(argument, float(text), allow_none=False)
+                value = float(text)
+            check_setting(argument, value)  # now, to name the variable; EventBus keeps it
+            settings[argument] = value
         except (TypeError, ValueError) as exc:
             raise ValueError(
                 f"environment variable {variable}={text!r} is invalid: {exc}"

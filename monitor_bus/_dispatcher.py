@@ -12,10 +12,13 @@ Guarantees
   handlers, then publishes a new immutable tuple of handlers, which dispatch reads lock-free.
 - Stat windows: at each boundary of each window size, the timer closes the windows that are
   due, so a stalled producer still reports.
+- Failure: a dispatcher whose loop ends with an exception is logged at CRITICAL and replaced
+  at once; after three failures within 10 s it stays down, and ``flush``/``close`` say so.
 - Fork: the child gets fresh locks, an empty queue, a stopped dispatcher and the same handlers;
   the dispatcher starts again on the first event the child logs.
 - Exit: ``_close_at_exit`` (from ``atexit``, or a multiprocessing finalizer) closes the bus
-  within ``exit_timeout`` and never starts a thread.
+  within ``exit_timeout``. It starts a dispatcher only where one was stopped with events or
+  windows to deliver (a forked child that logged nothing since the fork).
 """
 
 from __future__ import annotations
@@ -111,8 +114,9 @@ class Dispatcher:
         self._idle = False
         loop = self._loop
         if loop is None:
-            # Only after a fork: the child's dispatcher starts on its first event. A finalizer
-            # or signal handler that lands while another start is under way leaves it be.
+            # After a fork (or a failed restart): the dispatcher starts on the next event. A
+            # finalizer or signal handler that lands while another start is under way leaves it
+            # be.
             if self._lock.acquire(blocking=False):
                 try:
                     if self._handlers and not self._closed and not self._broken:

@@ -125,7 +125,7 @@ class Stat:
         bus: EventBus | None = None,
     ) -> None:
         if not isinstance(name, str):
-            raise TypeError(f"name must be a str, not {type(name).__name__}")
+            raise wrong_type("name", "a str", name)
         try:
             aggs = list(dict.fromkeys(aggregations))
         except TypeError:

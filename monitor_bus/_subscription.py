@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Union
 import anyio
 from anyio.lowlevel import EventLoopToken, current_token
 
+from ._check import check_int
 from ._event import Event
 
 if TYPE_CHECKING:
@@ -61,14 +62,6 @@ def _check_filter(name: object) -> Callable[[Event], bool] | None:
     raise TypeError(
         f"name must be None, an event name (str) or a callable filter, not {type(name).__name__}"
     )
-
-
-def _check_buffer(buffer: object) -> int:
-    if isinstance(buffer, bool) or not isinstance(buffer, int):
-        raise TypeError(f"buffer must be an int, not {type(buffer).__name__}")
-    if buffer < 1:
-        raise ValueError(f"buffer must be at least 1, got {buffer}")
-    return buffer
 
 
 _Put = Callable[[list[Event]], None]
@@ -142,7 +135,7 @@ class Subscription:
         self, bus: EventBus, name: EventFilter = None, buffer: int = DEFAULT_BUFFER
     ) -> None:
         self._accept = _check_filter(name)
-        self._buffer = _check_buffer(buffer)
+        self._buffer = check_int("buffer", buffer, 1)
         self._label = _label(name)
         try:
             self._token: EventLoopToken = current_token()
