@@ -421,7 +421,8 @@ class EventBus(Dispatcher):
         subscription is an ordinary handler, registered when the block is entered and
         unregistered when it is left; it sees the matching events logged in between, in order.
         When its buffer is full the newest events are dropped and counted
-        (``Subscription.dropped`` and the handler's ``dropped`` in ``stats()``). Safe to call
+        (``Subscription.dropped`` and the handler's ``dropped`` in ``stats()``), Stat windows
+        included: the buffer is the subscriber's own bound, sized by ``buffer``. Safe to call
         from any thread that runs an event loop.
 
         Args:
