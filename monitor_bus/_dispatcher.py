@@ -102,6 +102,7 @@ class Dispatcher:
         self._waiting_for_room = False
         self._dropped_reported = 0  # the part of the queue's drops already in a warning
         self._drop_throttle = Throttle()
+        self._report_lock = threading.Lock()
         self._restarts = 0  # times the dispatcher failed and was started again
         self._failures: deque[float] = deque(maxlen=_MAX_FAILURES)  # when, monotonic
         self._broken = False  # failed too often: no more restarts
@@ -413,7 +414,15 @@ class Dispatcher:
 
     def _report_drops(self, handlers: Iterable[_Handler], *, final: bool = False) -> None:
         """Warn about new drops, queue-side and per handler, at most once per interval each
-        (``final``: now, whatever the interval; for a bus or handler that is going away)."""
+        (``final``: now, whatever the interval; for a bus or handler that is going away).
+
+        Called by the dispatcher after each drain, by ``close`` and by a runner that exits:
+        the lock makes each drop reported once.
+        """
+        with self._report_lock:
+            self._report_drops_locked(handlers, final)
+
+    def _report_drops_locked(self, handlers: Iterable[_Handler], final: bool) -> None:
         queue = self._queue
         dropped = queue.dropped
         if dropped != self._dropped_reported and (final or self._drop_throttle.ready()):

@@ -79,7 +79,9 @@ class EventQueue:
         # Guards removal from the head and the counters; producers blocked on a full queue
         # wait on it. Reentrant: a finalizer may count a drop while its thread holds it.
         self.space = threading.Condition(threading.RLock())
-        self._remover: int | None = None  # the thread removing from the head, if any
+        # Set while a thread removes from the head (under ``space``, so only that thread can
+        # see it set: a finalizer or signal handler re-entering on it).
+        self._removing = False
         # How many events at the head are known to be windows: eviction starts past them. Only
         # removal from the head (under ``space``) shortens that run; appends never do.
         self._head_windows = 0
@@ -120,41 +122,45 @@ class EventQueue:
             self._drop(window)
 
     def _drop(self, item: _Item) -> None:
-        ident = threading.get_ident()
         with self.space:
-            if (
-                self.overflow == "drop_oldest"
-                and self._remover != ident  # not re-entering our own removal
-                and self._evict_oldest()
-            ):
-                self.slots.extend(item)
+            if self.overflow == "drop_oldest" and not self._removing:
+                self._removing = True
+                try:
+                    evicted = self._evict_oldest()
+                finally:
+                    self._removing = False
+                if evicted:
+                    self.slots.extend(item)
             self.dropped += 1
 
     def _evict_oldest(self) -> bool:
-        """Remove the oldest event that is not a Stat window (under ``space``)."""
+        """Remove the oldest event that is not a Stat window (under ``space``, removing)."""
         slots = self.slots
-        self._remover = threading.get_ident()
-        try:
-            for i in range(3 * self._head_windows, len(slots), 3):
-                if slots[i + 2].__class__ is not WindowData:
-                    for _ in range(3):
-                        del slots[i]  # one C call each; appends happen at the other end
-                    return True
-                self._head_windows += 1
-            return False
-        finally:
-            self._remover = None
+        start = 3 * self._head_windows
+        if not start and slots and slots[2].__class__ is not WindowData:
+            pop = slots.popleft
+            pop()
+            pop()
+            pop()
+            return True
+        for i in range(start, len(slots), 3):
+            if slots[i + 2].__class__ is not WindowData:
+                for _ in range(3):
+                    del slots[i]  # one C call each; appends happen at the other end
+                return True
+            self._head_windows += 1
+        return False
 
     def take(self, n: int) -> list[Any]:
         """Remove the ``n`` oldest events (the dispatcher's side), as flat slots."""
         with self.space:
-            self._remover = threading.get_ident()
+            self._removing = True
             try:
                 n = min(n, len(self.slots) // 3)
                 pop = self.slots.popleft
                 batch = [pop() for _ in range(3 * n)]
             finally:
-                self._remover = None
+                self._removing = False
             self._head_windows = max(0, self._head_windows - n)
             self.consumed += n
             if self.blocked:
