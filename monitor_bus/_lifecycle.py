@@ -56,9 +56,6 @@ class WeakRegistry(Generic[_T]):
         refs = list(self._refs.values())  # one C call: atomic with respect to other threads
         return [obj for ref in refs if (obj := ref()) is not None]
 
-    def __len__(self) -> int:
-        return len(self._refs)
-
 
 class _Process:
     """The process-wide state of the package (one instance, ``process``)."""
