@@ -185,7 +185,10 @@ class Dispatcher:
             if handler.running:
                 continue
             if handler.is_async:
-                self._in_loop(self._start_async, handler)
+                # Not waited for: this thread may hold a Stat's lock (a window logged in a
+                # forked child starts the dispatcher), which the loop's timer may need.
+                handler.running = True  # from now: flush() waits for it
+                self._schedule(self._loop, self._start_async, handler)
             else:
                 handler.start_thread()
         if "multiprocessing" in sys.modules:
@@ -292,6 +295,16 @@ class Dispatcher:
                 if self._loop is None:
                     return func(*args)
                 loop = self._loop
+        future = self._schedule(loop, func, *args)
+        try:
+            return future.result(timeout)
+        except FutureTimeout:
+            future.cancel()
+            raise _TimedOut from None
+
+    def _schedule(self, loop: Any, func: Callable[..., _T], *args: Any) -> Future[_T]:
+        """Have ``func`` run on ``loop`` soon, or by the loop's thread as it ends, or here if
+        the loop has closed: exactly once, whichever comes first."""
         future: Future[_T] = Future()
 
         def run() -> None:
@@ -310,16 +323,15 @@ class Dispatcher:
             loop.call_soon_threadsafe(run, context=self._loop_context)
         except RuntimeError:  # the loop has closed: nothing else runs these steps now
             run()
-        try:
-            return future.result(timeout)
-        except FutureTimeout:
-            future.cancel()
-            raise _TimedOut from None
+        return future
 
     def _start_async(self, handler: _Handler) -> None:
-        assert self._task_group is not None
+        tg = self._task_group
+        if tg is None:  # the loop ended first: its backlog is lost, the next start runs it
+            handler._exit()
+            return
         handler.running = True
-        self._task_group.start_soon(handler.run_async, name=f"monitor_bus-handler-{handler.name}")
+        tg.start_soon(handler.run_async, name=f"monitor_bus-handler-{handler.name}")
 
     def _publish_add(self, handler: _Handler) -> _Handler | None:
         """Add ``handler`` (replacing a keyed one of the same name); return what it replaced."""
