@@ -206,11 +206,18 @@ class Dispatcher:
                 failure = exc
         finally:
             process.bus_threads.discard(threading.get_ident())
-            # Calls scheduled on the loop that it never ran: nothing else runs them now.
-            for run in list(self._unrun):
-                run()
+        ended = self._loop
         if failure is not None:
             self._restart_after_failure(failure)
+        # Calls scheduled on the loop that it never ran: on the new loop if a failure started
+        # one (so they meet the restarted handlers), else here, as nothing else runs them now.
+        loop = self._loop
+        for run in list(self._unrun):
+            if loop is not None and loop is not ended:
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(run, context=self._loop_context)
+                    continue
+            run()
 
     def _restart_after_failure(self, failure: BaseException) -> None:
         """Start a new dispatcher in place of this failed one, then log the failure: delivery
