@@ -151,6 +151,8 @@ class _Handler:
 
     def _trim(self, limit: int, *, keep_windows: bool) -> None:
         """Drop the oldest events past ``limit`` (sparing windows if ``keep_windows``)."""
+        if self.backlog <= limit:
+            return
         inbox = self.inbox
         for i, batch in enumerate(inbox):
             excess = self.backlog - limit
