@@ -76,3 +76,14 @@ def as_float64(value: object) -> float | None:
         return float(value)  # type: ignore[arg-type]
     except OverflowError:
         return None
+
+
+def float64_or_why(key: str, value: object, sink: str) -> tuple[float | None, str, str]:
+    """``value`` (a data value of ``key``) as a float64 for ``sink``; or None, with the reason
+    and a description, if it cannot be one (a string, an int beyond float64's range)."""
+    if isinstance(value, str):
+        return None, "string_value", f"Stat value {key!r} is a string; {sink} holds numbers"
+    number = as_float64(value)
+    if number is None:
+        return None, "out_of_range", f"Stat value {key!r} is an int beyond float64's range"
+    return number, "", ""

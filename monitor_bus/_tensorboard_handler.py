@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ._event import Event
-from ._skipped import INT64_MAX, INT64_MIN, SkipReporter, as_float64, is_utf8
+from ._skipped import INT64_MAX, INT64_MIN, SkipReporter, float64_or_why, is_utf8
 from ._stat import STAT_EVENT
 
 
@@ -87,15 +87,7 @@ class TensorboardEventHandler:
         """``value`` as the float to write, or None (counted and reported) if it cannot be."""
         if value.__class__ is float and key.isascii():
             return value
-        if isinstance(value, str):
-            reason, why = (
-                "string_value",
-                f"Stat value {key!r} is a string; TensorBoard holds numbers",
-            )
-            scalar = None
-        else:
-            scalar = as_float64(value)
-            reason, why = "out_of_range", f"Stat value {key!r} is an int beyond float64's range"
+        scalar, reason, why = float64_or_why(key, value, "TensorBoard")
         if scalar is not None and not is_utf8(key):
             scalar = None
             reason, why = "invalid_text", f"Stat key {key!r} is not valid UTF-8, so no tag"

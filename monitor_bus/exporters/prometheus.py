@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._event import Event
-from .._skipped import SkipReporter, as_float64, is_utf8
+from .._skipped import SkipReporter, float64_or_why, is_utf8
 from .._stat import STAT_EVENT
 
 if TYPE_CHECKING:
@@ -133,24 +133,11 @@ class PrometheusEventHandler:
             # The value first: a gauge made for a value it cannot hold would export a phantom 0.
             if value.__class__ is float:
                 number: float | None = value
-            elif isinstance(value, str):
-                self._skip_value(
-                    self._skipped_string,
-                    "string_value",
-                    key,
-                    f"Stat value {key!r} is a string; Prometheus holds numbers",
-                )
-                continue
             else:
-                number = as_float64(value)
-                if number is None:
-                    self._skip_value(
-                        self._skipped_range,
-                        "out_of_range",
-                        key,
-                        f"Stat value {key!r} is an int beyond float64's range",
-                    )
-                    continue
+                number, reason, why = float64_or_why(key, value, "Prometheus")
+            if number is None:
+                self._skip_value(reason, key, why)
+                continue
             gauge = gauges.get(key, _MISSING)
             if gauge is _MISSING:
                 gauge = self._make_gauge(key)
@@ -161,9 +148,9 @@ class PrometheusEventHandler:
             else:
                 gauge.set(number)
 
-    def _skip_value(self, counter: Any, reason: str, key: str, why: str) -> None:
+    def _skip_value(self, reason: str, key: str, why: str) -> None:
         self.skipped_values += 1
-        counter.inc()
+        (self._skipped_string if reason == "string_value" else self._skipped_range).inc()
         self._skips.report(reason, key, why, self.skipped_values)
 
     def _make_gauge(self, key: str) -> Any:
