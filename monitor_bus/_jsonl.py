@@ -82,9 +82,7 @@ class JsonlEventHandler:
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"path must be a str or path, not {type(path).__name__}")
-        self._path = os.fspath(path)
+        self._path = _check_path(path)
         self._lock = threading.Lock()
         self._pending: list[str] = []
         self._written = 0
