@@ -71,7 +71,7 @@ class EventBus(Dispatcher):
     Raises:
         TypeError, ValueError: an argument is invalid (the message names it).
 
-    Example:
+    Examples:
         >>> with EventBus() as bus:
         ...     seen = []
         ...     handle = bus.register_event_handler(seen.append)
@@ -438,7 +438,7 @@ class EventBus(Dispatcher):
             ValueError: ``buffer`` is below 1.
             RuntimeError: the calling thread runs no event loop (use it from async code).
 
-        Example:
+        Examples:
             ```python
             async with bus.subscribe("train.step", buffer=256) as events:
                 async for event in events:

@@ -41,7 +41,7 @@ def configure_default_bus(
             a Stat made, ``get_default_bus()`` called).
         TypeError, ValueError: an argument is invalid (the message names it).
 
-    Example:
+    Examples:
         ```python
         import monitor_bus
         monitor_bus.configure_default_bus(capacity=1_000_000, overflow="block")
@@ -148,7 +148,7 @@ async def aflush(timeout: float | None = None) -> bool:
 def subscribe(name: EventFilter = None, *, buffer: int = 1024) -> Subscription:
     """Subscribe to the default bus from async code; see ``EventBus.subscribe``.
 
-    Example:
+    Examples:
         >>> async def watch_loss():  # doctest: +SKIP
         ...     async with monitor_bus.subscribe("train.step") as events:
         ...         async for event in events:

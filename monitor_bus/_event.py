@@ -32,7 +32,7 @@ class Event:
     Raises:
         TypeError: an argument has the wrong type; for ``data``, the message names the key.
 
-    Example:
+    Examples:
         >>> from datetime import datetime, timezone
         >>> Event("train.epoch", datetime(2026, 1, 1, tzinfo=timezone.utc), {"loss": 0.5})
         Event(name='train.epoch', timestamp=datetime.datetime(2026, 1, 1, 0, 0, tzinfo=datetime.timezone.utc), data={'loss': 0.5})

@@ -75,7 +75,7 @@ class JsonlEventHandler:
         TypeError: ``path`` is not a str or path.
         OSError: the file cannot be opened for appending (the message names it).
 
-    Example:
+    Examples:
         >>> import monitor_bus as monitor
         >>> handler = monitor.JsonlEventHandler("run.jsonl")  # doctest: +SKIP
         >>> monitor.register_event_handler(handler, name="jsonl")  # doctest: +SKIP

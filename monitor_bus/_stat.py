@@ -83,7 +83,7 @@ class Stat:
         ValueError: ``aggregations`` is empty, ``window_size`` is under a millisecond or
             ``max_samples`` is below 1.
 
-    Example:
+    Examples:
         >>> from datetime import timedelta
         >>> stat = Stat("step_time", [Aggregation.MEAN, Aggregation.MAX], timedelta(seconds=1))
         >>> stat.add(0.25)

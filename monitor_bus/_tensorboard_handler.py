@@ -45,7 +45,7 @@ class TensorboardEventHandler:
     Args:
         writer: a ``SummaryWriter`` (``monitor_bus.tensorboard``, torch's or tensorboardX's).
 
-    Example:
+    Examples:
         >>> import monitor_bus as monitor
         >>> from torch.utils.tensorboard import SummaryWriter  # doctest: +SKIP
         >>> monitor.register_event_handler(monitor.TensorboardEventHandler(SummaryWriter()))  # doctest: +SKIP

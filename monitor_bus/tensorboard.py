@@ -7,7 +7,7 @@ TensorBoard, ``EventAccumulator`` and every other reader of the format load them
 Needs the ``tensorboard`` extra: ``pip install 'monitor_bus[tensorboard]'``. ``import
 monitor_bus`` does not import this module.
 
-Example:
+Examples:
     >>> import monitor_bus as monitor
     >>> from monitor_bus.tensorboard import SummaryWriter
     >>> writer = SummaryWriter("runs/exp1")  # doctest: +SKIP

@@ -160,7 +160,7 @@ class OpenTelemetryEventHandler:
         TypeError, ValueError: an argument is invalid (the message names it).
         ImportError: the OpenTelemetry SDK is not installed (``pip install monitor_bus[otel]``).
 
-    Example:
+    Examples:
         >>> import monitor_bus as monitor
         >>> from monitor_bus.exporters.otel import OpenTelemetryEventHandler
         >>> otel = OpenTelemetryEventHandler(service_name="trainer", endpoint="http://collector:4318")

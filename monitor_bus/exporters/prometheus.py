@@ -33,7 +33,7 @@ _BAD_CHAR = re.compile(r"[^a-zA-Z0-9_:]")
 def metric_name(namespace: str, key: str) -> str:
     """The gauge name for ``key``: ``<namespace>_<key>`` with invalid characters as ``_``.
 
-    Example:
+    Examples:
         >>> metric_name("monitor_bus", "step_time.mean")
         'monitor_bus_step_time_mean'
     """
@@ -67,7 +67,7 @@ class PrometheusEventHandler:
         TypeError, ValueError: an argument is invalid (the message names it).
         ImportError: ``prometheus_client`` is not installed (``pip install monitor_bus[prometheus]``).
 
-    Example:
+    Examples:
         >>> import monitor_bus as monitor
         >>> from monitor_bus.exporters.prometheus import PrometheusEventHandler
         >>> prom = PrometheusEventHandler(labels={"rank": "0"})

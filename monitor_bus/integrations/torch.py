@@ -110,7 +110,7 @@ def forward_torch_monitor(bus: EventBus | None = None) -> TorchMonitorForwarding
         TypeError: ``bus`` is not an ``EventBus``.
         ImportError: torch is not installed.
 
-    Example:
+    Examples:
         >>> from monitor_bus.integrations.torch import forward_torch_monitor
         >>> forwarding = forward_torch_monitor()  # doctest: +SKIP
         >>> forwarding.close()  # doctest: +SKIP
