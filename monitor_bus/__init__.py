@@ -20,6 +20,11 @@ from ._handler import EventHandler as EventHandler
 from ._handler import EventHandlerHandle as EventHandlerHandle
 from ._jsonl import JsonlEventHandler as JsonlEventHandler
 from ._jsonl import read_jsonl as read_jsonl
+from ._run import METRICS_EVENT as METRICS_EVENT
+from ._run import RUN_END_EVENT as RUN_END_EVENT
+from ._run import RUN_START_EVENT as RUN_START_EVENT
+from ._run import RUN_STATUSES as RUN_STATUSES
+from ._run import Run as Run
 from ._stat import STAT_EVENT as STAT_EVENT
 from ._stat import Aggregation as Aggregation
 from ._stat import Stat as Stat
@@ -35,6 +40,11 @@ __all__ = [
     "EventHandler",
     "EventHandlerHandle",
     "JsonlEventHandler",
+    "METRICS_EVENT",
+    "RUN_END_EVENT",
+    "RUN_START_EVENT",
+    "RUN_STATUSES",
+    "Run",
     "STAT_EVENT",
     "Stat",
     "Subscription",
