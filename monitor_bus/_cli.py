@@ -18,17 +18,21 @@ import fnmatch
 import math
 import os
 import shlex
+import statistics
 import sys
 import tempfile
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from . import __version__
 from ._event import Event
 from ._stat import STAT_EVENT
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 PROG = "monitor-bus"
 
@@ -457,6 +461,54 @@ def _panel(key: str) -> str:
     return stat if agg in _SHARED_AXES else key
 
 
+# A last window this much shorter than the usual gap between windows was cut off by the end
+# of the run (Stat windows are logged at their end; a run's end logs the open one early).
+_PARTIAL = 0.9
+
+
+def _partial_last(stamps: Sequence[float]) -> float | None:
+    """How much of a usual window the last one covered, if it was cut short; else None.
+
+    The usual length is the median gap between the earlier windows' timestamps; a run needs
+    three windows for it. Gaps longer than usual (windows with no values are not logged) do
+    not mark anything.
+    """
+    if len(stamps) < 3:
+        return None
+    usual = statistics.median(b - a for a, b in zip(stamps[:-2], stamps[1:-1], strict=True))
+    last = stamps[-1] - stamps[-2]
+    if usual <= 0 or last >= _PARTIAL * usual:
+        return None
+    return last / usual
+
+
+def _draw_series(ax: Axes, xs: list[float], ys: Sequence[float], label: str, partial: bool) -> None:
+    """One series; a partial last window is drawn hollow, on a dashed segment, labelled."""
+    if not partial:
+        ax.plot(xs, ys, marker="o", markersize=3, label=label)
+        return
+    (line,) = ax.plot(xs[:-1], ys[:-1], marker="o", markersize=3, label=label)
+    color = line.get_color()
+    ax.plot(
+        xs[-2:],
+        ys[-2:],
+        linestyle="--",
+        color=color,
+        marker="o",
+        markersize=4,
+        markerfacecolor="none",
+        markevery=[1],
+    )
+    ax.annotate(
+        "partial",
+        (xs[-1], ys[-1]),
+        textcoords="offset points",
+        xytext=(4, 4),
+        fontsize="x-small",
+        color=color,
+    )
+
+
 def _plot(args: argparse.Namespace) -> int:
     run_path: str = args.run
     output: str = args.output or os.path.splitext(run_path)[0] + ".png"
@@ -517,12 +569,16 @@ def _plot(args: argparse.Namespace) -> int:
     figure = Figure(figsize=(8, 2.2 * len(panels) + 0.6), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    partial: list[str] = []
     for ax, (title, keys) in zip(axes, panels.items(), strict=True):
         low, high = math.inf, -math.inf
         for key in keys:
             stamps, ys = series[key]
             xs = [ts - start for ts in stamps]
-            ax.plot(xs, ys, marker="o", markersize=3, label=key.rpartition(".")[2])
+            cut = _partial_last(stamps) is not None
+            if cut and key.rpartition(".")[0] not in partial:
+                partial.append(key.rpartition(".")[0])
+            _draw_series(ax, xs, ys, key.rpartition(".")[2], cut)
             finite = [v for v in ys if math.isfinite(v)]
             if finite:
                 low, high = min(low, min(finite)), max(high, max(finite))
@@ -551,4 +607,10 @@ def _plot(args: argparse.Namespace) -> int:
         os.unlink(tmp)
         raise
     print(f"wrote {output} ({len(panels)} panels, {len(drawn)} series)")
+    if partial:
+        print(
+            f"{PROG}: note: the last window of {', '.join(partial)} is partial (the run ended "
+            "before it was over): drawn hollow, labelled 'partial'",
+            file=sys.stderr,
+        )
     return 0

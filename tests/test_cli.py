@@ -22,7 +22,7 @@ import pytest
 import monitor_bus
 from monitor_bus import STAT_EVENT, Event, JsonlEventHandler, read_jsonl
 from monitor_bus.__main__ import main
-from monitor_bus._cli import _log_label, _ProgressBar, _summarize
+from monitor_bus._cli import _draw_series, _log_label, _partial_last, _ProgressBar, _summarize
 from monitor_bus._demo import run_demo
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
@@ -596,3 +596,58 @@ def test_log_axis_labels_one_two_five() -> None:
     """A log axis labels 1, 2 and 5 times powers of ten and leaves other ticks bare."""
     labels = [_log_label(v, None) for v in (0.01, 0.02, 0.03, 0.05, 0.5, 1.0, 7.0, 20.0, 0.0)]
     assert labels == ["0.01", "0.02", "", "0.05", "0.5", "1", "", "20", ""]
+
+
+def test_partial_last_window_is_told_by_its_short_gap() -> None:
+    """The last window is partial when it came sooner after the one before than the usual gap."""
+    assert _partial_last([0.0, 1.0, 2.0, 3.0, 3.25]) == 0.25
+    assert _partial_last([0.0, 1.0, 3.0, 4.0, 4.5]) == 0.5  # a skipped empty window is no gap
+    assert _partial_last([0.0, 1.0, 2.0, 3.0, 3.95]) is None  # timer jitter
+    assert _partial_last([0.0, 1.0, 2.0, 5.0]) is None  # a longer gap marks nothing
+    assert _partial_last([0.0, 0.3]) is None  # nothing to compare with
+
+
+def test_plot_marks_a_partial_last_window(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run whose last window is cut short is drawn with it marked, and stderr says which Stats."""
+    events = [
+        Event(
+            STAT_EVENT,
+            T0 + timedelta(seconds=s),
+            {"lat.mean": 2.0, "lat.max": 20.0 if s > 3 else 5.0},
+        )
+        for s in (1.0, 2.0, 3.0, 3.2)
+    ]
+    events += [Event(STAT_EVENT, T0 + timedelta(seconds=s), {"loss.value": 1.0}) for s in (1, 2, 3)]
+    run = write_run(tmp_path / "run.jsonl", events)
+    out = tmp_path / "p.png"
+    assert main(["plot", str(run), "-o", str(out)]) == 0
+    assert capsys.readouterr() == (
+        f"wrote {out} (2 panels, 3 series)\n",
+        "monitor-bus: note: the last window of lat is partial (the run ended before it was "
+        "over): drawn hollow, labelled 'partial'\n",
+    )
+
+
+def test_a_partial_last_window_is_drawn_hollow_and_labelled() -> None:
+    """The partial window's point is hollow on a dashed segment with a 'partial' label; a whole series is one line."""
+    from matplotlib.figure import Figure
+
+    ax = Figure().subplots()
+    _draw_series(ax, [0.0, 1.0, 2.0, 2.3], [1.0, 2.0, 3.0, 9.0], "mean", partial=True)
+    whole, cut = ax.get_lines()
+    assert list(whole.get_xdata()) == [0.0, 1.0, 2.0]
+    assert (list(cut.get_xdata()), cut.get_linestyle(), cut.get_markerfacecolor()) == (
+        [2.0, 2.3],
+        "--",
+        "none",
+    )
+    assert cut.get_markevery() == [1]
+    assert [t.get_text() for t in ax.texts] == ["partial"]
+    assert [t.get_text() for t in ax.legend().get_texts()] == ["mean"]
+
+    ax = Figure().subplots()
+    _draw_series(ax, [0.0, 1.0], [1.0, 2.0], "mean", partial=False)
+    assert len(ax.get_lines()) == 1
+    assert len(ax.texts) == 0
