@@ -483,7 +483,8 @@ def _partial_last(stamps: Sequence[float]) -> float | None:
 
 
 def _draw_series(ax: Axes, xs: list[float], ys: Sequence[float], label: str, partial: bool) -> None:
-    """One series; a partial last window is drawn hollow, on a dashed segment, labelled."""
+    """One series; a partial last window is drawn hollow, on a dashed segment, labelled (once
+    per panel)."""
     if not partial:
         ax.plot(xs, ys, marker="o", markersize=3, label=label)
         return
@@ -499,6 +500,8 @@ def _draw_series(ax: Axes, xs: list[float], ys: Sequence[float], label: str, par
         markerfacecolor="none",
         markevery=[1],
     )
+    if any(text.get_text() == "partial" for text in ax.texts):
+        return  # one label a panel: its series end together
     ax.annotate(
         "partial",
         (xs[-1], ys[-1]),

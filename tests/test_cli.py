@@ -85,7 +85,7 @@ def test_demo_prints_summary_and_tensorboard_command(
         40, tmp_path / "again", tensorboard=False, seed=2, progress=lambda *p: losses.append(p[2])
     )
     assert err.splitlines()[-1] == f"[{'#' * 30}] 40/40 steps  loss {losses[-1]:.4f}"
-    assert any(p.name.startswith("events.out.tfevents.") for p in log_dir.iterdir())
+    assert any(p.name.startswith("events.out.tfevents.") for p in (log_dir / "demo").iterdir())
 
 
 class FakeStream(io.StringIO):
@@ -646,6 +646,8 @@ def test_a_partial_last_window_is_drawn_hollow_and_labelled() -> None:
     assert cut.get_markevery() == [1]
     assert [t.get_text() for t in ax.texts] == ["partial"]
     assert [t.get_text() for t in ax.legend().get_texts()] == ["mean"]
+    _draw_series(ax, [0.0, 1.0, 2.0, 2.3], [0.5, 1.0, 1.5, 2.0], "min", partial=True)
+    assert [t.get_text() for t in ax.texts] == ["partial"]  # once a panel
 
     ax = Figure().subplots()
     _draw_series(ax, [0.0, 1.0], [1.0, 2.0], "mean", partial=False)
