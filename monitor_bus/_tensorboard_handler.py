@@ -42,8 +42,17 @@ class TensorboardEventHandler:
     The bus calls ``flush()`` after each delivered batch, which flushes the writer (if it
     has a ``flush`` method): once ``bus.flush()`` returns, the scalars are in the event file.
 
+    Tags: each key is its own tag (``"step_time.mean"``), as in ``torch.monitor``; TensorBoard
+    then shows every key in a section of its own. With ``group="stats"`` the tags are
+    ``"stats/step_time.mean"``, ..., all in one section.
+
     Args:
         writer: a ``SummaryWriter`` (``monitor_bus.tensorboard``, torch's or tensorboardX's).
+        group: if given, a tag prefix: keys are written as ``"<group>/<key>"``.
+
+    Raises:
+        TypeError: ``writer`` has no ``add_scalar`` method, or ``group`` is not a str.
+        ValueError: ``group`` is empty or ends with ``"/"``.
 
     Examples:
         >>> import monitor_bus as monitor
@@ -51,10 +60,18 @@ class TensorboardEventHandler:
         >>> monitor.register_event_handler(monitor.TensorboardEventHandler(SummaryWriter()))  # doctest: +SKIP
     """
 
-    def __init__(self, writer: ScalarWriter) -> None:
+    def __init__(self, writer: ScalarWriter, *, group: str | None = None) -> None:
         if not callable(getattr(writer, "add_scalar", None)):
             raise TypeError(f"writer must have an add_scalar method, not {type(writer).__name__}")
+        if group is not None:
+            if not isinstance(group, str):
+                raise TypeError(f"group must be a str or None, not {type(group).__name__}")
+            if not group or group.endswith("/"):
+                raise ValueError(
+                    f"group must be a non-empty tag prefix without a trailing '/', got {group!r}"
+                )
         self._writer = writer
+        self._prefix = "" if group is None else group + "/"
         # Next step per tag; touched only by the handler's own thread.
         self._steps: dict[str, int] = {}
         self._skips = SkipReporter("TensorboardEventHandler")
@@ -67,13 +84,14 @@ class TensorboardEventHandler:
         walltime = event.timestamp.timestamp()
         add_scalar = self._writer.add_scalar
         data = event.data
+        prefix = self._prefix
         step = data.get("step")
         if step.__class__ is int and INT64_MIN <= step <= INT64_MAX:
             for key, value in data.items():
                 if key != "step":
                     scalar = self._scalar(key, value)
                     if scalar is not None:
-                        add_scalar(key, scalar, global_step=step, walltime=walltime)
+                        add_scalar(prefix + key, scalar, global_step=step, walltime=walltime)
             return
         steps = self._steps
         for key, value in data.items():
@@ -81,7 +99,7 @@ class TensorboardEventHandler:
             if scalar is not None:
                 n = steps.get(key, 0)
                 steps[key] = n + 1
-                add_scalar(key, scalar, global_step=n, walltime=walltime)
+                add_scalar(prefix + key, scalar, global_step=n, walltime=walltime)
 
     def _scalar(self, key: str, value: object) -> float | None:
         """``value`` as the float to write, or None (counted and reported) if it cannot be."""

@@ -188,6 +188,29 @@ def test_handler_uses_the_events_step() -> None:
     ]
 
 
+def test_handler_group_prefixes_every_tag() -> None:
+    """group="stats" writes each key under "stats/", with or without a step; the default keeps the key."""
+    writer = FakeWriter()
+    handler = TensorboardEventHandler(writer, group="stats")
+    handler(stat_event(0, {"a.mean": 1.0, "b.max": 2.0}))
+    handler(stat_event(1, {"step": 40, "a.mean": 3.0}))
+    t = T0.timestamp()
+    assert writer.calls == [
+        ("stats/a.mean", 1.0, 0, t),
+        ("stats/b.max", 2.0, 0, t),
+        ("stats/a.mean", 3.0, 40, t + 1),
+    ]
+
+
+def test_handler_rejects_a_bad_group() -> None:
+    """A group that is not a str, is empty or ends with "/" is refused, naming the argument."""
+    with pytest.raises(TypeError, match="group must be a str or None, not int"):
+        TensorboardEventHandler(FakeWriter(), group=1)  # type: ignore[arg-type]
+    for bad in ("", "stats/"):
+        with pytest.raises(ValueError, match="group must be a non-empty tag prefix"):
+            TensorboardEventHandler(FakeWriter(), group=bad)
+
+
 def test_handler_ignores_other_events() -> None:
     """Only STAT_EVENT events are written, as in torch.monitor."""
     writer = FakeWriter()
