@@ -2,14 +2,21 @@
 
 A producer task shuffles a synthetic two-spirals data set into minibatches and sends them
 over a memory stream; the training task fits a two-layer tanh network with Adam, logs one
-``demo.epoch`` event per epoch (losses, held-out accuracy) and feeds ``Stat`` windows of one
-second for step time, throughput and training loss. The bus writes everything to a JSON-lines
+``demo.epoch`` event per epoch (losses, held-out accuracy) and feeds ``Stat`` windows of a
+quarter second for step time, throughput and training loss. The bus writes everything to a JSON-lines
 file and to TensorBoard under the log directory, and a tally handler measures how long events
 take to reach a handler. Needs the ``demo`` extra (numpy; tensorboard unless disabled).
+
+In TensorBoard every chart's x axis is the training step: an epoch is drawn at the steps done
+by its end (its ``"step"`` key), a Stat window at the steps done when it closed (added to the
+window as ``"step"``, which ``TensorboardEventHandler`` takes as the global step). Stat tags are
+grouped under ``stats/`` and the epoch metrics under ``epoch/``, one section each; the files go
+in the run's own subdirectory, ``<log dir>/demo``.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import signal
@@ -31,7 +38,12 @@ from ._tensorboard_handler import TensorboardEventHandler
 
 EPOCH_EVENT = "demo.epoch"
 JSONL_NAME = "events.jsonl"
-WINDOW = timedelta(seconds=1)
+#: TensorBoard's run name: the subdirectory of the log directory the event files go in.
+TENSORBOARD_RUN = "demo"
+#: TensorBoard's section of the Stat tags (``stats/step_time_ms.mean``, ...).
+STAT_GROUP = "stats"
+# A quarter second: a default run (about 4 s) draws some 16 points per chart, not 4.
+WINDOW = timedelta(milliseconds=250)
 BATCH = 256
 HIDDEN = 128
 SAMPLES = 8192
@@ -89,8 +101,42 @@ class _Tally:
                 self.windows.update({key.rpartition(".")[0] for key in event.data})
 
 
+class _Progress:
+    """When each training step finished, for the handlers: written by the training task only."""
+
+    def __init__(self) -> None:
+        # Wall time (seconds since the epoch) at which step i + 1 was done; appends only.
+        self.done_at: list[float] = []
+
+    def steps_by(self, timestamp: datetime) -> int:
+        """How many steps were done at ``timestamp``."""
+        return bisect.bisect_right(self.done_at, timestamp.timestamp())
+
+
+class _AtStep:
+    """Gives each Stat window the training step at its close, then hands it on.
+
+    A window holds no step, so TensorBoard would count windows; with ``"step"`` added, the
+    TensorBoard handler draws it at the same x as the epoch metrics.
+    """
+
+    def __init__(self, handler: TensorboardEventHandler, progress: _Progress) -> None:
+        self._handler = handler
+        self._progress = progress
+
+    def __call__(self, event: Event) -> None:
+        if event.name == STAT_EVENT:
+            step = self._progress.steps_by(event.timestamp)
+            event = Event(event.name, event.timestamp, {**event.data, "step": step})
+        self._handler(event)
+
+    def flush(self) -> None:
+        self._handler.flush()
+
+
 class _EpochScalars:
-    """Writes each ``demo.epoch`` event's metrics (not its counters) to TensorBoard at step = epoch."""
+    """Writes each ``demo.epoch`` event's metrics (not its counters) to TensorBoard under
+    ``epoch/``, at the training step the epoch ended."""
 
     def __init__(self, writer: Any) -> None:
         self._writer = writer
@@ -103,7 +149,7 @@ class _EpochScalars:
         for key, value in data.items():
             if key not in ("epoch", "step"):
                 self._writer.add_scalar(
-                    f"epoch/{key}", value, global_step=data["epoch"], walltime=walltime
+                    f"epoch/{key}", value, global_step=data["step"], walltime=walltime
                 )
 
     def flush(self) -> None:
@@ -127,8 +173,9 @@ def run_demo(
 
     Args:
         steps: optimizer steps (minibatches of 256); 32 make an epoch.
-        log_dir: where ``events.jsonl`` and the TensorBoard files go, made if missing;
-            default ``runs/<date-time>``. An existing ``events.jsonl`` is appended to.
+        log_dir: where ``events.jsonl`` goes, and the TensorBoard files in its subdirectory
+            ``demo`` (the run's name in TensorBoard); made if missing; default
+            ``runs/<date-time>``. An existing ``events.jsonl`` is appended to.
         tensorboard: also write TensorBoard event files.
         seed: seeds the data set, the initial weights and the shuffling.
         progress: called about ten times a second, on the calling thread (the loop runs there).
@@ -159,21 +206,23 @@ def run_demo(
     writer = None
     if make_writer is not None:
         try:
-            writer = make_writer(log_dir)
+            writer = make_writer(os.path.join(log_dir, TENSORBOARD_RUN))
         except BaseException:
             jsonl.close()
             raise
 
     tally = _Tally()
+    progress_of_steps = _Progress()
     bus = EventBus(name="demo")
     try:
         bus.register_event_handler(jsonl, name="jsonl")
         if writer is not None:
-            bus.register_event_handler(TensorboardEventHandler(writer), name="tensorboard")
+            stat_scalars = TensorboardEventHandler(writer, group=STAT_GROUP)
+            bus.register_event_handler(_AtStep(stat_scalars, progress_of_steps), name="tensorboard")
             bus.register_event_handler(_EpochScalars(writer), name="tensorboard-epochs")
         bus.register_event_handler(tally, name="tally")
         started = time.perf_counter()
-        epochs, accuracy = _run_interruptible(_train, bus, steps, seed, progress)
+        epochs, accuracy = _run_interruptible(_train, bus, steps, seed, progress, progress_of_steps)
         seconds = time.perf_counter() - started
         bus.flush()
         stats = bus.stats()
@@ -321,7 +370,11 @@ class _State:
 
 
 async def _train(
-    bus: EventBus, steps: int, seed: int, progress: ProgressCallback | None
+    bus: EventBus,
+    steps: int,
+    seed: int,
+    progress: ProgressCallback | None,
+    done: _Progress,
 ) -> tuple[int, float]:
     import numpy as np
 
@@ -364,6 +417,9 @@ async def _train(
                 step_time.add(elapsed * 1000.0)
                 throughput.add(len(xb) / elapsed)
                 train_loss.add(loss)
+                # After the adds: a window closed by one of them (stamped then) holds the
+                # steps before this one, and so is drawn at their count.
+                done.done_at.append(time.time())
                 epoch_losses.append(loss)
                 state.done += 1
                 state.loss = loss

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import signal
 import struct
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from monitor_bus import STAT_EVENT, read_jsonl
-from monitor_bus._demo import EPOCH_EVENT, DemoResult, run_demo
+from monitor_bus import STAT_EVENT, Event, TensorboardEventHandler, read_jsonl
+from monitor_bus._demo import EPOCH_EVENT, DemoResult, _AtStep, _Progress, run_demo
 
 STAT_GROUPS = {
     "step_time_ms": {"step_time_ms.mean", "step_time_ms.min", "step_time_ms.max"},
@@ -57,17 +58,25 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
         for e in by_stat["step_time_ms"]
     )
 
-    acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    # TensorBoard: a run named "demo"; Stat tags in the "stats/" section, epochs in "epoch/";
+    # every x is a training step.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo", "events.jsonl"]
+    acc = EventAccumulator(str(tmp_path / "demo"), size_guidance={"scalars": 0})
     acc.Reload()
-    assert set(acc.Tags()["scalars"]) == STAT_KEYS | {f"epoch/{k}" for k in EPOCH_KEYS[2:]}
+    assert set(acc.Tags()["scalars"]) == {f"stats/{k}" for k in STAT_KEYS} | {
+        f"epoch/{k}" for k in EPOCH_KEYS[2:]
+    }
     for name, keys in STAT_GROUPS.items():
         for key in keys:
-            assert [(s.step, s.value) for s in acc.Scalars(key)] == [
-                (i, f32(e.data[key])) for i, e in enumerate(by_stat[name])
-            ]
+            points = acc.Scalars(f"stats/{key}")
+            assert [s.value for s in points] == [f32(e.data[key]) for e in by_stat[name]]
+            steps = [s.step for s in points]
+            assert steps == sorted(steps)
+            assert steps[0] >= 0
+            assert steps[-1] == 70  # the last window closes after every step
     for key in EPOCH_KEYS[2:]:
         assert [(s.step, s.value) for s in acc.Scalars(f"epoch/{key}")] == [
-            (e.data["epoch"], f32(e.data[key])) for e in epochs
+            (e.data["step"], f32(e.data[key])) for e in epochs
         ]
 
     assert calls[-1] == (70, 70)
@@ -157,3 +166,32 @@ def test_ctrl_c_keeps_what_was_logged(tmp_path: Path) -> None:
     assert epochs == list(range(1, len(epochs) + 1))
     assert len(epochs) >= 2
     assert any(e.name == STAT_EVENT for e in events)
+
+
+def test_a_stat_window_is_drawn_at_the_steps_done_when_it_closed() -> None:
+    """The demo adds to each Stat window the number of steps finished by its timestamp, as "step"."""
+
+    class Writer:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, float, int]] = []
+
+        def add_scalar(self, tag: str, value: float, global_step: int, walltime: float) -> None:
+            self.calls.append((tag, value, global_step))
+
+    progress = _Progress()
+    progress.done_at.extend([10.0, 11.0, 12.0])
+    writer = Writer()
+    handler = _AtStep(TensorboardEventHandler(writer, group="stats"), progress)
+
+    def at(seconds: float) -> datetime:
+        return datetime.fromtimestamp(seconds, timezone.utc)
+
+    for seconds in (9.5, 11.0, 11.5, 30.0):
+        handler(Event(STAT_EVENT, at(seconds), {"loss.mean": seconds}))
+    handler(Event(EPOCH_EVENT, at(12.0), {"epoch": 1, "step": 3}))  # not a window: not written
+    assert writer.calls == [
+        ("stats/loss.mean", 9.5, 0),
+        ("stats/loss.mean", 11.0, 2),
+        ("stats/loss.mean", 11.5, 2),
+        ("stats/loss.mean", 30.0, 3),
+    ]
