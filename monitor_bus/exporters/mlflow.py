@@ -1,0 +1,257 @@
+"""MLflow as a sink: Stat windows and framework metrics as metrics, a run's start as params
+and tags, its end as the MLflow run status.
+
+Needs the ``mlflow`` extra: ``pip install 'monitor_bus[mlflow]'`` (``mlflow-skinny`` is
+enough for a remote server). ``import monitor_bus`` does not import this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from typing import Any
+
+try:
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "monitor_bus.exporters.mlflow needs the mlflow package: pip install 'monitor_bus[mlflow]'",
+        name="mlflow",
+    ) from exc
+
+from .._event import Event
+from .._ratelimit import Throttle
+from .._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
+from .._skipped import INT64_MAX, INT64_MIN, SkipReporter, float64_or_why
+from .._stat import STAT_EVENT
+
+__all__ = ["MlflowEventHandler"]
+
+logger = logging.getLogger("monitor_bus")
+
+# MLflow's limits for one log_batch call (mlflow.utils.validation).
+_METRICS_PER_BATCH = 1000
+_PARAMS_TAGS_PER_BATCH = 100
+_PARAM_VALUE_LENGTH = 6000
+_STATUS = {"success": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
+# Run-start keys that are params (the rest are tags).
+_PARAM_PREFIXES = ("config.", "hparams.")
+
+
+class MlflowEventHandler:
+    """Write events to one MLflow run, in ``log_batch`` calls made off the training thread.
+
+    What is written:
+
+    - ``STAT_EVENT`` windows and ``METRICS_EVENT`` events: one metric per key (a Stat's keys
+      are already one per aggregation, ``"loss.mean"``), with the event's timestamp. The step
+      is the event's int ``"step"`` when it has one (not written itself); otherwise each key
+      counts its own steps 0, 1, 2, ... A value that is not a number (a string, an int beyond
+      float64) is skipped and counted in ``skipped_values``.
+    - ``RUN_START_EVENT``: ``config.*`` and ``hparams.*`` as params (values cut to MLflow's
+      6000 characters), the other keys (host, pid, rank, versions, run id) as tags, and the
+      run's name as ``mlflow.runName``.
+    - ``RUN_END_EVENT``: the run's status, ``success`` -> ``FINISHED``, ``failed`` ->
+      ``FAILED``, ``interrupted`` -> ``KILLED``, with the event's time as the end time.
+    - Other events are ignored.
+
+    The run: ``run_id`` if given, else a run created in ``experiment_name`` (made if missing;
+    MLflow's default experiment when omitted) at the first write. ``run_id`` tells which.
+
+    Delivery: ``__call__`` only collects; ``flush()``, which the bus calls after each
+    delivered batch on this handler's own thread, sends what was collected. A tracking server
+    that is down or slow holds up this thread only: the training loop's ``log_event`` still
+    returns at once, and what piles up meanwhile is dropped by the bus and counted in its
+    ``stats()``. A request that fails is retried by MLflow's own client (its
+    ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, ``MLFLOW_HTTP_REQUEST_TIMEOUT`` environment
+    variables); if it still fails, what it held is kept and sent again at the next flush,
+    up to ``max_pending`` entries (the oldest past that are dropped and counted in
+    ``dropped``); one the server refuses as invalid (a 4xx answer, such as a param logged
+    twice with different values) is dropped and counted. Failures are logged on the
+    ``monitor_bus`` logger at most once per 10 seconds.
+
+    Args:
+        tracking_uri: where MLflow tracks (``"sqlite:///mlflow.db"``, ``"http://host:5000"``,
+            a directory); MLflow's default (``MLFLOW_TRACKING_URI``) when omitted.
+        run_id: an existing run to write to.
+        experiment_name: the experiment of the run created when ``run_id`` is omitted.
+        run_name: that run's name (a run-start event's ``run_name`` when omitted).
+        max_pending: entries kept for a retry while the server fails.
+
+    Raises:
+        TypeError, ValueError: an argument is invalid (the message names it).
+    """
+
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        *,
+        run_id: str | None = None,
+        experiment_name: str | None = None,
+        run_name: str | None = None,
+        max_pending: int = 100_000,
+    ) -> None:
+        for name, value in (
+            ("tracking_uri", tracking_uri),
+            ("run_id", run_id),
+            ("experiment_name", experiment_name),
+            ("run_name", run_name),
+        ):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
+            raise ValueError(f"max_pending must be a positive int, got {max_pending!r}")
+        self._tracking_uri = tracking_uri
+        self._experiment_name = experiment_name
+        self._run_name = run_name
+        self._max_pending = max_pending
+        self._client: Any = None  # made on the handler's thread: it may reach the server
+        self._lock = threading.Lock()
+        self._metrics: deque[Any] = deque()
+        self._params: dict[str, Any] = {}
+        self._tags: dict[str, Any] = {}
+        self._end: tuple[str, int] | None = None
+        self._steps: dict[str, int] = {}
+        self._skips = SkipReporter("MlflowEventHandler")
+        self._throttle = Throttle()
+        #: The run written to (None until it is known).
+        self.run_id = run_id
+        #: Values skipped because MLflow metrics are numbers.
+        self.skipped_values = 0
+        #: Entries (metrics, params, tags) dropped: past ``max_pending``, or refused as invalid.
+        self.dropped = 0
+        #: Requests to the tracking server that failed (after MLflow's own retries).
+        self.failed_requests = 0
+        #: Metrics written.
+        self.written_metrics = 0
+
+    def __call__(self, event: Event) -> None:
+        name = event.name
+        if name in (STAT_EVENT, METRICS_EVENT):
+            self._add_metrics(event)
+        elif name == RUN_START_EVENT:
+            with self._lock:
+                for key, value in event.data.items():
+                    if key.startswith(_PARAM_PREFIXES):
+                        self._params[key] = Param(key, str(value)[:_PARAM_VALUE_LENGTH])
+                    else:
+                        self._tags[key] = RunTag(key, str(value))
+                run_name = event.data.get("run_name")
+                if isinstance(run_name, str) and self._run_name is None:
+                    self._run_name = run_name
+                    self._tags["mlflow.runName"] = RunTag("mlflow.runName", run_name)
+        elif name == RUN_END_EVENT:
+            status = _STATUS.get(str(event.data.get("status")), "FAILED")
+            with self._lock:
+                self._end = (status, int(event.timestamp.timestamp() * 1000))
+
+    def _add_metrics(self, event: Event) -> None:
+        data = event.data
+        timestamp = int(event.timestamp.timestamp() * 1000)
+        step = data.get("step")
+        fixed = isinstance(step, int) and step.__class__ is int and INT64_MIN <= step <= INT64_MAX
+        metrics = []
+        for key, value in data.items():
+            if fixed and key == "step":
+                continue
+            number, reason, why = float64_or_why(key, value, "MLflow")
+            if number is None:
+                self.skipped_values += 1
+                self._skips.report(reason, key, why, self.skipped_values)
+                continue
+            if fixed:
+                at = int(step)  # type: ignore[arg-type]
+            else:
+                at = self._steps.get(key, 0)
+                self._steps[key] = at + 1
+            metrics.append(Metric(key, number, timestamp, at))
+        with self._lock:
+            self._metrics.extend(metrics)
+            excess = len(self._metrics) - self._max_pending
+            if excess > 0:
+                for _ in range(excess):
+                    self._metrics.popleft()
+                self.dropped += excess
+
+    def flush(self) -> None:
+        """Send what was collected (the bus calls this after each batch, on this handler's
+        thread). Never raises: a failure is counted, logged and retried at the next flush."""
+        try:
+            self._send()
+        except Exception as exc:  # noqa: BLE001 - counted and retried, never into the bus
+            self.failed_requests += 1
+            if self._throttle.ready(type(exc)):
+                logger.warning(
+                    "MlflowEventHandler: the tracking server failed (%s: %s; %d failed "
+                    "requests so far); what it held is sent again at the next flush",
+                    type(exc).__name__,
+                    str(exc)[:200],
+                    self.failed_requests,
+                )
+
+    def _send(self) -> None:
+        if self._client is None:
+            self._client = MlflowClient(self._tracking_uri)
+        client = self._client
+        if self.run_id is None:
+            self.run_id = self._create_run(client)
+        while True:
+            with self._lock:
+                metrics = [
+                    self._metrics[i] for i in range(min(len(self._metrics), _METRICS_PER_BATCH))
+                ]
+                params = list(self._params.values())[:_PARAMS_TAGS_PER_BATCH]
+                tags = list(self._tags.values())[: _PARAMS_TAGS_PER_BATCH - len(params)]
+                end = self._end
+            if not (metrics or params or tags):
+                break
+            try:
+                client.log_batch(self.run_id, metrics=metrics, params=params, tags=tags)
+            except MlflowException as exc:
+                status = exc.get_http_status_code()  # type: ignore[no-untyped-call]
+                if not 400 <= status < 500:
+                    raise
+                self._forget(metrics, params, tags)  # invalid: sending it again cannot help
+                self.dropped += len(metrics) + len(params) + len(tags)
+                if self._throttle.ready("refused"):
+                    logger.warning(
+                        "MlflowEventHandler: the tracking server refused a batch of %d "
+                        "entries (%s); they are dropped (%d so far)",
+                        len(metrics) + len(params) + len(tags),
+                        str(exc)[:200],
+                        self.dropped,
+                    )
+                continue
+            self._forget(metrics, params, tags)
+            self.written_metrics += len(metrics)
+        if end is not None:
+            client.set_terminated(self.run_id, status=end[0], end_time=end[1])
+            with self._lock:
+                if self._end == end:
+                    self._end = None
+
+    def _forget(self, metrics: list[Any], params: list[Any], tags: list[Any]) -> None:
+        with self._lock:
+            for _ in metrics:
+                self._metrics.popleft()
+            for param in params:
+                self._params.pop(param.key, None)
+            for tag in tags:
+                self._tags.pop(tag.key, None)
+
+    def _create_run(self, client: Any) -> str:
+        experiment_id = "0"
+        if self._experiment_name is not None:
+            experiment = client.get_experiment_by_name(self._experiment_name)
+            if experiment is not None:
+                experiment_id = experiment.experiment_id
+            else:
+                experiment_id = client.create_experiment(self._experiment_name)
+        run = client.create_run(experiment_id, run_name=self._run_name)
+        return str(run.info.run_id)
+
+    def __repr__(self) -> str:
+        return f"<MlflowEventHandler run_id={self.run_id!r}>"

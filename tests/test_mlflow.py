@@ -1,0 +1,193 @@
+"""MlflowEventHandler against real MLflow stores: a SQLite store, and a real ``mlflow server``
+on loopback (behind a proxy that can hold or fail requests) for the HTTP path."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import monitor_bus
+from monitor_bus import METRICS_EVENT, STAT_EVENT, Run
+
+from .conftest import require
+
+# MLflow's SQL store uses SQLAlchemy APIs its newest release deprecates.
+pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated")
+
+ROOT = Path(__file__).resolve().parents[1]
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def _mlflow() -> Any:
+    try:
+        import mlflow.tracking
+    except ImportError:
+        require(False, "mlflow is not installed (pip install 'monitor_bus[mlflow]')")
+    return mlflow.tracking
+
+
+def _bench() -> ModuleType:
+    """benchmarks/integrations.py, for its proxy and server helpers."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(
+        "bench_integrations", ROOT / "benchmarks" / "integrations.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def sqlite_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    _mlflow()
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'store.db'}"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    _mlflow()
+    bench = _bench()
+    proc, url = bench.start_mlflow_server(tmp_path_factory.mktemp("server") / "store.db")
+    yield url
+    bench.stop_server(proc)
+
+
+def _ms(ts: datetime) -> int:
+    return int(ts.timestamp() * 1000)
+
+
+T1 = T0 + timedelta(seconds=1)
+
+
+def _train_and_fail(bus: monitor_bus.EventBus, run: Run) -> None:
+    with run:
+        log = bus.log_event
+        log(monitor_bus.Event(STAT_EVENT, T0, {"loss.mean": 0.5, "loss.max": 0.9, "step": 10}))
+        log(monitor_bus.Event(STAT_EVENT, T1, {"loss.mean": 0.25, "loss.max": 0.5, "step": 20}))
+        log(monitor_bus.Event(METRICS_EVENT, T1, {"acc": 0.75, "step": 20}))
+        log(monitor_bus.Event(STAT_EVENT, T0, {"t.mean": 1.0, "phase": "warmup"}))
+        log(monitor_bus.Event(STAT_EVENT, T1, {"t.mean": 2.0}))
+        raise ValueError("boom")
+
+
+def test_sqlite_store_gets_metrics_params_tags_and_a_failed_status(
+    bus: monitor_bus.EventBus, sqlite_uri: str
+) -> None:
+    """Windows become metric history at their step and time, the run start params and tags,
+    and a run that raised ends FAILED."""
+    from monitor_bus.exporters.mlflow import MlflowEventHandler
+
+    handler = MlflowEventHandler(sqlite_uri, experiment_name="failed-run")
+    bus.register_event_handler(handler)
+    run = Run("exp", hparams={"lr": 0.1}, config={"data": "x"}, rank=0, bus=bus)
+    with pytest.raises(ValueError, match="boom"):
+        _train_and_fail(bus, run)
+    assert bus.flush(60)
+    client = _mlflow().MlflowClient(sqlite_uri)
+    run = client.get_run(handler.run_id)
+    assert run.info.status == "FAILED"
+    assert run.info.run_name == "exp"
+    assert run.data.params == {"hparams.lr": "0.1", "config.data": "x"}
+    assert run.data.tags["rank"] == "0"
+    assert run.data.tags["run_name"] == "exp"
+    assert run.data.tags["version.monitor_bus"] == monitor_bus.__version__
+    history = [
+        (m.step, m.value, m.timestamp)
+        for m in client.get_metric_history(handler.run_id, "loss.mean")
+    ]
+    assert history == [(10, 0.5, _ms(T0)), (20, 0.25, _ms(T1))]
+    assert [(m.step, m.value) for m in client.get_metric_history(handler.run_id, "acc")] == [
+        (20, 0.75)
+    ]
+    # Without a "step", each key counts its own windows.
+    assert [(m.step, m.value) for m in client.get_metric_history(handler.run_id, "t.mean")] == [
+        (0, 1.0),
+        (1, 2.0),
+    ]
+    assert handler.skipped_values == 1  # "phase" is a string
+    assert handler.written_metrics == 7
+
+
+def test_http_server_run_ends_finished(bus: monitor_bus.EventBus, server: str) -> None:
+    """Over HTTP to a real mlflow server, a run that ends well is FINISHED with its metrics."""
+    from monitor_bus.exporters.mlflow import MlflowEventHandler
+
+    handler = MlflowEventHandler(server, experiment_name="http")
+    bus.register_event_handler(handler)
+    with Run("http-run", hparams={"batch": 8}, bus=bus):
+        for step in range(3):
+            bus.log_event(
+                monitor_bus.Event(METRICS_EVENT, T0, {"loss": 1.0 / (step + 1), "step": step})
+            )
+    assert bus.flush(60)
+    client = _mlflow().MlflowClient(server)
+    run = client.get_run(handler.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params == {"hparams.batch": "8"}
+    assert [(m.step, m.value) for m in client.get_metric_history(handler.run_id, "loss")] == [
+        (0, 1.0),
+        (1, 0.5),
+        (2, 1.0 / 3),
+    ]
+
+
+def test_down_server_costs_the_loop_nothing_and_is_counted(
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the server holds the handler's request, every log_event returns; what overflows is
+    counted as dropped, a failed request is counted and its metrics are sent once it is back."""
+    from monitor_bus.exporters.mlflow import MlflowEventHandler
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    proxy = _bench().SlowProxy(server)
+    bus = monitor_bus.EventBus(capacity=10, name="mlflow-down")
+    try:
+        handler = MlflowEventHandler(proxy.url, experiment_name="down")
+        bus.register_event_handler(handler)
+        proxy.hold.clear()
+        bus.log_event(monitor_bus.Event(METRICS_EVENT, T0, {"x": 0.0, "step": 0}))
+        assert proxy.held.wait(30)  # the handler's first request is stuck at the server
+        for step in range(1, 101):
+            bus.log_event(monitor_bus.Event(METRICS_EVENT, T0, {"x": float(step), "step": step}))
+        assert not proxy.hold.is_set()  # all 100 returned while the request was held
+        proxy.down.set()
+        proxy.hold.set()
+        assert bus.flush(60)
+        # Each flush while down made one request (no retries here), which failed and counted.
+        assert handler.failed_requests == proxy.requests
+        assert handler.failed_requests >= 1
+        assert handler.run_id is None  # the run could not even be created
+        proxy.down.clear()
+        bus.log_event(monitor_bus.Event(METRICS_EVENT, T0, {"x": 101.0, "step": 101}))
+        assert bus.flush(60)
+        (stats,) = bus.stats()["handlers"]
+        assert stats["logged"] == 102
+        assert stats["dropped"] > 0
+        assert stats["delivered"] + stats["dropped"] == 102
+        client = _mlflow().MlflowClient(server)
+        points = client.get_metric_history(handler.run_id, "x")
+        assert len(points) == stats["delivered"] == handler.written_metrics
+        assert handler.dropped == 0
+    finally:
+        proxy.close()
+        assert bus.close(30)
+
+
+def test_bad_arguments_name_themselves() -> None:
+    """Wrong argument types and values are errors naming the argument."""
+    _mlflow()
+    from monitor_bus.exporters.mlflow import MlflowEventHandler
+
+    with pytest.raises(TypeError, match="run_id must be a str"):
+        MlflowEventHandler(run_id=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_pending must be a positive int"):
+        MlflowEventHandler(max_pending=0)
