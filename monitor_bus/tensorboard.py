@@ -1,8 +1,10 @@
-"""A torch-free ``SummaryWriter`` for scalars, on the ``tensorboard`` package's own writer.
+"""A torch-free ``SummaryWriter`` for scalars, text and hparams, on the ``tensorboard``
+package's own writer.
 
 Event files are written by ``tensorboard.summary.writer.event_file_writer.EventFileWriter``
-(the writer torch's ``SummaryWriter`` wraps) from ``tensorboard.compat.proto`` messages, so
-TensorBoard, ``EventAccumulator`` and every other reader of the format load them.
+(the writer torch's ``SummaryWriter`` wraps) from ``tensorboard.compat.proto`` messages and the
+text and hparams plugins' own protos, so TensorBoard (its HPARAMS and TEXT tabs too),
+``EventAccumulator`` and every other reader of the format load them.
 
 Needs the ``tensorboard`` extra: ``pip install 'monitor_bus[tensorboard]'``. ``import
 monitor_bus`` does not import this module.
@@ -25,7 +27,18 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
 
 try:
-    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2  # type: ignore[import-untyped]
+    from tensorboard.compat.proto import (  # type: ignore[import-untyped]
+        event_pb2,
+        summary_pb2,
+        tensor_pb2,
+        tensor_shape_pb2,
+    )
+    from tensorboard.plugins.hparams import (  # type: ignore[import-untyped]
+        api_pb2,
+        plugin_data_pb2,
+    )
+    from tensorboard.plugins.hparams import metadata as hparams_metadata
+    from tensorboard.plugins.text import metadata as text_metadata  # type: ignore[import-untyped]
     from tensorboard.summary.writer.event_file_writer import EventFileWriter  # type: ignore[import-untyped]
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
@@ -34,6 +47,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         name="tensorboard",
     ) from exc
 
+from ._event import Event
+from ._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
 from ._skipped import INT64_MAX, INT64_MIN, is_utf8
 
 if TYPE_CHECKING:
@@ -178,6 +193,135 @@ class SummaryWriter:
                     writer = self._sub_writers[sub_dir] = self._open(sub_dir)
                 writer.add_event(event)
 
+    def add_text(
+        self,
+        tag: str,
+        text_string: str,
+        global_step: SupportsIndex | None = None,
+        walltime: float | None = None,
+    ) -> None:
+        """Record a text (Markdown), shown in TensorBoard's TEXT tab, as torch does.
+
+        Raises:
+            TypeError: ``tag`` or ``text_string`` is not a str.
+            ValueError: ``tag`` or ``text_string`` is not valid UTF-8.
+            RuntimeError: the writer is closed.
+        """
+        _check_tag(tag)
+        if not isinstance(text_string, str):
+            raise TypeError(f"text_string must be a str, not {type(text_string).__name__}")
+        if not is_utf8(text_string):
+            raise ValueError("text_string is not valid UTF-8, which event files need")
+        tensor = tensor_pb2.TensorProto(
+            dtype="DT_STRING",
+            string_val=[text_string.encode("utf-8")],
+            tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+        )
+        value = summary_pb2.Summary.Value(
+            tag=tag,
+            tensor=tensor,
+            metadata=text_metadata.create_summary_metadata(display_name=None, description=None),
+        )
+        self._add(_event(value, global_step, walltime))
+
+    def add_hparams(
+        self,
+        hparam_dict: Mapping[str, Any],
+        metric_dict: Mapping[str, SupportsFloat] | None = None,
+        hparam_domain_discrete: Mapping[str, list[Any]] | None = None,
+        run_name: str | None = None,
+        global_step: SupportsIndex | None = None,
+    ) -> None:
+        """Record one finished session for TensorBoard's HPARAMS tab, as torch does.
+
+        Writes the experiment (the hparams, and ``metric_dict``'s keys as its metrics), the
+        session's start with ``hparam_dict``, each metric as a scalar and the session's end
+        (success). Unlike torch, which always writes into a new subdirectory (named by the
+        time when ``run_name`` is omitted), the session goes to ``log_dir/run_name`` when
+        ``run_name`` is given and to this writer's own file otherwise.
+
+        Args:
+            hparam_dict: name -> value (``bool``, ``int``, ``float``, ``str``; others as
+                their ``str()``).
+            metric_dict: name -> value of the session's metrics.
+            hparam_domain_discrete: name -> the values that hparam may take.
+            run_name: the subdirectory to write to.
+            global_step: the step of the metric scalars.
+
+        Raises:
+            TypeError: an argument has the wrong type.
+            RuntimeError: the writer is closed.
+        """
+        if not isinstance(hparam_dict, Mapping):
+            raise TypeError(f"hparam_dict must be a mapping, not {type(hparam_dict).__name__}")
+        if metric_dict is not None and not isinstance(metric_dict, Mapping):
+            raise TypeError(f"metric_dict must be a mapping, not {type(metric_dict).__name__}")
+        metrics = dict(metric_dict or {})
+        now = time.time()
+        events = [
+            _plain_event(_experiment(hparam_dict, metrics, hparam_domain_discrete or {}), now),
+            _plain_event(session_start(hparam_dict, now), now),
+        ]
+        events += [
+            _event(_summary_value(key, value, False, False), global_step, now)
+            for key, value in metrics.items()
+        ]
+        events.append(_plain_event(session_end("success", now), now))
+        with self._lock:
+            self._check_open()
+            writer = self._writer
+            if run_name is not None:
+                sub_dir = os.path.join(self._log_dir, str(run_name))
+                writer = self._sub_writers.get(sub_dir)
+                if writer is None:
+                    writer = self._sub_writers[sub_dir] = self._open(sub_dir)
+            for event in events:
+                writer.add_event(event)
+
+    def add_run_event(self, event: Event) -> bool:
+        """Write a run-lifecycle or metrics event the way TensorBoard shows it; False (and
+        nothing written) for any other event.
+
+        - ``RUN_START_EVENT``: an HPARAMS session start holding the ``config.*`` and
+          ``hparams.*`` values, and the whole start data as a Markdown table (text
+          ``run/start``). TensorBoard builds the experiment from the sessions, with every
+          scalar tag of the run as a metric.
+        - ``RUN_END_EVENT``: the session's end (``success`` -> ``STATUS_SUCCESS``, ``failed``
+          and ``interrupted`` -> ``STATUS_FAILURE``, the tab having no "interrupted") and the
+          end data as text ``run/end``, which names the exact status.
+        - ``METRICS_EVENT``: each number as a scalar at the event's int ``"step"`` (strings
+          are left out).
+
+        The event's timestamp is the wall time. Thread-safe.
+
+        Raises:
+            RuntimeError: the writer is closed.
+        """
+        walltime = event.timestamp.timestamp()
+        data = event.data
+        if event.name == RUN_START_EVENT:
+            hparams = {k: v for k, v in data.items() if k.startswith(("config.", "hparams."))}
+            self._add(_plain_event(session_start(hparams, walltime), walltime))
+            self.add_text("run/start", _table(data), 0, walltime)
+        elif event.name == RUN_END_EVENT:
+            self._add(_plain_event(session_end(str(data.get("status")), walltime), walltime))
+            self.add_text("run/end", _table(data), 0, walltime)
+        elif event.name == METRICS_EVENT:
+            step = data.get("step")
+            fixed = isinstance(step, int) and step.__class__ is int
+            at = step if fixed and INT64_MIN <= step <= INT64_MAX else None  # type: ignore[operator]
+            for key, value in data.items():
+                if key != "step" and value.__class__ in (int, float, bool) and is_utf8(key):
+                    self._add(_event(_summary_value(key, float(value), False, False), at, walltime))
+        else:
+            return False
+        return True
+
+    def _add(self, event: Any) -> None:
+        with self._lock:
+            self._check_open()
+            self._writer.add_event(event)
+
     def flush(self) -> None:
         """Write everything recorded so far to disk. A no-op once closed."""
         with self._lock:
@@ -215,11 +359,15 @@ class SummaryWriter:
             raise RuntimeError(f"{self!r} is closed")
 
 
-def _summary_value(tag: Any, scalar_value: Any, new_style: bool, double_precision: bool) -> Any:
+def _check_tag(tag: Any) -> None:
     if not isinstance(tag, str):
         raise TypeError(f"tag must be a str, not {type(tag).__name__}")
     if not is_utf8(tag):
         raise ValueError(f"tag {tag!r} is not valid UTF-8, which event files need")
+
+
+def _summary_value(tag: Any, scalar_value: Any, new_style: bool, double_precision: bool) -> Any:
+    _check_tag(tag)
     try:
         value = float(scalar_value)
     except (TypeError, ValueError):
@@ -258,3 +406,84 @@ def _event(value: Any, global_step: Any, walltime: float | None) -> Any:
             raise ValueError(f"global_step {step} is outside int64, the event file's step type")
         event.step = step
     return event
+
+
+# -- the HPARAMS plugin's records (tensorboard.plugins.hparams, without its TensorFlow API) --
+
+_STATUS = {
+    "success": api_pb2.Status.STATUS_SUCCESS,
+    "failed": api_pb2.Status.STATUS_FAILURE,
+    "interrupted": api_pb2.Status.STATUS_FAILURE,
+}
+
+
+def _hparams_value(value: Any) -> Any:
+    if isinstance(value, bool):
+        return {"bool_value": value}
+    if isinstance(value, (int, float)):
+        return {"number_value": float(value)}
+    return {"string_value": value if isinstance(value, str) else str(value)}
+
+
+def _plugin_value(tag: str, data: Any) -> Any:
+    return summary_pb2.Summary.Value(
+        tag=tag,
+        metadata=hparams_metadata.create_summary_metadata(data),
+        tensor=hparams_metadata.NULL_TENSOR,
+    )
+
+
+def session_start(hparams: Mapping[str, Any], start_time: float) -> Any:
+    """The HPARAMS plugin's session-start record of ``hparams`` (a ``Summary.Value``)."""
+    info = plugin_data_pb2.SessionStartInfo(start_time_secs=start_time)
+    for name, value in hparams.items():
+        for field, plain in _hparams_value(value).items():
+            setattr(info.hparams[str(name)], field, plain)
+    return _plugin_value(
+        hparams_metadata.SESSION_START_INFO_TAG,
+        plugin_data_pb2.HParamsPluginData(session_start_info=info),
+    )
+
+
+def session_end(status: str, end_time: float) -> Any:
+    """The HPARAMS plugin's session-end record for a run status (``RUN_STATUSES``)."""
+    info = plugin_data_pb2.SessionEndInfo(
+        status=_STATUS.get(status, api_pb2.Status.STATUS_UNKNOWN), end_time_secs=end_time
+    )
+    return _plugin_value(
+        hparams_metadata.SESSION_END_INFO_TAG,
+        plugin_data_pb2.HParamsPluginData(session_end_info=info),
+    )
+
+
+def _experiment(
+    hparams: Mapping[str, Any], metrics: Mapping[str, Any], domains: Mapping[str, list[Any]]
+) -> Any:
+    infos = []
+    for name, value in hparams.items():
+        info = api_pb2.HParamInfo(name=str(name))
+        kind = next(iter(_hparams_value(value)))
+        info.type = {
+            "bool_value": api_pb2.DATA_TYPE_BOOL,
+            "number_value": api_pb2.DATA_TYPE_FLOAT64,
+            "string_value": api_pb2.DATA_TYPE_STRING,
+        }[kind]
+        for option in domains.get(name, ()):
+            info.domain_discrete.values.add(**_hparams_value(option))
+        infos.append(info)
+    experiment = api_pb2.Experiment(
+        hparam_infos=infos,
+        metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=key)) for key in metrics],
+    )
+    return _plugin_value(
+        hparams_metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(experiment=experiment)
+    )
+
+
+def _plain_event(value: Any, walltime: float) -> Any:
+    return event_pb2.Event(wall_time=walltime, summary=summary_pb2.Summary(value=[value]))
+
+
+def _table(data: Mapping[str, Any]) -> str:
+    rows = "\n".join(f"| {key} | {value} |" for key, value in data.items())
+    return f"| key | value |\n| --- | --- |\n{rows}"

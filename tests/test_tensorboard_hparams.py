@@ -1,0 +1,121 @@
+"""SummaryWriter's add_text, add_hparams and add_run_event, read back with EventAccumulator
+(HPARAMS and TEXT plugin data included)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import api_pb2, metadata
+from tensorboard.util import tensor_util
+
+import monitor_bus
+from monitor_bus import METRICS_EVENT, Run
+from monitor_bus.tensorboard import SummaryWriter
+
+from .conftest import Recorder
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def _load(log_dir: Path) -> EventAccumulator:
+    acc = EventAccumulator(str(log_dir), size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    return acc
+
+
+def _hparams(acc: EventAccumulator) -> dict[str, bytes]:
+    return acc.PluginTagToContent(metadata.PLUGIN_NAME)
+
+
+def _values(info: Any) -> dict[str, Any]:
+    return {name: getattr(v, v.WhichOneof("kind")) for name, v in info.hparams.items()}
+
+
+def _text(acc: EventAccumulator, tag: str) -> str:
+    (event,) = acc.Tensors(tag)
+    return tensor_util.make_ndarray(event.tensor_proto).item().decode()
+
+
+def test_add_text_is_read_back(tmp_path: Path) -> None:
+    """A text is a string tensor of the text plugin at its step."""
+    with SummaryWriter(tmp_path) as writer:
+        writer.add_text("notes", "hello *world*", global_step=3)
+    acc = _load(tmp_path)
+    assert acc.Tags()["tensors"] == ["notes"]
+    assert acc.SummaryMetadata("notes").plugin_data.plugin_name == "text"
+    assert _text(acc, "notes") == "hello *world*"
+    assert acc.Tensors("notes")[0].step == 3
+
+
+def test_add_hparams_writes_a_finished_session(tmp_path: Path) -> None:
+    """The experiment, the session start with its hparams, the metric and a success end."""
+    with SummaryWriter(tmp_path) as writer:
+        writer.add_hparams(
+            {"lr": 0.1, "opt": "adam", "bn": True},
+            {"hparam/accuracy": 0.75},
+            hparam_domain_discrete={"opt": ["adam", "sgd"]},
+        )
+    acc = _load(tmp_path)
+    content = _hparams(acc)
+    assert set(content) == {
+        metadata.EXPERIMENT_TAG,
+        metadata.SESSION_START_INFO_TAG,
+        metadata.SESSION_END_INFO_TAG,
+    }
+    experiment = metadata.parse_experiment_plugin_data(content[metadata.EXPERIMENT_TAG])
+    assert [i.name for i in experiment.hparam_infos] == ["lr", "opt", "bn"]
+    assert [v.string_value for v in experiment.hparam_infos[1].domain_discrete.values] == [
+        "adam",
+        "sgd",
+    ]
+    assert [m.name.tag for m in experiment.metric_infos] == ["hparam/accuracy"]
+    start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
+    assert _values(start) == {"lr": 0.1, "opt": "adam", "bn": True}
+    end = metadata.parse_session_end_info_plugin_data(content[metadata.SESSION_END_INFO_TAG])
+    assert end.status == api_pb2.Status.STATUS_SUCCESS
+    assert [s.value for s in acc.Scalars("hparam/accuracy")] == [0.75]
+
+
+def _fail(bus: monitor_bus.EventBus, run: Run) -> None:
+    with run:
+        bus.log_event(monitor_bus.Event(METRICS_EVENT, T0, {"loss": 0.5, "step": 7, "phase": "x"}))
+        raise ValueError("boom")
+
+
+def test_run_events_become_a_session_with_status_and_scalars(
+    bus: monitor_bus.EventBus, recorder: Recorder, tmp_path: Path
+) -> None:
+    """A failed Run's events give an HPARAMS session ending in failure, its texts and its
+    metrics at their steps; other events are not written."""
+    bus.register_event_handler(recorder)
+    run = Run("exp", hparams={"lr": 0.1}, config={"layers": 2}, bus=bus)
+    with pytest.raises(ValueError, match="boom"):
+        _fail(bus, run)
+    bus.log_event(monitor_bus.Event("other", T0, {"x": 1}))
+    assert bus.flush(10)
+    with SummaryWriter(tmp_path) as writer:
+        written = [writer.add_run_event(event) for event in recorder.events]
+    assert written == [True, True, True, False]
+    acc = _load(tmp_path)
+    content = _hparams(acc)
+    start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
+    assert _values(start) == {"hparams.lr": 0.1, "config.layers": 2.0}
+    end = metadata.parse_session_end_info_plugin_data(content[metadata.SESSION_END_INFO_TAG])
+    assert end.status == api_pb2.Status.STATUS_FAILURE
+    assert [(s.step, s.value) for s in acc.Scalars("loss")] == [(7, 0.5)]
+    assert "| status | failed |" in _text(acc, "run/end")
+    assert "| exception | builtins.ValueError |" in _text(acc, "run/end")
+    assert "| run_name | exp |" in _text(acc, "run/start")
+
+
+def test_add_text_checks_its_arguments(tmp_path: Path) -> None:
+    """Wrong types are TypeErrors naming the argument."""
+    with SummaryWriter(tmp_path) as writer:
+        with pytest.raises(TypeError, match="text_string must be a str"):
+            writer.add_text("t", 3)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="hparam_dict must be a mapping"):
+            writer.add_hparams([1])  # type: ignore[arg-type]
