@@ -26,16 +26,17 @@ Guarantees
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 
 from ._check import check_int, check_timeout, wrong_type
 from ._dispatcher import Dispatcher, _deadline, _remaining, _TimedOut
-from ._event import Event
+from ._event import Event, EventOrigin
 from ._handler import EventHandler, EventHandlerHandle, _Handler
 from ._lifecycle import in_bus_thread, process
-from ._queue import _Item
+from ._queue import RemoteData, _Item
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -46,6 +47,8 @@ logger = logging.getLogger("monitor_bus")
 
 Overflow = Literal["drop_newest", "drop_oldest", "block"]
 _OVERFLOWS = ("drop_newest", "drop_oldest", "block")
+Children = Literal["forward", "own"]
+_CHILDREN = ("forward", "own")
 _T = TypeVar("_T")
 
 
@@ -66,7 +69,15 @@ class EventBus(Dispatcher):
         exit_timeout: seconds the bus may take to deliver what is queued at interpreter exit
             and when a ``with`` / ``async with`` block using it ends; ``math.inf`` waits as
             long as it takes. Handlers still busy then are cut off, and named in a warning.
-        name: shown in thread names, logs and ``repr``.
+        name: shown in thread names, logs and ``repr``; a child process started by
+            ``spawn`` or ``forkserver`` reports a bus's events to the parent's bus of the
+            same name.
+        children: what the child processes of this process do with the events they log on
+            this bus: ``"forward"`` (the default) sends them to this process, whose handlers
+            get them (with ``Event.origin`` saying which child), while a forked child runs
+            none of the handlers it inherited; ``"own"``: a forked child keeps copies of the
+            handlers and runs them itself, as torch.monitor does, and a spawned one reports
+            nowhere. Handlers a child registers itself get its events in either case.
 
     Raises:
         TypeError, ValueError: an argument is invalid (the message names it).
@@ -90,6 +101,7 @@ class EventBus(Dispatcher):
         exit_timeout: float = 5.0,
         *,
         name: str = "bus",
+        children: Children = "forward",
     ) -> None:
         self._capacity: int = check_setting("capacity", capacity)
         self._overflow: Overflow = check_setting("overflow", overflow)
@@ -98,6 +110,9 @@ class EventBus(Dispatcher):
         if not isinstance(name, str):
             raise wrong_type("name", "a str", name)
         self._name = name
+        self._children: Children = check_setting("children", children)
+        self._creator = (os.getpid(), next(process.serials))  # names this bus to the relay
+        self._uplink = process.uplink if children == "forward" else None
         self._stat_groups = {}
         self._init_runtime()
         process.buses.add(self)
@@ -115,6 +130,8 @@ class EventBus(Dispatcher):
         """
         if event.__class__ is not Event and not isinstance(event, Event):
             raise wrong_type("event", "a monitor_bus.Event", event)
+        if self._uplink is not None:  # a child process: to the parent, before returning
+            self._uplink.send(self, (event.name, event.timestamp, event.data), window=False)
         if not self._handlers:
             return
         # Queued flat, as three slots (see _queue for the protocol). Each handler gets an Event
@@ -134,9 +151,33 @@ class EventBus(Dispatcher):
     def _log_window(self, item: _Item) -> None:
         """``log_event`` for Stat windows: never blocks (the timer runs on the loop) and never
         drops, whatever the policy: a window may summarize millions of samples."""
+        if self._uplink is not None:
+            self._uplink.send(self, item, window=True)
         if not self._handlers:
             return
         self._queue.put_window(item)
+        if self._idle:
+            self._wake()
+
+    def _relay_in(self, item: _Item, origin: EventOrigin | None, window: bool) -> None:
+        """``log_event`` for what a child process sent (the relay's thread): the same queue,
+        policy and counters, with the child's ``origin`` on the event."""
+        if not self._handlers:
+            return
+        self._from_children += 1
+        queue = self._queue
+        if window:
+            queue.put_window(item, origin)
+        else:
+            data = RemoteData(item[2])
+            data.origin = origin
+            event = (item[0], item[1], data)
+            if len(queue.slots) < queue.limit:
+                queue.slots.extend(event)
+            else:
+                if self._idle:
+                    self._wake()
+                queue.put_full(event)
         if self._idle:
             self._wake()
 
@@ -179,6 +220,7 @@ class EventBus(Dispatcher):
                 raise RuntimeError(f"{self!r} is closed")
             if self._loop is None:
                 self._start_locked()
+        process.ensure_listener()
         if not handler.is_async:
             handler.start_thread()
         replaced = self._in_loop(self._publish_add, handler)
@@ -248,11 +290,13 @@ class EventBus(Dispatcher):
         timeout = check_timeout("timeout", timeout)
         if in_bus_thread():
             raise RuntimeError("flush() cannot be called from inside an event handler")
+        deadline = _deadline(timeout)
+        if not self._sweep_children(timeout):
+            return False
         if not self._ensure_running():
             return not self._queue.slots and not self._broken
-        deadline = _deadline(timeout)
         try:
-            targets = self._in_loop(self._drain_targets, timeout=timeout)
+            targets = self._in_loop(self._drain_targets, timeout=_remaining(deadline))
         except _TimedOut:
             return False
         return all(h.wait_settled(target, _remaining(deadline)) for h, target in targets)
@@ -264,17 +308,12 @@ class EventBus(Dispatcher):
             raise RuntimeError("aflush() cannot be called from inside an event handler")
         return await anyio.to_thread.run_sync(self.flush, timeout, abandon_on_cancel=True)
 
-    def _ensure_running(self) -> bool:
-        """Start the dispatcher if handlers wait for it (after a fork, or a failed restart);
-        return whether it runs. A failure to start is logged, never raised."""
-        if self._loop is None and self._handlers:
-            with self._lock:
-                if self._loop is None and self._handlers and not self._closed and not self._broken:
-                    try:
-                        self._start_locked()
-                    except Exception:
-                        logger.exception("EventBus %r: the dispatcher could not start", self._name)
-        return self._loop is not None
+    def _sweep_children(self, timeout: float | None) -> bool:
+        """Queue what child processes had sent when this was called (False: timed out)."""
+        listener = process.listener
+        if listener is None or not self._handlers:
+            return True
+        return listener.sweep(timeout)
 
     def close(self, timeout: float | None = None) -> bool:
         """Log the open windows of this bus's Stats, deliver what is queued, detach every
@@ -297,6 +336,7 @@ class EventBus(Dispatcher):
         if not self._closed:
             for stat in self._stats():
                 stat._close()
+            self._sweep_children(timeout)
             self._ensure_running()
         with self._lock:
             self._closed = True
@@ -382,8 +422,9 @@ class EventBus(Dispatcher):
 
         Keys: ``logged``, ``dropped`` (turned away by the full queue), ``queued``,
         ``handler_errors``, ``handler_dropped`` (sum over handlers, queue drops included),
-        ``dispatcher_restarts`` (times the dispatcher failed, was logged and started again) and
-        ``handlers``: one mapping per registered handler with ``name``, ``async``, ``logged``
+        ``dispatcher_restarts`` (times the dispatcher failed, was logged and started again),
+        ``from_children`` (events child processes sent here, included in ``logged``),
+        ``to_parent`` (in a child process: events sent to the parent) and ``handlers``: one mapping per registered handler with ``name``, ``async``, ``logged``
         (events logged while it was registered), ``delivered``, ``errors``, ``dropped`` and
         ``pending``. For each handler, ``logged == delivered + dropped + pending``.
         """
@@ -398,6 +439,8 @@ class EventBus(Dispatcher):
             "handler_errors": self._errors,
             "handler_dropped": sum(h["dropped"] for h in handlers),
             "dispatcher_restarts": self._restarts,
+            "from_children": self._from_children,
+            "to_parent": self._to_parent,
             "handlers": handlers,
         }
 
@@ -454,8 +497,9 @@ def check_setting(argument: str, value: object) -> Any:
     """One of ``EventBus``'s settings, checked (a timeout of ``math.inf`` becomes None)."""
     if argument == "capacity":
         return check_int(argument, value, 1)
-    if argument == "overflow":
-        if value not in _OVERFLOWS:
-            raise ValueError(f"overflow must be one of {', '.join(_OVERFLOWS)}; got {value!r}")
+    if argument in ("overflow", "children"):
+        choices = _OVERFLOWS if argument == "overflow" else _CHILDREN
+        if value not in choices:
+            raise ValueError(f"{argument} must be one of {', '.join(choices)}; got {value!r}")
         return value
     return check_timeout(argument, value, allow_none=argument == "block_timeout")

@@ -6,7 +6,7 @@ import math
 import os
 from typing import Any
 
-from ._bus import EventBus, Overflow, check_setting
+from ._bus import Children, EventBus, Overflow, check_setting
 from ._check import wrong_type
 from ._event import Event
 from ._handler import EventHandler, EventHandlerHandle
@@ -19,6 +19,7 @@ _ENVIRONMENT = {
     "MONITOR_BUS_OVERFLOW": "overflow",
     "MONITOR_BUS_BLOCK_TIMEOUT": "block_timeout",
     "MONITOR_BUS_EXIT_TIMEOUT": "exit_timeout",
+    "MONITOR_BUS_CHILDREN": "children",
 }
 
 
@@ -28,13 +29,16 @@ def configure_default_bus(
     overflow: Overflow | None = None,
     block_timeout: float | None = None,
     exit_timeout: float | None = None,
+    children: Children | None = None,
 ) -> None:
     """Set the default bus's settings before its first use; see ``EventBus`` for each.
 
     An argument left as None keeps its environment variable's value, if set
     (``MONITOR_BUS_CAPACITY``, ``MONITOR_BUS_OVERFLOW``, ``MONITOR_BUS_BLOCK_TIMEOUT``,
-    ``MONITOR_BUS_EXIT_TIMEOUT``; a timeout of ``inf`` or ``none`` means no limit), or else
-    the ``EventBus`` default. Arguments are checked now.
+    ``MONITOR_BUS_EXIT_TIMEOUT``, ``MONITOR_BUS_CHILDREN``; a timeout of ``inf`` or ``none``
+    means no limit), or else the ``EventBus`` default. Arguments are checked now. A spawned
+    child process makes its default bus afresh: where it must differ from the default, set the
+    environment variable (children inherit it), not only this call.
 
     Raises:
         RuntimeError: the default bus already exists (it was used: a handler was registered,
@@ -52,6 +56,7 @@ def configure_default_bus(
         "overflow": overflow,
         "block_timeout": block_timeout,
         "exit_timeout": exit_timeout,
+        "children": children,
     }
     settings = {key: value for key, value in settings.items() if value is not None}
     for key, value in settings.items():
@@ -75,7 +80,7 @@ def _from_environment() -> dict[str, Any]:
         try:
             if argument == "capacity":
                 value: object = int(text)
-            elif argument == "overflow":
+            elif argument in ("overflow", "children"):
                 value = text
             elif text.lower() in ("none", "inf", "infinity"):
                 value = math.inf  # no limit
@@ -95,8 +100,8 @@ def get_default_bus() -> EventBus:
     with its first handler).
 
     Its settings come from ``configure_default_bus()``, else from the environment variables
-    ``MONITOR_BUS_CAPACITY``, ``MONITOR_BUS_OVERFLOW``, ``MONITOR_BUS_BLOCK_TIMEOUT`` and
-    ``MONITOR_BUS_EXIT_TIMEOUT``, else the ``EventBus`` defaults.
+    ``MONITOR_BUS_CAPACITY``, ``MONITOR_BUS_OVERFLOW``, ``MONITOR_BUS_BLOCK_TIMEOUT``,
+    ``MONITOR_BUS_EXIT_TIMEOUT`` and ``MONITOR_BUS_CHILDREN``, else the ``EventBus`` defaults.
 
     Raises:
         ValueError: an environment variable holds an invalid value (the message names it).
@@ -115,9 +120,11 @@ def log_event(event: Event) -> None:
     """Queue ``event`` for every handler of the default bus; see ``EventBus.log_event``."""
     bus = process.default_bus
     if bus is None:
-        if not isinstance(event, Event):
-            raise wrong_type("event", "a monitor_bus.Event", event)
-        return  # no bus yet, so no handler
+        if process.uplink is None:
+            if not isinstance(event, Event):
+                raise wrong_type("event", "a monitor_bus.Event", event)
+            return  # no bus yet, so no handler
+        bus = get_default_bus()  # a spawned child: its events go to the parent
     bus.log_event(event)
 
 

@@ -14,8 +14,10 @@ Guarantees
   due, so a stalled producer still reports.
 - Failure: a dispatcher whose loop ends with an exception is logged at CRITICAL and replaced
   at once; after three failures within 10 s it stays down, and ``flush``/``close`` say so.
-- Fork: the child gets fresh locks, an empty queue, a stopped dispatcher and the same handlers;
-  the dispatcher starts again on the first event the child logs.
+- Fork: the child gets fresh locks, an empty queue and a stopped dispatcher. A bus whose
+  children report to the parent (``children="forward"``) keeps no handler in the child; its
+  dispatcher starts for its Stats' timers. Otherwise the child keeps the same handlers and the
+  dispatcher starts again on the first event the child logs.
 - Exit: ``_close_at_exit`` (from ``atexit``, or a multiprocessing finalizer) closes the bus
   within ``exit_timeout``. It starts a dispatcher only where one was stopped with events or
   windows to deliver (a forked child that logged nothing since the fork).
@@ -46,6 +48,7 @@ from ._queue import EventQueue
 from ._ratelimit import LOG_INTERVAL, Throttle
 
 if TYPE_CHECKING:
+    from ._relay import Uplink
     from ._stat import Stat
 
 logger = logging.getLogger("monitor_bus")
@@ -83,6 +86,8 @@ class Dispatcher:
     _name: str
     _exit_timeout: float | None
     _stat_groups: dict[float, WeakRegistry[Stat]]
+    _children: str
+    _uplink: Uplink | None
 
     def _init_runtime(self) -> None:
         """State that a forked child starts afresh."""
@@ -110,6 +115,13 @@ class Dispatcher:
         self._errors = 0
         self._errors_lock = threading.Lock()
         self._room: anyio.Event | None = None
+        self._from_children = 0  # events the relay queued here
+        self._to_parent = 0  # events sent to the parent process
+
+    def _active(self) -> bool:
+        """Whether the dispatcher has work: handlers, or Stat timers of a child that reports
+        its windows to its parent."""
+        return bool(self._handlers) or self._uplink is not None
 
     def _wake(self) -> None:
         self._idle = False
@@ -120,13 +132,25 @@ class Dispatcher:
             # be.
             if self._lock.acquire(blocking=False):
                 try:
-                    if self._handlers and not self._closed and not self._broken:
+                    if self._active() and not self._closed and not self._broken:
                         self._start_locked()
                 finally:
                     self._lock.release()
             return
         with contextlib.suppress(RuntimeError):  # the loop has closed: the bus is shutting down
             loop.call_soon_threadsafe(self._set_wakeup)
+
+    def _ensure_running(self) -> bool:
+        """Start the dispatcher if handlers wait for it (after a fork, or a failed restart);
+        return whether it runs. A failure to start is logged, never raised."""
+        if self._loop is None and self._active():
+            with self._lock:
+                if self._loop is None and self._active() and not self._closed and not self._broken:
+                    try:
+                        self._start_locked()
+                    except Exception:
+                        logger.exception("EventBus %r: the dispatcher could not start", self._name)
+        return self._loop is not None
 
     def _call_soon(self, func: Callable[[], object]) -> None:
         """Run ``func`` on the loop thread soon, without waiting (a no-op once it is gone)."""
@@ -242,7 +266,7 @@ class Dispatcher:
                 self._queue.close()  # producers blocked for room drop instead of waiting
             else:
                 self._restarts += 1
-                if not (self._closed or self._stopping or not self._handlers):
+                if not (self._closed or self._stopping or not self._active()):
                     try:
                         self._start_locked()
                     except Exception:
@@ -484,6 +508,8 @@ class Dispatcher:
         if new and loop is not None:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._timers_changed_set)
+        elif loop is None and self._uplink is not None:
+            self._ensure_running()  # a child's windows close on time too
 
     def _stats(self) -> list[Stat]:
         """This bus's live Stats."""
@@ -533,6 +559,9 @@ class Dispatcher:
     def _after_fork_in_child(self) -> None:
         handlers = self._handlers
         self._init_runtime()
+        self._uplink = process.uplink if self._children == "forward" else None
+        if self._uplink is not None:
+            return  # the parent runs the handlers: the child sends it its events instead
         for handler in handlers:
             handler.after_fork()
         self._handlers = handlers

@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Union
+from typing import NamedTuple, Union
 
 from ._check import type_name, wrong_type
 
@@ -13,6 +13,15 @@ data_value_t = Union[str, float, int, bool]  # noqa: UP007 - a runtime alias, as
 """A value an event's ``data`` may hold: ``str``, ``float``, ``int`` or ``bool``."""
 
 _PLAIN = frozenset((str, int, float, bool))
+
+
+class EventOrigin(NamedTuple):
+    """The child process an event was logged in, when it reached this process from there."""
+
+    #: The process id of the child.
+    pid: int
+    #: The torch DataLoader worker id, when the child is a DataLoader worker.
+    worker: int | None = None
 
 
 class Event:
@@ -38,8 +47,9 @@ class Event:
         Event(name='train.epoch', timestamp=datetime.datetime(2026, 1, 1, 0, 0, tzinfo=datetime.timezone.utc), data={'loss': 0.5})
     """  # noqa: E501
 
-    __slots__ = ("data", "name", "timestamp")
+    __slots__ = ("_origin", "data", "name", "timestamp")
 
+    _origin: EventOrigin | None
     #: What happened.
     name: str
     #: When it happened.
@@ -68,6 +78,18 @@ class Event:
         self.timestamp = timestamp
         self.data = copied
 
+    @property
+    def origin(self) -> EventOrigin | None:
+        """The child process the event was logged in (None: logged in this process).
+
+        Set by the bus for events that child processes sent to this one (see
+        ``EventBus(children=...)``), and by ``read_jsonl`` for the events it reads back.
+        """
+        try:
+            return self._origin
+        except AttributeError:  # not set: logged here
+            return None
+
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not Event:
             return NotImplemented
@@ -76,12 +98,15 @@ class Event:
             self.name == other.name
             and self.timestamp == other.timestamp
             and self.data == other.data
+            and self.origin == other.origin
         )
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"Event(name={self.name!r}, timestamp={self.timestamp!r}, data={self.data!r})"
+        origin = self.origin
+        extra = "" if origin is None else f", origin={origin!r}"
+        return f"Event(name={self.name!r}, timestamp={self.timestamp!r}, data={self.data!r}{extra})"
 
 
 def _check_str(name: object) -> str:

@@ -239,6 +239,8 @@ class _Handler:
                     return
                 event = new_event(Event)
                 event.name, event.timestamp, event.data = name, timestamp, data.copy()
+                if data.__class__ is not dict:  # a window, or an event from a child process
+                    event._origin = data.origin
                 yield event
 
     def _run_sync(self) -> None:

@@ -10,20 +10,28 @@ Guarantees
   iterated in Python raises "Set changed size during iteration").
 - Fork: in the child, every bus gets a fresh, stopped dispatcher and the same handlers, every
   Stat an empty window (the parent logs the windows it had open), and the locks are new.
+- Children: the process's end of the relay to its child processes (``listener``) or to its
+  parent (``uplink``) lives here too; ``_relay.py`` has their guarantees. A forked child of a
+  listening (or linked) process reports to the same listener.
 - Exit: at interpreter exit (``atexit``) and at the end of a ``multiprocessing`` child (its
-  finalizers, which run where atexit does not), every Stat's open window is logged, then every
-  bus is closed within its ``exit_timeout``.
+  finalizers, which run where atexit does not, registered again in each child after
+  ``multiprocessing`` clears them), every Stat's open window is logged, then every bus is
+  closed within its ``exit_timeout``, then the relay is closed.
 """
 
 from __future__ import annotations
 
 import atexit
 import functools
+import itertools
 import logging
 import os
+import sys
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from ._relay import Listener, Uplink, parse_environment
 
 if TYPE_CHECKING:
     from ._bus import EventBus
@@ -63,13 +71,53 @@ class _Process:
     def __init__(self) -> None:
         self.buses: WeakRegistry[EventBus] = WeakRegistry()
         self.stats: WeakRegistry[Stat] = WeakRegistry()
+        self.serials = itertools.count(1)  # with the pid, names a bus to the relay
         # Identities of the threads that run handlers or a dispatcher: a blocking call made from
         # one of them could wait on itself.
         self.bus_threads: set[int] = set()
         self.default_bus: EventBus | None = None
         self.default_settings: dict[str, Any] = {}  # from configure_default_bus()
         self.default_lock = threading.Lock()
-        self.finalizer_pid: int | None = None
+        self.finalizer: Any = None  # multiprocessing's Finalize running at_exit
+        self.multiprocessing_hooked = False
+        self.listener: Listener | None = None  # children report here
+        self.uplink: Uplink | None = None  # this process reports there
+        parent = parse_environment()
+        if parent is not None:
+            self.uplink = Uplink(parent[1], parent[0], linked=None)
+            self.hook_multiprocessing()  # a spawned child: its finalizers are cleared later
+
+    def ensure_listener(self) -> None:
+        """Listen for child processes, unless this process reports to a parent itself."""
+        uplink = self.uplink
+        if self.listener is not None or (uplink is not None and uplink.linked is not False):
+            return
+        with self.default_lock:
+            if self.listener is None:
+                try:
+                    self.listener = Listener(self.route)
+                except OSError:
+                    logger.exception(
+                        "monitor_bus: cannot listen for child processes; a forked child runs "
+                        "its copies of the handlers itself"
+                    )
+
+    def route(self, creator: tuple[int, int], name: str) -> EventBus | None:
+        """The bus a child's messages go to: the same bus, if it was forked from this process
+        with it; else the newest bus of that name."""
+        found = None
+        for bus in self.buses.snapshot():
+            if bus._creator == creator:
+                return bus
+            if bus._name == name:
+                found = bus
+        return found
+
+    def unlink(self) -> None:
+        """This process turned out not to be a child of the listener's: it reports nowhere."""
+        self.uplink = None
+        for bus in self.buses.snapshot():
+            bus._uplink = None
 
     def at_exit(self) -> None:
         for stat in self.stats.snapshot():
@@ -79,18 +127,57 @@ class _Process:
                 bus._close_at_exit()
             except Exception:
                 logger.exception("%r: error while closing at exit", bus)
+        if self.uplink is not None:
+            self.uplink.close()
+        if self.listener is not None:
+            self.listener.close()
 
     def finalize_with_multiprocessing(self) -> None:
         """A multiprocessing child ends in ``os._exit``, past atexit; its finalizers still run."""
-        if self.finalizer_pid != os.getpid():
+        if self.finalizer is None or not self.finalizer.still_active():
             from multiprocessing import util
 
-            util.Finalize(None, self.at_exit, exitpriority=100)
-            self.finalizer_pid = os.getpid()
+            self.finalizer = util.Finalize(None, self.at_exit, exitpriority=100)
+
+    def hook_multiprocessing(self) -> None:
+        """Have every ``multiprocessing`` child (which clears its finalizers as it starts)
+        register ``at_exit`` again and start the timers of its Stats."""
+        if "multiprocessing" not in sys.modules:
+            return
+        self.finalize_with_multiprocessing()
+        if not self.multiprocessing_hooked:
+            from multiprocessing import util
+
+            util.register_after_fork(self, _Process.after_multiprocessing_start)
+            self.multiprocessing_hooked = True
+
+    def after_multiprocessing_start(self) -> None:
+        self.finalize_with_multiprocessing()
+        for bus in self.buses.snapshot():
+            if bus._uplink is not None and bus._stats():
+                bus._ensure_running()  # its Stats' windows close on time
+
+    def before_fork(self) -> None:
+        uplink = self.uplink
+        if uplink is not None and uplink.linked is None:
+            uplink.resolve()
+        if self.listener is not None or self.uplink is not None:
+            self.hook_multiprocessing()
 
     def after_fork_in_child(self) -> None:
         self.default_lock = threading.Lock()
         self.bus_threads.clear()
+        parent_pid = os.getppid()
+        listener, uplink = self.listener, self.uplink
+        if listener is not None:
+            listener.after_fork_in_child()
+            self.listener = None
+            self.uplink = Uplink(listener.path, parent_pid, linked=True)
+        elif uplink is not None and uplink.linked:
+            uplink.after_fork_in_child()
+            self.uplink = Uplink(uplink.path, parent_pid, linked=True)
+        if self.uplink is not None:
+            self.uplink.adopt()
         for bus in self.buses.snapshot():
             bus._after_fork_in_child()
         for stat in self.stats.snapshot():
@@ -106,4 +193,4 @@ def in_bus_thread() -> bool:
 
 
 atexit.register(process.at_exit)
-os.register_at_fork(after_in_child=process.after_fork_in_child)
+os.register_at_fork(before=process.before_fork, after_in_child=process.after_fork_in_child)

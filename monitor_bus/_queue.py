@@ -13,6 +13,8 @@ Protocol
   its thread is removing never removes (it appends, or, with the queue full, drops its own
   event and counts it), so the slots of one event are never split (which would pair one
   event's name with the next one's data).
+- Events from child processes carry their origin in their data's class: a ``RemoteData`` (or
+  a ``WindowData``) has an ``origin`` attribute, which handlers get as ``Event.origin``.
 - Stat windows are never dropped under any policy: their data is a ``WindowData``, queued past
   the limit (at most one event per Stat per window) and skipped by eviction. Memory still has
   a bound: at most ``WINDOW_ALLOWANCE`` windows past the limit, in the queue and in each
@@ -37,9 +39,18 @@ _Item = tuple[str, datetime, dict[str, Any]]
 
 
 class WindowData(dict):  # type: ignore[type-arg]
-    """The data of a Stat window: never dropped. Handlers get a plain ``dict`` copy."""
+    """The data of a Stat window: never dropped. Handlers get a plain ``dict`` copy, in an
+    ``Event`` whose ``origin`` is this one's (None: a window of this process)."""
 
-    __slots__ = ()
+    __slots__ = ("origin",)
+    origin: Any
+
+
+class RemoteData(dict):  # type: ignore[type-arg]
+    """The data of an event a child process sent: it carries the event's ``origin``."""
+
+    __slots__ = ("origin",)
+    origin: Any
 
 
 def has_window(flat: list[Any]) -> bool:
@@ -113,9 +124,11 @@ class EventQueue:
                     self.blocked -= 1
         self._drop(item)
 
-    def put_window(self, item: _Item) -> None:
+    def put_window(self, item: _Item, origin: Any = None) -> None:
         """Queue a Stat window past the limit: it may summarize millions of samples."""
-        window = (item[0], item[1], WindowData(item[2]))
+        data = WindowData(item[2])
+        data.origin = origin
+        window = (item[0], item[1], data)
         if len(self.slots) < self.limit + 3 * WINDOW_ALLOWANCE:  # read here: tests lower it
             self.slots.extend(window)
         else:
@@ -166,6 +179,11 @@ class EventQueue:
             if self.blocked:
                 self.space.notify_all()
         return batch
+
+    def count_dropped(self, n: int) -> None:
+        """Count ``n`` events dropped on their way here (in a child process)."""
+        with self.space:
+            self.dropped += n
 
     def discard(self) -> int:
         """Count everything queued as dropped and clear it; return how many events."""

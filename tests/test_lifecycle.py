@@ -99,9 +99,9 @@ def test_every_bus_thread_is_a_daemon(bus: EventBus, recorder: Recorder) -> None
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_fork_child_gets_a_working_bus(tmp_path: Path, recorder: Recorder) -> None:
-    """In a forked child the bus restarts on the first event, with the handlers kept and an empty queue."""
+    """With children="own", a forked child's bus restarts on the first event, with the handlers kept and an empty queue."""
     out = tmp_path / "child.txt"
-    bus = EventBus()
+    bus = EventBus(children="own")
     release = threading.Event()
     # Keep the parent's dispatcher busy (and its handler holding events) across the fork.
     bus.register_event_handler(lambda e: release.wait(5), name="busy")

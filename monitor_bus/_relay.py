@@ -1,0 +1,451 @@
+"""Child processes report to their parent: the relay between them.
+
+Guarantees
+----------
+- Who reports where: the first process of a family to register a handler (on any bus) listens
+  on a Unix socket in a private directory and names it in the environment variable
+  ``MONITOR_BUS_PARENT`` (``<pid>:<path>``). Its ``multiprocessing`` children (fork, spawn and
+  forkserver: ``Process``, ``Pool``, ``ProcessPoolExecutor``, DataLoader workers) and its
+  ``os.fork`` children find it there, and so do theirs: a whole family reports to its first
+  listening process. Other programs it starts (``subprocess``) are not its children here.
+- What a child sends: each event and each Stat window logged on a bus with
+  ``children="forward"`` (the default), written to the socket by ``log_event`` itself, before
+  it returns: an event whose ``log_event`` returned is in the kernel's buffer and survives the
+  child's death. The child runs none of the handlers it inherited; handlers it registers
+  itself get its events too.
+- Never a hang: the socket is non-blocking. When its buffer is full (the parent is not reading
+  fast enough) the bus's overflow policy decides: ``"block"`` waits up to ``block_timeout``
+  for room, the others drop the event and count it; a Stat window waits up to the bus's
+  ``exit_timeout``. A parent that is gone or not listening costs a failed ``connect`` once.
+  What a child could not send is counted in its ``stats()["dropped"]``, reported on its
+  ``monitor_bus`` logger (at most once per 10 s) and, while the parent listens, sent to the
+  parent, which adds it to its own ``dropped``.
+- In the parent, one thread reads every child's socket and queues what it reads as
+  ``log_event`` does (same queue, capacity, policy and counters), in each child's order, each
+  event once, its origin (``Event.origin``) attached; ``flush()`` first reads everything the
+  children had written when it was called.
+- What a killed child loses: SIGTERM or SIGKILL loses its Stats' open windows and an event
+  it was writing at that instant (the parent warns of a torn message), nothing it logged
+  before. A child that ends normally (a ``Pool`` or DataLoader worker included) first sends
+  its open windows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import selectors
+import shutil
+import socket
+import struct
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TYPE_CHECKING, Any
+
+from ._event import EventOrigin
+from ._ratelimit import Throttle
+
+if TYPE_CHECKING:
+    from ._bus import EventBus
+    from ._queue import _Item
+
+logger = logging.getLogger("monitor_bus")
+
+ENVIRONMENT = "MONITOR_BUS_PARENT"
+
+# Messages: a 4-byte length, then a pickled tuple whose first item is its kind.
+_HEADER = struct.Struct("<I")
+_HELLO, _BUS, _EVENT, _WINDOW, _DROPPED = range(5)
+# Asked of the kernel for each child's socket (it caps this at net.core.wmem_max): the room a
+# child has before the overflow policy applies.
+_SEND_BUFFER = 4 << 20
+_READ_SIZE = 1 << 16
+_CONNECT_TIMEOUT = 1.0
+
+
+def _frame(message: tuple[Any, ...]) -> bytes:
+    body = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(body)) + body
+
+
+def _worker_id() -> int | None:
+    """The torch DataLoader worker id of this process, if it is one (torch never imported)."""
+    data = sys.modules.get("torch.utils.data")
+    info = getattr(data, "get_worker_info", lambda: None)()
+    return getattr(info, "id", None)
+
+
+def parse_environment() -> tuple[int, str] | None:
+    """The parent named by ``MONITOR_BUS_PARENT``, if another process set it."""
+    text = os.environ.get(ENVIRONMENT, "")
+    pid, _, path = text.partition(":")
+    if not pid.isdigit() or not path or int(pid) == os.getpid():
+        return None
+    return int(pid), path
+
+
+class Uplink:
+    """A child's end: sends the events of its forwarding buses to the parent's listener.
+
+    ``linked`` is None until the first send checks that this process is a child of the
+    process that set the environment (``subprocess`` programs inherit it too).
+    """
+
+    def __init__(self, path: str, parent_pid: int, *, linked: bool | None) -> None:
+        self.path = path
+        self.parent_pid = parent_pid
+        self.linked = linked
+        self._sock: socket.socket | None = None
+        self._broken: str | None = None  # why nothing can be sent any more
+        self._lock = threading.RLock()
+        self._sending = False  # a signal handler or finalizer logging mid-send drops its event
+        # Each bus is announced once, with an index its later messages carry.
+        self._buses: weakref.WeakKeyDictionary[EventBus, int] = weakref.WeakKeyDictionary()
+        self._next_index = 1
+        # Drops not yet reported to the parent, per bus.
+        self._unreported: weakref.WeakKeyDictionary[EventBus, int] = weakref.WeakKeyDictionary()
+        self._throttle = Throttle()
+
+    def send(self, bus: EventBus, item: _Item, *, window: bool) -> None:
+        """Write one event (or Stat window) of ``bus`` to the parent, or count it dropped."""
+        if self.linked is None and not self.resolve():
+            return
+        with self._lock:
+            if self._sending:
+                self._drop(bus, "a signal handler or finalizer logged during a send")
+                return
+            self._sending = True
+            try:
+                self._send_locked(bus, item, window)
+            finally:
+                self._sending = False
+
+    def resolve(self) -> bool:
+        """Whether this process is a child of the listener's (checked once)."""
+        from ._lifecycle import process
+
+        parent = None
+        mp = sys.modules.get("multiprocessing")
+        if mp is not None:
+            parent = getattr(mp.parent_process(), "pid", None)
+        self.linked = self.parent_pid in (os.getppid(), parent)
+        if self.linked:
+            self.adopt()
+        else:
+            process.unlink()
+        return self.linked
+
+    def adopt(self) -> None:
+        """Point this process's own children at the listener this one reports to."""
+        os.environ[ENVIRONMENT] = f"{os.getpid()}:{self.path}"
+
+    def _send_locked(self, bus: EventBus, item: _Item, window: bool) -> None:
+        if self._sock is None and self._broken is None:
+            self._connect()
+        if self._broken is not None:
+            self._drop(bus, self._broken)
+            return
+        index = self._buses.get(bus)
+        frames = []
+        if index is None:  # announced with its first message, kept only once that is sent
+            index = self._next_index
+            frames.append(_frame((_BUS, index, bus._creator, bus._name)))
+        unreported = [(i, n) for b, n in self._unreported.items() if (i := self._buses.get(b))]
+        if bus in self._unreported and bus not in self._buses:
+            unreported.append((index, self._unreported[bus]))
+        frames.extend(_frame((_DROPPED, i, n)) for i, n in unreported)
+        name, timestamp, data = item
+        frames.append(_frame((_WINDOW if window else _EVENT, index, name, timestamp, data)))
+        if window:
+            wait: float | None = bus._exit_timeout
+        elif bus._overflow == "block":
+            wait = bus._block_timeout
+        else:
+            wait = 0.0
+        if not self._write(b"".join(frames), wait):
+            self._drop(bus, self._broken or "its socket is full (the parent reads too slowly)")
+            return
+        if bus not in self._buses:
+            self._buses[bus] = index
+            self._next_index += 1
+        for b in [b for b in self._unreported if b in self._buses]:
+            del self._unreported[b]
+        bus._to_parent += 1
+
+    def _write(self, data: bytes, wait: float | None) -> bool:
+        """Write ``data`` whole: False (nothing written) if there was no room within ``wait``
+        seconds; a message cut off halfway breaks the connection (the stream lost its framing)."""
+        sock = self._sock
+        assert sock is not None
+        view = memoryview(data)
+        deadline = None if wait is None else time.monotonic() + wait
+        started = False
+        while view:
+            try:
+                sent = sock.send(view)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:  # the parent is gone
+                self._break(f"the parent process is gone ({exc.strerror or exc})")
+                return False
+            if sent:
+                started = True
+                view = view[sent:]
+                continue
+            left = None if deadline is None else deadline - time.monotonic()
+            if not started and left is not None and left <= 0:
+                return False
+            # Halfway through a message, finish it (bounded): the stream must stay framed.
+            ready = selectors.DefaultSelector()
+            try:
+                ready.register(sock, selectors.EVENT_WRITE)
+                limit = _CONNECT_TIMEOUT if started and (left is None or left <= 0) else left
+                if not ready.select(limit):
+                    if started:
+                        self._break("the parent stopped reading in the middle of a message")
+                    return False
+            finally:
+                ready.close()
+        return True
+
+    def _connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
+            sock.settimeout(_CONNECT_TIMEOUT)
+            sock.connect(self.path)
+            sock.setblocking(False)
+            self._sock = sock
+        except OSError as exc:
+            sock.close()
+            self._broken = f"the parent is not listening ({exc.strerror or exc})"
+            return
+        if not self._write(_frame((_HELLO, os.getpid(), _worker_id())), None):
+            self._break("the parent did not take this child's first message")
+
+    def _break(self, why: str) -> None:
+        self._broken = why
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+
+    def _drop(self, bus: EventBus, why: str) -> None:
+        """Count an event of ``bus`` that did not reach the parent, and say so (throttled)."""
+        queue = bus._queue
+        queue.count_dropped(1)
+        if self._broken is None:
+            self._unreported[bus] = self._unreported.get(bus, 0) + 1
+        if self._throttle.ready(why):
+            logger.warning(
+                "EventBus %r in child process %d: events not sent to the parent process %d: "
+                "%s; %d dropped in all",
+                bus._name,
+                os.getpid(),
+                self.parent_pid,
+                why,
+                queue.dropped,
+            )
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: let go of the parent's connection (the child makes its own)."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+
+    def close(self) -> None:
+        """Send the drops not reported yet (at exit), then close the socket."""
+        with self._lock:
+            sock = self._sock
+            if sock is None:
+                return
+            unreported = [(i, n) for b, n in self._unreported.items() if (i := self._buses.get(b))]
+            if unreported and self._broken is None:
+                frames = b"".join(_frame((_DROPPED, i, n)) for i, n in unreported)
+                if self._write(frames, _CONNECT_TIMEOUT):
+                    self._unreported.clear()
+            self._sock = None
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+class _Connection:
+    """The parent's end of one child's socket."""
+
+    __slots__ = ("buffer", "buses", "origin", "sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = bytearray()
+        self.origin: EventOrigin | None = None
+        self.buses: dict[int, EventBus | None] = {}
+
+
+class Listener:
+    """The parent's end: a socket children connect to and the thread that reads them."""
+
+    def __init__(self, route: Callable[[tuple[int, int], str], EventBus | None]) -> None:
+        self._route = route
+        self._dir = tempfile.mkdtemp(prefix="monitor_bus-")  # private: mode 0700
+        self.path = os.path.join(self._dir, "relay")
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(self.path)
+        self._server.listen(socket.SOMAXCONN)
+        self._server.setblocking(False)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._server, selectors.EVENT_READ)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._connections: dict[socket.socket, _Connection] = {}
+        self._lock = threading.Lock()  # one reader at a time: the thread or a flush sweep
+        self._sweeps: list[Future[None]] = []
+        self._closed = False
+        self.received = 0
+        self._thread = threading.Thread(target=self._run, name="monitor_bus.relay", daemon=True)
+        self._thread.start()
+        os.environ[ENVIRONMENT] = f"{os.getpid()}:{self.path}"
+
+    def sweep(self, timeout: float | None) -> bool:
+        """Read everything the children have written so far; False if ``timeout`` passed."""
+        future: Future[None] = Future()
+        with self._lock:
+            if self._closed:
+                return True
+            self._sweeps.append(future)
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+        try:
+            future.result(timeout)
+        except FutureTimeout:
+            return False
+        return True
+
+    def _run(self) -> None:
+        while True:
+            ready = self._selector.select()
+            with self._lock:
+                if self._closed:
+                    return
+                sweeps, self._sweeps = self._sweeps, []
+                for key, _ in ready:
+                    sock = key.fileobj
+                    if sock is self._server:
+                        self._accept()
+                    elif sock is self._wake_r:
+                        with contextlib.suppress(OSError):
+                            self._wake_r.recv(4096)
+                    else:
+                        self._read(self._connections[sock])  # type: ignore[index]
+                if sweeps:
+                    # Everything written before the sweep was asked for is readable now.
+                    self._accept()
+                    for connection in list(self._connections.values()):
+                        self._read(connection)
+            for future in sweeps:
+                future.set_result(None)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._server.accept()
+            except OSError:  # BlockingIOError: none pending
+                return
+            sock.setblocking(False)
+            self._connections[sock] = _Connection(sock)
+            self._selector.register(sock, selectors.EVENT_READ)
+
+    def _read(self, connection: _Connection) -> None:
+        """Read what ``connection`` holds and queue its events; close it at its end."""
+        sock = connection.sock
+        buffer = connection.buffer
+        ended = False
+        while True:
+            try:
+                chunk = sock.recv(_READ_SIZE)
+            except BlockingIOError:
+                break
+            except OSError:
+                ended = True
+                break
+            if not chunk:
+                ended = True
+                break
+            buffer += chunk
+            self._messages(connection)
+        if ended:
+            self._selector.unregister(sock)
+            del self._connections[sock]
+            sock.close()
+            if buffer:
+                origin = connection.origin
+                logger.warning(
+                    "monitor_bus: child process %s ended in the middle of a message; the "
+                    "event it was sending is lost",
+                    origin.pid if origin is not None else "?",
+                )
+
+    def _messages(self, connection: _Connection) -> None:
+        buffer = connection.buffer
+        start = 0
+        end = len(buffer)
+        header = _HEADER.size
+        view = memoryview(buffer)
+        try:
+            while end - start >= header:
+                (size,) = _HEADER.unpack_from(buffer, start)
+                if end - start - header < size:
+                    break
+                message = pickle.loads(view[start + header : start + header + size])
+                start += header + size
+                self._dispatch(connection, message)
+        finally:
+            view.release()
+            del buffer[:start]
+
+    def _dispatch(self, connection: _Connection, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind in (_EVENT, _WINDOW):
+            bus = connection.buses.get(message[1])
+            if bus is not None:
+                self.received += 1
+                bus._relay_in((message[2], message[3], message[4]), connection.origin, kind)
+        elif kind == _BUS:
+            _, index, creator, name = message
+            connection.buses[index] = self._route(creator, name)
+        elif kind == _DROPPED:
+            bus = connection.buses.get(message[1])
+            if bus is not None:
+                bus._queue.count_dropped(message[2])
+        elif kind == _HELLO:
+            connection.origin = EventOrigin(message[1], message[2])
+
+    def close(self) -> None:
+        """Stop reading and remove the socket (at exit; children then fail to connect)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+        self._thread.join(_CONNECT_TIMEOUT)
+        if os.environ.get(ENVIRONMENT, "").startswith(f"{os.getpid()}:"):
+            del os.environ[ENVIRONMENT]
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: let go of the parent's sockets without touching its files."""
+        for sock in (self._server, self._wake_r, self._wake_w, *self._connections):
+            with contextlib.suppress(OSError):
+                sock.close()
+        with contextlib.suppress(OSError, ValueError):
+            self._selector.close()
