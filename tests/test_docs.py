@@ -90,6 +90,7 @@ def test_docs_pages_exist() -> None:
         "reliability.md",
         "multihost.md",
         "design.md",
+        "contributing.md",
     } <= names
 
 
@@ -248,7 +249,14 @@ def test_mkdocs_builds_strictly(tmp_path: Path) -> None:
     api = (site / "api" / "index.html").read_text()
     for name in ("EventBus", "Stat", "log_event", "register_event_handler", "subscribe"):
         assert f'id="monitor_bus.{name}"' in api, name
-    assert '<pre class="mermaid">' in (site / "concepts" / "index.html").read_text()
+    concepts = (site / "concepts" / "index.html").read_text()
+    assert '<pre class="mermaid">' in concepts
+    # The diagram library is served by the site (the theme fetches it only if it is missing).
+    assert '<script src="../assets/javascripts/mermaid.min.js"></script>' in concepts
+    script = (site / "assets" / "javascripts" / "mermaid.min.js").read_bytes()
+    assert len(script) > 1_000_000
+    assert b"mermaid" in script[:10_000]
+    assert "fonts.googleapis.com" not in concepts  # nothing is loaded from the internet
 
 
 def test_every_public_name_has_a_docstring() -> None:
