@@ -21,9 +21,7 @@ from pathlib import Path
 from typing import Any
 
 VERSION = "11.17.2"
-INTEGRITY = (
-    "sha512-V6K3C8EBdEsPFZXSKMJe6ppQOENxuHARr9GvHX4hh47lAbhMRD9qf4oEK7LoaRQxULMa80/qt5gHO73aCleBBg=="
-)
+INTEGRITY = "sha512-V6K3C8EBdEsPFZXSKMJe6ppQOENxuHARr9GvHX4hh47lAbhMRD9qf4oEK7LoaRQxULMa80/qt5gHO73aCleBBg=="
 TARBALL = f"https://registry.npmjs.org/mermaid/-/mermaid-{VERSION}.tgz"
 MEMBER = "package/dist/mermaid.min.js"
 SITE_PATH = "assets/javascripts/mermaid.min.js"
