@@ -15,6 +15,7 @@ from ._default import register_event_handler as register_event_handler
 from ._default import subscribe as subscribe
 from ._default import unregister_event_handler as unregister_event_handler
 from ._event import Event as Event
+from ._event import EventOrigin as EventOrigin
 from ._event import data_value_t as data_value_t
 from ._handler import EventHandler as EventHandler
 from ._handler import EventHandlerHandle as EventHandlerHandle
@@ -39,6 +40,7 @@ __all__ = [
     "EventFilter",
     "EventHandler",
     "EventHandlerHandle",
+    "EventOrigin",
     "JsonlEventHandler",
     "METRICS_EVENT",
     "RUN_END_EVENT",

@@ -1,6 +1,8 @@
 """A JSON-lines file as a sink, and the reader that gives the events back.
 
-One line per event: ``{"name": ..., "timestamp": ..., "data": {...}}``, UTF-8.
+One line per event: ``{"name": ..., "timestamp": ..., "data": {...}}``, UTF-8. An event that
+came from a child process also has ``"origin": {"pid": ..., "worker": ...}`` (``worker``: its
+DataLoader worker id, or null), which ``read_jsonl`` restores as ``Event.origin``.
 
 - ``timestamp`` is ISO 8601 with a UTC offset. An aware timestamp keeps its offset; a naive one
   is taken as local time (``datetime.astimezone()``) and written with the local offset.
@@ -36,11 +38,12 @@ import stat
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
-from ._event import Event
+from ._event import Event, EventOrigin
 from ._skipped import SkipReporter
 
 if TYPE_CHECKING:
@@ -61,7 +64,9 @@ class JsonlEventHandler:
     operating system; not ``fsync``-ed). ``close()`` flushes and closes the file.
 
     The file is opened for appending when the handler is made, so a bad path fails there and
-    what the file already holds is kept. ``flush()`` and ``close()`` are thread-safe.
+    what the file already holds is kept. ``flush()`` and ``close()`` are thread-safe. A copy
+    inherited by a forked child starts with nothing buffered and a new lock: it never writes
+    the parent's lines again and never waits on a lock the parent held at the fork.
 
     A value that cannot be written (an int over Python's digit limit for int-to-text
     conversion) is skipped, counted in ``skipped_values`` and logged as a warning on the
@@ -98,10 +103,12 @@ class JsonlEventHandler:
                     f.seek(-1, os.SEEK_END)
                     if f.read(1) != b"\n":
                         os.write(fd, b"\n")  # end a torn last line
-            self._file = os.fdopen(fd, "wb")
+            # Unbuffered: no bytes (and no lock) of the file object's own for a fork to copy.
+            self._file = os.fdopen(fd, "wb", buffering=0)
         except BaseException:
             os.close(fd)
             raise
+        _open_handlers.add(self)
 
     @property
     def path(self) -> str:
@@ -119,6 +126,9 @@ class JsonlEventHandler:
             "timestamp": _timestamp(event.timestamp),
             "data": {k: _value(v) for k, v in event.data.items()},
         }
+        origin = event.origin
+        if origin is not None:  # an event from a child process: which one
+            record["origin"] = {"pid": origin.pid, "worker": origin.worker}
         try:
             line = _encode(record)
         except ValueError:  # an int over the digit limit of int-to-text conversion
@@ -166,8 +176,9 @@ class JsonlEventHandler:
             raw = text.encode("utf-8")
         except UnicodeEncodeError:  # lone surrogates: only inside JSON strings, so escape them
             raw = _LONE_SURROGATE.sub(_escape, text).encode("utf-8")
-        self._file.write(raw)
-        self._file.flush()
+        view = memoryview(raw)
+        while view:
+            view = view[self._file.write(view) or 0 :]
         self._written += len(pending) - 1
 
     def close(self) -> None:
@@ -193,6 +204,23 @@ class JsonlEventHandler:
 
     def __repr__(self) -> str:
         return f"JsonlEventHandler({self._path!r})"
+
+    def _after_fork_in_child(self) -> None:
+        # The lines buffered at the fork are the parent's to write; the lock may have been
+        # held by a thread the child does not have.
+        self._lock = threading.Lock()
+        self._pending = []
+
+
+_open_handlers: weakref.WeakSet[JsonlEventHandler] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for handler in list(_open_handlers):
+        handler._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _timestamp(ts: datetime) -> str:
@@ -349,6 +377,9 @@ def _event(obj: Any, path: str, lineno: int, on_skip: SkipCallback) -> Event:
         raise ValueError(f"{where}: 'timestamp' is not ISO 8601: {stamp!r}") from None
     if timestamp.utcoffset() is None:
         raise ValueError(f"{where}: 'timestamp' has no UTC offset: {stamp!r}")
+    origin = obj.get("origin")
+    if origin is not None:
+        origin = _origin(origin, where)
     values = {}
     for key, value in data.items():
         if isinstance(value, _LongInt):
@@ -367,4 +398,19 @@ def _event(obj: Any, path: str, lineno: int, on_skip: SkipCallback) -> Event:
         elif not isinstance(value, (str, int, float)):  # bool is an int
             raise ValueError(f"{where}: data[{key!r}] is not a value: {value!r}")
         values[key] = value
-    return Event(name, timestamp, values)
+    event = Event(name, timestamp, values)
+    if origin is not None:
+        event._origin = origin
+    return event
+
+
+def _origin(obj: Any, where: str) -> EventOrigin:
+    if isinstance(obj, dict) and not set(obj) - {"pid", "worker"}:
+        pid, worker = obj.get("pid"), obj.get("worker")
+        if _is_int(pid) and (worker is None or _is_int(worker)):
+            return EventOrigin(pid, worker)
+    raise ValueError(f"{where}: 'origin' must be {{'pid': int, 'worker': int or null}}")
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)

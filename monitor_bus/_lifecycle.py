@@ -90,7 +90,9 @@ class _Process:
     def ensure_listener(self) -> None:
         """Listen for child processes, unless this process reports to a parent itself."""
         uplink = self.uplink
-        if self.listener is not None or (uplink is not None and uplink.linked is not False):
+        if uplink is not None and uplink.linked is None:
+            uplink.resolve()
+        if self.listener is not None or (self.uplink is not None and self.uplink.linked):
             return
         with self.default_lock:
             if self.listener is None:

@@ -7,7 +7,10 @@ Guarantees
   ``MONITOR_BUS_PARENT`` (``<pid>:<path>``). Its ``multiprocessing`` children (fork, spawn and
   forkserver: ``Process``, ``Pool``, ``ProcessPoolExecutor``, DataLoader workers) and its
   ``os.fork`` children find it there, and so do theirs: a whole family reports to its first
-  listening process. Other programs it starts (``subprocess``) are not its children here.
+  listening process. Other programs it starts (``subprocess``) are not its children here: they
+  inherit the variable but check that ``multiprocessing`` started them. A forkserver child
+  that logs before ``multiprocessing`` has set it up (while its task's module is imported)
+  reports nowhere.
 - What a child sends: each event and each Stat window logged on a bus with
   ``children="forward"`` (the default), written to the socket by ``log_event`` itself, before
   it returns: an event whose ``log_event`` returned is in the kernel's buffer and survives the
@@ -129,14 +132,16 @@ class Uplink:
                 self._sending = False
 
     def resolve(self) -> bool:
-        """Whether this process is a child of the listener's (checked once)."""
+        """Whether this process is a ``multiprocessing`` child of the listener's process
+        (checked once; a ``subprocess`` program inherits the environment too)."""
         from ._lifecycle import process
 
-        parent = None
         mp = sys.modules.get("multiprocessing")
-        if mp is not None:
-            parent = getattr(mp.parent_process(), "pid", None)
-        self.linked = self.parent_pid in (os.getppid(), parent)
+        parent = getattr(mp.parent_process(), "pid", None) if mp is not None else None
+        # A spawned child before multiprocessing has set its parent_process(): importing the
+        # task's module, say.
+        spawning = "--multiprocessing-fork" in sys.argv and os.getppid() == self.parent_pid
+        self.linked = parent == self.parent_pid or spawning
         if self.linked:
             self.adopt()
         else:

@@ -1,0 +1,78 @@
+"""Code that runs in child processes (importable by spawn and forkserver children)."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta, timezone
+
+import monitor_bus
+from monitor_bus import Aggregation, Event, Stat
+
+TS = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+_adds: dict[int, Stat] = {}
+
+
+def adds() -> Stat:
+    """This process's Stat "adds", made on first use on the default bus of the time. Its window
+    is an hour long, so it closes only when its process ends normally."""
+    stat = _adds.get(os.getpid())
+    if stat is None:
+        stat = _adds[os.getpid()] = Stat("adds", [Aggregation.COUNT], timedelta(hours=1))
+    return stat
+
+
+def log_events(tag: str, n: int) -> int:
+    """Log n events tagged ``tag`` (a Pool task): returns the pid that logged them."""
+    for i in range(n):
+        monitor_bus.log_event(Event("child", TS, {"tag": tag, "i": i}))
+    return os.getpid()
+
+
+def add_only(n: int) -> int:
+    """Add 1 to the module-level Stat n times and log nothing else (a Pool task)."""
+    stat = adds()
+    for _ in range(n):
+        stat.add(1)
+    return os.getpid()
+
+
+def log_then_wait(n: int, ready: object, sleep_forever: object) -> None:
+    """Log n events and one Stat add, tell the parent, then wait to be killed."""
+    log_events("killed", n)
+    adds().add(1)
+    ready.set()  # type: ignore[attr-defined]
+    sleep_forever.wait()  # type: ignore[attr-defined]
+
+
+class ItemDataset:
+    """A map-style dataset that logs an event and adds to a Stat for every item it loads."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        monitor_bus.log_event(Event("item", TS, {"i": i}))
+        adds().add(1)
+        return i
+
+
+def log_and_report(n: int, out: str) -> None:
+    """Log n events as fast as possible, then write this bus's stats to ``out`` (a child whose
+    parent is gone or not listening)."""
+    bus = monitor_bus.get_default_bus()
+    for i in range(n):
+        monitor_bus.log_event(Event("orphan", TS, {"i": i}))
+    stats = bus.stats()
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(f"{stats['dropped']} {stats['to_parent']}\n")
+
+
+def add_and_wait(release: object) -> None:
+    """Add one value to a Stat of 50 ms windows, then wait until the parent releases it."""
+    stat = Stat("tick", [Aggregation.COUNT], timedelta(milliseconds=50))
+    stat.add(1)
+    release.wait(60)  # type: ignore[attr-defined]
