@@ -11,13 +11,13 @@ import sys
 import textwrap
 import threading
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 import monitor_bus
-from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, EventOrigin, Stat
+from monitor_bus import STAT_EVENT, Event, EventBus, EventOrigin
 
 from . import child_workers
 from .conftest import Recorder, require
