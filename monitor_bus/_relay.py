@@ -336,12 +336,31 @@ class Listener:
         return True
 
     def _run(self) -> None:
-        while True:
-            ready = self._selector.select()
+        try:
+            while self._serve():
+                pass
+        except BaseException:
+            # Never quietly: children's events would stop arriving.
+            logger.critical(
+                "monitor_bus: the relay from child processes failed; their events no longer "
+                "arrive (children count them as dropped)",
+                exc_info=True,
+            )
             with self._lock:
-                if self._closed:
-                    return
+                self._closed = True
                 sweeps, self._sweeps = self._sweeps, []
+            for future in sweeps:
+                future.set_result(None)
+            self._release()
+
+    def _serve(self) -> bool:
+        """One round: wait for data, read it; False once closed."""
+        ready = self._selector.select()
+        with self._lock:
+            if self._closed:
+                return False
+            sweeps, self._sweeps = self._sweeps, []
+            try:
                 for key, _ in ready:
                     sock = key.fileobj
                     if sock is self._server:
@@ -349,15 +368,17 @@ class Listener:
                     elif sock is self._wake_r:
                         with contextlib.suppress(OSError):
                             self._wake_r.recv(4096)
-                    else:
-                        self._read(self._connections[sock])  # type: ignore[index]
+                    elif sock in self._connections:  # not closed earlier in this round
+                        self._read(self._connections[sock])
                 if sweeps:
                     # Everything written before the sweep was asked for is readable now.
                     self._accept()
                     for connection in list(self._connections.values()):
                         self._read(connection)
-            for future in sweeps:
-                future.set_result(None)
+            finally:
+                for future in sweeps:
+                    future.set_result(None)
+        return True
 
     def _accept(self) -> None:
         while True:
@@ -386,7 +407,18 @@ class Listener:
                 ended = True
                 break
             buffer += chunk
-            self._messages(connection)
+            try:
+                self._messages(connection)
+            except Exception:  # a message that does not decode: the stream has lost its framing
+                origin = connection.origin
+                logger.exception(
+                    "monitor_bus: a message from child process %s could not be read; its "
+                    "connection is closed (what it sends later is lost)",
+                    origin.pid if origin is not None else "?",
+                )
+                buffer.clear()
+                ended = True
+                break
         if ended:
             self._selector.unregister(sock)
             del self._connections[sock]
@@ -443,14 +475,23 @@ class Listener:
         with contextlib.suppress(OSError):
             self._wake_w.send(b"\0")
         self._thread.join(_CONNECT_TIMEOUT)
+        if not self._thread.is_alive():
+            self._release()
+
+    def _release(self) -> None:
+        """Close the sockets and remove the socket's directory (the relay has stopped)."""
         if os.environ.get(ENVIRONMENT, "").startswith(f"{os.getpid()}:"):
             del os.environ[ENVIRONMENT]
+        self._close_sockets()
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    def after_fork_in_child(self) -> None:
-        """In a forked child: let go of the parent's sockets without touching its files."""
+    def _close_sockets(self) -> None:
         for sock in (self._server, self._wake_r, self._wake_w, *self._connections):
             with contextlib.suppress(OSError):
                 sock.close()
         with contextlib.suppress(OSError, ValueError):
             self._selector.close()
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: let go of the parent's sockets without touching its files."""
+        self._close_sockets()

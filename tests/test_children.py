@@ -414,3 +414,29 @@ def test_a_childs_window_closes_on_the_timer(method: str, recorder: Recorder) ->
     assert [(e.name, e.data, e.origin) for e in recorder.events] == [
         (STAT_EVENT, {"tick.count": 1}, EventOrigin(proc.pid, None))  # type: ignore[arg-type]
     ]
+
+
+def test_a_message_that_does_not_decode_closes_only_that_connection(
+    recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A connection sending bytes that are not a message is logged and closed; the relay goes
+    on serving the other children."""
+    import socket
+    import struct
+
+    monitor_bus.register_event_handler(recorder)
+    listener = monitor_bus._lifecycle.process.listener
+    assert listener is not None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as bad:
+        bad.connect(listener.path)
+        bad.sendall(struct.pack("<I", 5) + b"\xffjunk")
+        assert listener.sweep(10)
+        assert bad.recv(1) == b""  # closed by the relay
+    assert "could not be read; its connection is closed" in caplog.text
+    proc = multiprocessing.get_context("fork").Process(
+        target=child_workers.log_events, args=("after", 3)
+    )
+    proc.start()
+    proc.join(60)
+    assert monitor_bus.flush(10)
+    assert [e.data["i"] for e in by_name(recorder.events, "child")] == [0, 1, 2]
