@@ -12,24 +12,38 @@ TensorBoard, each logging inline (the framework's own logger) against the bus, s
   torch-free ``SummaryWriter``.
 
 The contenders alternate within each round so all see the same machine load; each figure is
-the median step time over the rounds, and the ratio is against no logging. Needs the
+the median step time over the rounds (after one untimed warm-up round), and the ratio is
+against no logging. Needs the
 ``lightning``, ``transformers``, ``mlflow`` and ``tensorboard`` extras (and torch).
 """
 
 from __future__ import annotations
 
+import argparse
+import gc
 import http.client
 import http.server
+import logging
 import os
+import platform
 import signal
 import socket
+import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
 import urllib.request
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from _machine import cpu_model
+
+import monitor_bus
 
 
 class SlowProxy:
@@ -147,3 +161,228 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(20)
+
+
+# -- step timing --
+
+STEPS = 40  # training steps per run; the first WARMUP are not timed
+WARMUP = 5
+
+
+def _median_step(marks: list[float]) -> float:
+    """Median seconds between consecutive step ends, past the warm-up."""
+    gaps = [b - a for a, b in zip(marks[WARMUP:], marks[WARMUP + 1 :], strict=False)]
+    return statistics.median(gaps)
+
+
+def lightning_contenders(mlflow_url: str) -> dict[str, Callable[[], float]]:
+    """Train the tiny Lightning model once per call; return its median step time."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    from monitor_bus.exporters.mlflow import MlflowEventHandler
+    from monitor_bus.integrations.lightning import MonitorBusLogger
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(32, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.layer(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self) -> Any:
+            data = torch.utils.data.TensorDataset(
+                torch.randn(STEPS * 8, 32), torch.randn(STEPS * 8, 1)
+            )
+            return torch.utils.data.DataLoader(data, batch_size=8)
+
+    class Clock(L.Callback):
+        def __init__(self) -> None:
+            self.marks: list[float] = []
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            self.marks.append(time.perf_counter())
+
+    def fit(logger: Any) -> float:
+        clock = Clock()
+        trainer = L.Trainer(
+            max_steps=STEPS,
+            log_every_n_steps=1,
+            accelerator="cpu",
+            logger=logger,
+            callbacks=[clock],
+            enable_progress_bar=False,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+        )
+        trainer.fit(Tiny())
+        return _median_step(clock.marks)
+
+    def bus_logger() -> float:
+        with monitor_bus.EventBus(name="bench") as bus:
+            bus.register_event_handler(MlflowEventHandler(mlflow_url, experiment_name="bench-bus"))
+            return fit(MonitorBusLogger(bus, finalize_timeout=0))
+
+    return {
+        "no logging": lambda: fit(False),
+        "MLFlowLogger (inline)": lambda: fit(
+            MLFlowLogger(experiment_name="bench-inline", tracking_uri=mlflow_url)
+        ),
+        "MonitorBusLogger + MlflowEventHandler": bus_logger,
+    }
+
+
+def hf_contenders(log_dir: Path) -> dict[str, Callable[[], float]]:
+    """Train a tiny BERT (built from a config) once per call; return its median step time."""
+    import torch
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        PrinterCallback,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
+
+    from monitor_bus.integrations.transformers import MonitorBusCallback
+    from monitor_bus.tensorboard import SummaryWriter
+
+    class Data(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return STEPS * 4
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            return {"input_ids": torch.tensor([1 + i % 7, 2, 3, 4]), "labels": torch.tensor(i % 2)}
+
+    class Clock(TrainerCallback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.marks: list[float] = []
+
+        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+            self.marks.append(time.perf_counter())
+
+    runs = iter(range(1_000_000))
+
+    def train(report_to: str, extra: list[Any]) -> float:
+        clock = Clock()
+        config = BertConfig(
+            vocab_size=16,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=8,
+        )
+        args = TrainingArguments(
+            output_dir=str(log_dir / f"hf-{next(runs)}"),  # report_to="tensorboard" writes here
+            max_steps=STEPS,
+            logging_steps=1,
+            per_device_train_batch_size=4,
+            report_to=report_to,
+            save_strategy="no",
+            use_cpu=True,
+            disable_tqdm=True,
+        )
+        trainer = Trainer(
+            model=BertForSequenceClassification(config),
+            args=args,
+            train_dataset=Data(),
+            callbacks=[clock, *extra],
+        )
+        trainer.remove_callback(PrinterCallback)  # it prints every log line when tqdm is off
+        trainer.train()
+        return _median_step(clock.marks)
+
+    def bus_callback() -> float:
+        writer = SummaryWriter(log_dir / f"bus-{next(runs)}")
+        with monitor_bus.EventBus(name="bench") as bus:
+            bus.register_event_handler(writer.add_run_event)
+            step = train("none", [MonitorBusCallback(bus, flush_timeout=0)])
+        writer.close()
+        return step
+
+    return {
+        "no logging": lambda: train("none", []),
+        'report_to="tensorboard" (inline)': lambda: train("tensorboard", []),
+        "MonitorBusCallback + SummaryWriter": bus_callback,
+    }
+
+
+def measure(contenders: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+    """Median step time per contender, the contenders alternating within each round."""
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for run in contenders.values():
+        run()  # warm-up, untimed: the first training in a process pays for its set-up
+    for _ in range(rounds):
+        for name, run in contenders.items():
+            gc.collect()
+            times[name].append(run())
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def table(title: str, medians: dict[str, float]) -> str:
+    base = medians["no logging"]
+    lines = [
+        f"**{title}**",
+        "",
+        "| logging | median step (ms) | vs no logging |",
+        "| --- | ---: | ---: |",
+    ]
+    for name, value in medians.items():
+        lines.append(f"| {name} | {value * 1e3:,.2f} | {value / base:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds (each trains every contender once)"
+    )
+    parser.add_argument(
+        "--delay", type=float, default=0.05, help="seconds the proxy delays each request"
+    )
+    parser.add_argument(
+        "--only", choices=("lightning", "hf"), help="run one of the two comparisons"
+    )
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)  # one intra-op thread: the logging threads get the other core
+    logging.getLogger("lightning").setLevel(logging.WARNING)
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    warnings.simplefilter("ignore")
+    tables = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        if args.only in (None, "lightning"):
+            proc, url = start_mlflow_server(root / "mlflow.db")
+            proxy = SlowProxy(url, delay=args.delay)
+            try:
+                lightning = measure(lightning_contenders(proxy.url), args.rounds)
+            finally:
+                proxy.close()
+                stop_server(proc)
+            title = f"Lightning + MLflow, server delayed {args.delay * 1e3:.0f} ms per request"
+            tables.append(table(title, lightning))
+        if args.only in (None, "hf"):
+            hf = measure(hf_contenders(root), args.rounds)
+            tables.append(table("HF Trainer + TensorBoard", hf))
+    print(
+        f"{platform.python_implementation()} {platform.python_version()}, {cpu_model()}, "
+        f"{os.cpu_count()} CPUs, torch on 1 thread; {STEPS} steps per run ({WARMUP} untimed), "
+        f"median of {args.rounds} rounds after a warm-up round, contenders interleaved.\n"
+    )
+    print("\n\n".join(tables))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
