@@ -22,6 +22,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
@@ -64,7 +65,10 @@ class SummaryWriter:
     (or runs) may share a directory. Writes go through a background thread of the
     ``tensorboard`` package and reach the disk at ``flush()``, ``close()``, every
     ``flush_secs`` seconds or when ``max_queue`` records are pending. All methods are
-    thread-safe.
+    thread-safe. A copy inherited by a forked child cannot write (the writer's thread is not in
+    the child, and the parent owns the file): its writes raise ``RuntimeError`` and its
+    ``flush()`` and ``close()`` do nothing; open a writer of the child's own (or let the child's
+    events go to the parent's handlers, which a bus does by default).
 
     Args:
         log_dir: the directory to write to, made if missing; default
@@ -100,9 +104,11 @@ class SummaryWriter:
         self._suffix = filename_suffix
         self._lock = threading.Lock()
         self._closed = False
+        self._pid = os.getpid()  # the process that owns the files
         self._writer = self._open(self._log_dir)
         # add_scalars keeps one file per (main_tag, tag) pair, in its own subdirectory.
         self._sub_writers: dict[str, EventFileWriter] = {}
+        _writers.add(self)
 
     def _open(self, log_dir: str) -> EventFileWriter:
         try:
@@ -325,7 +331,7 @@ class SummaryWriter:
     def flush(self) -> None:
         """Write everything recorded so far to disk. A no-op once closed."""
         with self._lock:
-            if self._closed:
+            if self._closed or self._pid != os.getpid():
                 return
             for writer in (self._writer, *self._sub_writers.values()):
                 writer.flush()
@@ -336,6 +342,8 @@ class SummaryWriter:
             if self._closed:
                 return
             self._closed = True
+            if self._pid != os.getpid():
+                return  # the parent's files: the parent closes them
             for writer in (self._writer, *self._sub_writers.values()):
                 writer.close()
 
@@ -357,6 +365,25 @@ class SummaryWriter:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
+        if self._pid != os.getpid():
+            raise RuntimeError(
+                f"{self!r} was opened by process {self._pid}; this process is a forked child "
+                "of it and cannot write there: open a SummaryWriter in the child"
+            )
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()  # a parent's thread may have held it at the fork
+
+
+_writers: weakref.WeakSet[SummaryWriter] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for writer in list(_writers):
+        writer._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _check_tag(tag: Any) -> None:

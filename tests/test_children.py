@@ -440,3 +440,39 @@ def test_a_message_that_does_not_decode_closes_only_that_connection(
     proc.join(60)
     assert monitor_bus.flush(10)
     assert [e.data["i"] for e in by_name(recorder.events, "child")] == [0, 1, 2]
+
+
+def test_a_forked_child_cannot_write_to_an_inherited_summary_writer(tmp_path: Path) -> None:
+    """A SummaryWriter copied into a forked child refuses writes with a clear error and its
+    flush and close return at once (before, they waited for a writer thread the child lacks);
+    the parent's file holds only the parent's scalars."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from monitor_bus.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(tmp_path, max_queue=1)
+    writer.add_scalar("parent", 1.0, 0)
+    out = tmp_path / "child.txt"
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            try:
+                writer.add_scalar("child", 2.0, 0)
+                message = "no error"
+            except RuntimeError as exc:
+                message = str(exc)
+            writer.flush()
+            writer.close()
+            out.write_text(message)
+            code = 0
+        finally:
+            os._exit(code)
+    assert _reap(pid) == 0
+    assert "cannot write there: open a SummaryWriter in the child" in out.read_text()
+    writer.add_scalar("parent", 3.0, 1)
+    writer.close()
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert acc.Tags()["scalars"] == ["parent"]
+    assert [s.value for s in acc.Scalars("parent")] == [1.0, 3.0]
