@@ -13,6 +13,8 @@ from types import ModuleType
 
 import pytest
 
+from .conftest import require
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -104,3 +106,54 @@ def test_reliability_report_renders_the_runs_figures(
         "delivered: 7,919; late p99 ms: 3.25 | pass | 4.3 |"
     ) in page
     assert "| test_reliability_x | `test_b` | FAILED | 0.50 |" in page
+
+
+def test_multiprocess_benchmark_loses_nothing_and_prints_its_table() -> None:
+    """benchmarks/multiprocess.py, run small, exits 0 and prints one table in which no event is
+    lost, the workers' Stat windows count every item in both sinks, the ratio is its two rows'
+    quotient and the parent's CPU total is the sum of its threads' shares."""
+    require(importlib.util.find_spec("torch") is not None, "torch is not installed")
+    items, epochs = 600, 2
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "multiprocess.py"),
+            *("--rounds", "1", "--items", str(items), "--epochs", str(epochs)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    rows = [
+        line.strip("| ").split(" | ") for line in out.stdout.splitlines() if line.startswith("| ")
+    ]
+    header, *measures = rows
+    assert header == ["measure", "fork"]
+    cells = dict(measures)
+    plain, logged = (_number(cells[k]) for k in ("items/s, no logging", "items/s, monitor_bus"))
+    assert plain > 0
+    assert logged > 0
+    ratio = _number(cells["ratio monitor_bus / no logging"])
+    assert math.isclose(ratio, logged / plain, rel_tol=0.02, abs_tol=0.01)
+    all_items = f"{items * epochs:,} / {items * epochs:,}"
+    assert {
+        k: v
+        for k, v in cells.items()
+        if not k.startswith(("items/s", "ratio", "drain", "parent CPU"))
+    } == {
+        "events lost: missing in JSONL": "0",
+        "events duplicated in JSONL": "0",
+        "parent's dropped / handlers' dropped": "0 / 0",
+        "item events with their worker id": all_items,
+        "Stat windows' COUNT in JSONL / items": all_items,
+        "Stat windows' COUNT in TensorBoard / items": all_items,
+    }
+    shares = {k: _number(v) for k, v in cells.items() if k.startswith("parent CPU")}
+    total = shares.pop("parent CPU, all of these, % of wall")
+    assert set(shares) == {
+        "parent CPU, relay thread, % of wall",
+        "parent CPU, dispatcher thread, % of wall",
+        "parent CPU, sink threads (JSONL, TensorBoard), % of wall",
+    }
+    assert math.isclose(total, sum(shares.values()), abs_tol=0.2)
