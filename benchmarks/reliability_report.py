@@ -261,12 +261,20 @@ What the package promises, each backed by a scenario above:
   when a `with` or `async with` block around a bus ends, the bus delivers what is queued
   within its `exit_timeout`; a handler still busy then is cut off and named in a warning with
   its undelivered count, and a handler that never returns does not keep the process alive.
-- **Processes.** After `os.fork()` the child starts with a fresh dispatcher, an empty queue and
-  the same handlers; locks held by other threads at the fork do not deadlock it. A
-  `multiprocessing` worker (fork, spawn or forkserver) and a PyTorch `DataLoader` worker that
-  log and return without flushing still deliver every event and their open `Stat` windows:
-  the package closes its buses in multiprocessing's finalizers, which run before the worker's
-  `os._exit`.
+- **Child processes report to the parent.** What a `multiprocessing` child (fork, spawn or
+  forkserver; `Pool`, `ProcessPoolExecutor`, PyTorch `DataLoader` workers, persistent or not)
+  or an `os.fork()` child logs reaches the parent's handlers, once each, in the child's order,
+  with `Event.origin` naming the child; the child runs none of the parent's handlers. The
+  child's `log_event` writes each event to a Unix socket before it returns, so an event whose
+  `log_event` returned survives the child's death (`with Pool() as pool:` terminating its
+  workers included). A child that ends normally (returns without flushing, a Pool worker
+  closed and joined, a DataLoader worker at the end of an epoch) also sends its open `Stat`
+  windows: the package closes its buses in multiprocessing's finalizers, which run before the
+  worker's `os._exit`. A child never blocks on its parent: when the socket is full the
+  overflow policy applies, and what a child cannot send (its parent gone or not listening) is
+  counted and reported. Locks held by other threads at the fork (the bus's, a
+  `JsonlEventHandler`'s, a `SummaryWriter`'s) do not deadlock the child, and a sink object it
+  inherits never writes the parent's pending lines again.
 - **Stat windows are exact under concurrency.** `Stat.add` from many threads loses no value and
   counts none twice; a window with data is logged once, by the next `add` after its end or by
   the dispatcher's timer, which stamps the windows it closes with the time its pass began
@@ -292,7 +300,9 @@ What the package promises, each backed by a scenario above:
 - **`os._exit()` called by user code, SIGTERM with Python's default handler,** and any other
   exit that skips `atexit`: what was not yet delivered is lost. Call `monitor_bus.flush()`
   (or `bus.close()`) before such an exit. (The exits of `multiprocessing` and `DataLoader`
-  workers are covered, see above.)
+  workers are covered, see above.) In a child process that reports to its parent, such an
+  exit (`Pool.terminate()`, leaving a `with Pool()` block, SIGKILL) loses only the open `Stat`
+  windows and an event being written at that instant (the parent warns of the torn message).
 - **An `async def` handler that blocks the event loop** (a blocking call such as `time.sleep`
   or a synchronous network write inside `async def`). Async handlers share the dispatcher's
   loop, so while one blocks it, no event is distributed to *any* handler and no `Stat` window

@@ -77,3 +77,22 @@ def test_torch_style_writes_every_loss_to_tensorboard(tmp_path: Path) -> None:
         == "tensorboard tags: loss.count, loss.mean, loss.min, step_time.max, step_time.mean"
     )
     assert list(tmp_path.glob("events.out.tfevents.*"))
+
+
+def test_dataloader_workers_reach_the_parents_sink() -> None:
+    """Every item event and Stat window logged in the DataLoader's workers is in the parent's
+    JSONL file, marked with its worker."""
+    import importlib.util
+
+    from .conftest import require
+
+    require(importlib.util.find_spec("torch") is not None, "torch is not installed")
+    proc = run("dataloader_workers.py", "--items", "200", "--workers", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        f"sum of squares {sum(i * i for i in range(200))}",
+        "worker 0: 100 item events",
+        "worker 1: 100 item events",
+        "Stat windows from the workers counted 200 items",
+        "dropped 0",
+    ]
