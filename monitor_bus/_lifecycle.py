@@ -26,6 +26,7 @@ import functools
 import itertools
 import logging
 import os
+import socket
 import sys
 import threading
 import weakref
@@ -93,6 +94,8 @@ class _Process:
         if uplink is not None and uplink.linked is None:
             uplink.resolve()
         if self.listener is not None or (self.uplink is not None and self.uplink.linked):
+            return
+        if not hasattr(socket, "AF_UNIX"):  # Windows without Unix sockets: children fork nothing
             return
         with self.default_lock:
             if self.listener is None:
