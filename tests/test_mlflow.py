@@ -166,6 +166,7 @@ def test_down_server_costs_the_loop_nothing_and_is_counted(
         assert handler.failed_requests == proxy.requests
         assert handler.failed_requests >= 1
         assert handler.run_id is None  # the run could not even be created
+        assert handler.pending == bus.stats()["handlers"][0]["delivered"]  # one metric each
         proxy.down.clear()
         bus.log_event(monitor_bus.Event(METRICS_EVENT, T0, {"x": 101.0, "step": 101}))
         assert bus.flush(60)
@@ -177,6 +178,7 @@ def test_down_server_costs_the_loop_nothing_and_is_counted(
         points = client.get_metric_history(handler.run_id, "x")
         assert len(points) == stats["delivered"] == handler.written_metrics
         assert handler.dropped == 0
+        assert handler.pending == 0
     finally:
         proxy.close()
         assert bus.close(30)

@@ -176,6 +176,16 @@ class MlflowEventHandler:
                     self._metrics.popleft()
                 self.dropped += excess
 
+    @property
+    def pending(self) -> int:
+        """Entries (metrics, params, tags, a run status) collected and not yet sent: after the
+        bus has stopped, what a server that never came back did not get (``flush()`` tries
+        again)."""
+        with self._lock:
+            return (
+                len(self._metrics) + len(self._params) + len(self._tags) + (self._end is not None)
+            )
+
     def flush(self) -> None:
         """Send what was collected (the bus calls this after each batch, on this handler's
         thread). Never raises: a failure is counted, logged and retried at the next flush."""
