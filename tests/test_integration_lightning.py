@@ -156,3 +156,48 @@ def test_unloggable_metric_is_skipped_and_counted(bus: monitor_bus.EventBus, rec
     metrics = [e for e in recorder.events if e.name == METRICS_EVENT]
     assert metrics[0].data == {"loss": 0.5, "step": 7}
     assert logger.skipped_values == 1
+
+
+def test_works_under_the_pytorch_lightning_package(
+    bus: monitor_bus.EventBus, recorder: Any
+) -> None:
+    """The same logger drives a run under pytorch_lightning's Trainer (installed with lightning)."""
+    try:
+        import pytorch_lightning as pl
+    except ImportError:
+        pl = None
+    require(pl is not None, "pytorch_lightning is not installed (lightning installs it)")
+
+    class Tiny(pl.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            loss = self.layer(batch[0]).pow(2).mean()
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self) -> Any:
+            data = torch.utils.data.TensorDataset(torch.randn(16, 2))
+            return torch.utils.data.DataLoader(data, batch_size=4)
+
+    bus.register_event_handler(recorder)
+    trainer = pl.Trainer(
+        max_steps=3,
+        log_every_n_steps=1,
+        accelerator="cpu",
+        logger=MonitorBusLogger(bus),
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Tiny())
+    assert bus.flush(10)
+    assert [e.name for e in recorder.events] == [RUN_START_EVENT] + [METRICS_EVENT] * 3 + [
+        RUN_END_EVENT
+    ]
+    assert recorder.events[-1].data["status"] == "success"

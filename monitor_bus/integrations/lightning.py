@@ -57,6 +57,7 @@ class MonitorBusLogger(Logger):
     Ranks: like Lightning's own loggers, only global rank 0 logs; with ``all_ranks=True`` every
     rank does, each process on its own bus, its run-start event carrying its ``rank``.
     Several loggers: pass it with others (``Trainer(logger=[MonitorBusLogger(), CSVLogger()])``).
+    The ``pytorch_lightning`` package's ``Trainer`` (installed with ``lightning``) takes it too.
 
     Args:
         bus: the bus to log to; the default bus if omitted.
