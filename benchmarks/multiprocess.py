@@ -30,6 +30,7 @@ import argparse
 import gc
 import os
 import platform
+import resource
 import statistics
 import sys
 import tempfile
@@ -118,6 +119,13 @@ def role(name: str, writer_threads: set[str]) -> str | None:
     return None
 
 
+def workers_cpu() -> float:
+    """CPU seconds of this process's ended children: the loader joins its workers at each
+    epoch's end (not persistent), so a loop's difference is its workers' CPU, start-up included."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 # -- one run of the loader --
 
 
@@ -134,12 +142,14 @@ def run_loader(args: argparse.Namespace, method: str, log: bool) -> dict[str, fl
     )
     if not log:
         gc.collect()
+        workers_before = workers_cpu()
         start = time.perf_counter()
         loaded = sum(len(batch) for _ in range(args.epochs) for batch in loader)
         seconds = time.perf_counter() - start
+        worker_us = (workers_cpu() - workers_before) / loaded * 1e6
         if loaded != args.items * args.epochs:
             raise RuntimeError(f"the loader gave {loaded} items, not {args.items * args.epochs}")
-        return {"items_s": loaded / seconds}
+        return {"items_s": loaded / seconds, "worker_us": worker_us}
     with tempfile.TemporaryDirectory(prefix="monitor_bus-bench-") as tmp:
         return run_logged(args, loader, Path(tmp))
 
@@ -165,9 +175,11 @@ def run_logged(args: argparse.Namespace, loader: Any, tmp: Path) -> dict[str, fl
     dropped_before = bus.stats()["dropped"]
     gc.collect()
     cpu_before = thread_cpu()
+    workers_before = workers_cpu()
     start = time.perf_counter()
     loaded = sum(len(batch) for _ in range(args.epochs) for batch in loader)
     loop_end = time.perf_counter()
+    worker_us = (workers_cpu() - workers_before) / loaded * 1e6
     flushed = monitor_bus.flush(120)
     end = time.perf_counter()
     cpu_after = thread_cpu()
@@ -182,6 +194,7 @@ def run_logged(args: argparse.Namespace, loader: Any, tmp: Path) -> dict[str, fl
         raise RuntimeError(f"the loader gave {loaded} items, not {expected}")
     r: dict[str, float] = {
         "items_s": loaded / (loop_end - start),
+        "worker_us": worker_us,
         "drain_ms": (end - loop_end) * 1000,
         "flushed": float(flushed),
         "dropped": stats["dropped"] - dropped_before,
@@ -229,6 +242,7 @@ def run(args: argparse.Namespace, methods: list[str]) -> dict[str, list[dict[str
             plain = run_loader(args, method, log=False)
             logged = run_loader(args, method, log=True)
             logged["plain_items_s"] = plain["items_s"]
+            logged["plain_worker_us"] = plain["worker_us"]
             logged["ratio"] = logged["items_s"] / plain["items_s"]
             results[method].append(logged)
             print(".", end="", file=sys.stderr, flush=True)
@@ -275,6 +289,8 @@ def table(args: argparse.Namespace, results: dict[str, list[dict[str, float]]]) 
         ("items/s, no logging", lambda r: median(r, "plain_items_s", ",.0f")),
         ("items/s, monitor_bus", lambda r: median(r, "items_s", ",.0f")),
         ("ratio monitor_bus / no logging", lambda r: median(r, "ratio", ".2f")),
+        ("workers' CPU per item, us, no logging", lambda r: median(r, "plain_worker_us", ".1f")),
+        ("workers' CPU per item, us, monitor_bus", lambda r: median(r, "worker_us", ".1f")),
         ("drain after the last batch, ms", lambda r: median(r, "drain_ms", ",.0f")),
         ("events lost: missing in JSONL", lambda r: total(r, "missing")),
         ("events duplicated in JSONL", lambda r: total(r, "duplicated")),

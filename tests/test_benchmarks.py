@@ -136,6 +136,8 @@ def test_multiprocess_benchmark_loses_nothing_and_prints_its_table() -> None:
     assert logged > 0
     ratio = _number(cells["ratio monitor_bus / no logging"])
     assert math.isclose(ratio, logged / plain, rel_tol=0.02, abs_tol=0.01)
+    for contender in ("no logging", "monitor_bus"):
+        assert _number(cells.pop(f"workers' CPU per item, us, {contender}")) > 0
     all_items = f"{items * epochs:,} / {items * epochs:,}"
     assert {
         k: v
