@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -181,3 +182,28 @@ def test_interpreter_exit_records_the_status(
     assert [e.name for e in events] == [RUN_START_EVENT, RUN_END_EVENT]
     assert events[1].data["status"] == status
     assert events[1].data["exception"] == exception
+
+
+def test_a_real_ctrl_c_records_interrupted(tmp_path: Path) -> None:
+    """SIGINT delivered to a training loop with an open run ends it interrupted at exit."""
+    out = tmp_path / "run.jsonl"
+    script = textwrap.dedent(
+        """
+        import sys, time
+        import monitor_bus as monitor
+        monitor.register_event_handler(monitor.JsonlEventHandler(sys.argv[1]))
+        monitor.Run("exp").start()
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.01)  # the training loop
+        """
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script, str(out)], stdout=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == -signal.SIGINT
+    events = list(monitor_bus.read_jsonl(out))
+    assert [e.data.get("status") for e in events] == [None, "interrupted"]
