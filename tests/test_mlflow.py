@@ -184,6 +184,22 @@ def test_down_server_costs_the_loop_nothing_and_is_counted(
         assert bus.close(30)
 
 
+def test_a_bad_metric_name_is_skipped_alone(bus: monitor_bus.EventBus, sqlite_uri: str) -> None:
+    """A key MLflow refuses as a name is skipped and counted; the rest of its batch is written."""
+    from monitor_bus.exporters.mlflow import MlflowEventHandler
+
+    handler = MlflowEventHandler(sqlite_uri, experiment_name="bad-name")
+    bus.register_event_handler(handler)
+    bus.log_event(
+        monitor_bus.Event(METRICS_EVENT, T0, {"ok": 1.0, "bad@name": 2.0, "../up": 3.0, "step": 0})
+    )
+    assert bus.flush(60)
+    client = _mlflow().MlflowClient(sqlite_uri)
+    assert client.get_run(handler.run_id).data.metrics == {"ok": 1.0}
+    assert handler.skipped_values == 2
+    assert handler.dropped == 0
+
+
 def test_bad_arguments_name_themselves() -> None:
     """Wrong argument types and values are errors naming the argument."""
     _mlflow()

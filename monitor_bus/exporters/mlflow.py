@@ -8,6 +8,8 @@ enough for a remote server). ``import monitor_bus`` does not import this module.
 from __future__ import annotations
 
 import logging
+import posixpath
+import re
 import threading
 from collections import deque
 from typing import Any
@@ -37,6 +39,9 @@ _METRICS_PER_BATCH = 1000
 _PARAMS_TAGS_PER_BATCH = 100
 _PARAM_VALUE_LENGTH = 6000
 _STATUS = {"success": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
+# MLflow's rule for metric, param and tag names (mlflow.utils.validation): checked here, so
+# one bad name is skipped alone instead of the server refusing its whole batch.
+_NAME = re.compile(r"[/\w.\- :]{1,250}")
 # Run-start keys that are params (the rest are tags).
 _PARAM_PREFIXES = ("config.", "hparams.")
 
@@ -50,7 +55,8 @@ class MlflowEventHandler:
       are already one per aggregation, ``"loss.mean"``), with the event's timestamp. The step
       is the event's int ``"step"`` when it has one (not written itself); otherwise each key
       counts its own steps 0, 1, 2, ... A value that is not a number (a string, an int beyond
-      float64) is skipped and counted in ``skipped_values``.
+      float64) is skipped and counted in ``skipped_values``, and so is a key MLflow refuses
+      as a name (other than letters, digits, ``_ - . / :`` and spaces; at most 250).
     - ``RUN_START_EVENT``: ``config.*`` and ``hparams.*`` as params (values cut to MLflow's
       6000 characters), the other keys (host, pid, rank, versions, run id) as tags, and the
       run's name as ``mlflow.runName``.
@@ -135,7 +141,9 @@ class MlflowEventHandler:
         elif name == RUN_START_EVENT:
             with self._lock:
                 for key, value in event.data.items():
-                    if key.startswith(_PARAM_PREFIXES):
+                    if not _valid_name(key):
+                        self._skip("invalid_name", key, f"{key!r} is not a valid MLflow name")
+                    elif key.startswith(_PARAM_PREFIXES):
                         self._params[key] = Param(key, str(value)[:_PARAM_VALUE_LENGTH])
                     else:
                         self._tags[key] = RunTag(key, str(value))
@@ -157,10 +165,12 @@ class MlflowEventHandler:
         for key, value in data.items():
             if fixed and key == "step":
                 continue
+            if not _valid_name(key):
+                self._skip("invalid_name", key, f"{key!r} is not a valid MLflow metric name")
+                continue
             number, reason, why = float64_or_why(key, value, "MLflow")
             if number is None:
-                self.skipped_values += 1
-                self._skips.report(reason, key, why, self.skipped_values)
+                self._skip(reason, key, why)
                 continue
             if fixed:
                 at = int(step)  # type: ignore[arg-type]
@@ -175,6 +185,10 @@ class MlflowEventHandler:
                 for _ in range(excess):
                     self._metrics.popleft()
                 self.dropped += excess
+
+    def _skip(self, reason: str, key: str, why: str) -> None:
+        self.skipped_values += 1
+        self._skips.report(reason, key, why, self.skipped_values)
 
     @property
     def pending(self) -> int:
@@ -265,3 +279,11 @@ class MlflowEventHandler:
 
     def __repr__(self) -> str:
         return f"<MlflowEventHandler run_id={self.run_id!r}>"
+
+
+def _valid_name(name: str) -> bool:
+    """Whether MLflow takes ``name`` as a metric, param or tag name."""
+    if _NAME.fullmatch(name) is None:
+        return False
+    norm = posixpath.normpath(name)
+    return norm == name and norm != "." and not norm.startswith(("..", "/"))
