@@ -29,7 +29,8 @@ HPARAMS tab, JSONL as any event) and emitted by the integrations:
 
 Exit: an open ``Run`` is ended when the interpreter ends. An uncaught exception records
 ``failed`` (``interrupted`` for Ctrl-C) through ``sys.excepthook``, before the buses close; a
-run still open at a normal exit records ``success``. A process killed by a signal it does not
+run still open at a normal exit records ``success``, and so does ``sys.exit()`` with any code
+(Python tells an exit hook no exit code): end the run yourself before a failing ``sys.exit``. A process killed by a signal it does not
 handle (SIGKILL, the default SIGTERM) runs no Python code and records nothing.
 """
 
