@@ -1,4 +1,5 @@
-"""mkdocs hook: serve the diagram library (mermaid) from the built site, not from a CDN.
+"""mkdocs hook: serve the diagram library (mermaid) from the built site, not from a CDN; and
+keep doctest directives (``# doctest: +SKIP``) of docstring examples out of the pages.
 
 The theme loads mermaid from the internet when a page with a diagram opens, unless a global
 ``mermaid`` is already defined; this hook adds a pinned copy to the site and to its scripts,
@@ -14,6 +15,7 @@ import base64
 import hashlib
 import io
 import os
+import re
 import tarfile
 import tempfile
 import urllib.request
@@ -86,3 +88,13 @@ def on_files(files: Any, config: Any) -> Any:
 
     files.append(File.generated(config, SITE_PATH, content=mermaid_script()))
     return files
+
+
+# A highlighted comment that is only a doctest directive, with the spaces before it.
+_DIRECTIVE = re.compile(r'\s*<span class="c1">#\s*doctest:[^<]*</span>')
+
+
+def on_page_content(html: str, **kwargs: Any) -> str:
+    """Drop doctest directives from code blocks: they are for the doctest run, not readers
+    (mkdocstrings trims them too in some versions; this holds for all)."""
+    return _DIRECTIVE.sub("", html)
