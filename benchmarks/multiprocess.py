@@ -21,7 +21,9 @@ once per epoch, the parent's ``stats()`` counting no drop, the windows' COUNT in
 JSONL and TensorBoard files equal to the items loaded. Parent CPU is read per thread from
 ``/proc/self/task/<tid>/stat`` (user + system) for the bus's threads and the TensorBoard
 writer's, over the loop and the drain, as a share of that wall time (a thread's whole core
-is 100 %). Figures are medians over the rounds; exits 1 if anything was lost. Linux only.
+is 100 %). The workers' CPU per item comes from the rusage of the workers the loader joined at
+the epoch's end (start-up included, which dominates with spawn). Figures are medians over the
+rounds; exits 1 if anything was lost. Linux only.
 """
 
 from __future__ import annotations
