@@ -117,6 +117,7 @@ class Dispatcher:
         self._room: anyio.Event | None = None
         self._from_children = 0  # events the relay queued here
         self._to_parent = 0  # events sent to the parent process
+        self._relay_index = 0  # how this process's relay connection names this bus (0: not yet)
 
     def _active(self) -> bool:
         """Whether the dispatcher has work: handlers, or Stat timers of a child that reports

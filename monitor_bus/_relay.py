@@ -51,6 +51,7 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from ._event import EventOrigin
@@ -77,6 +78,27 @@ _CONNECT_TIMEOUT = 1.0
 def _frame(message: tuple[Any, ...]) -> bytes:
     body = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(body)) + body
+
+
+_EPOCH = datetime(1970, 1, 1)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _stamp(ts: datetime) -> tuple[int | None, Any]:
+    """A timestamp as microseconds since 1970 and 0 (UTC) or None (naive), or else as itself:
+    pickling an aware datetime costs ~11 us, this ~1 us."""
+    tz = ts.tzinfo
+    if ts.fold or ts.__class__ is not datetime or not (tz is None or tz is timezone.utc):
+        return None, ts
+    naive = ts if tz is None else ts.replace(tzinfo=None)
+    return (naive - _EPOCH) // _MICROSECOND, None if tz is None else 0
+
+
+def _unstamp(micros: int | None, zone: Any) -> datetime:
+    if micros is None:
+        return zone  # type: ignore[no-any-return]
+    ts = _EPOCH + micros * _MICROSECOND
+    return ts if zone is None else ts.replace(tzinfo=timezone.utc)
 
 
 def _worker_id() -> int | None:
@@ -110,8 +132,7 @@ class Uplink:
         self._broken: str | None = None  # why nothing can be sent any more
         self._lock = threading.RLock()
         self._sending = False  # a signal handler or finalizer logging mid-send drops its event
-        # Each bus is announced once, with an index its later messages carry.
-        self._buses: weakref.WeakKeyDictionary[EventBus, int] = weakref.WeakKeyDictionary()
+        # Each bus is announced once, with an index (``bus._relay_index``) its messages carry.
         self._next_index = 1
         # Drops not yet reported to the parent, per bus.
         self._unreported: weakref.WeakKeyDictionary[EventBus, int] = weakref.WeakKeyDictionary()
@@ -158,32 +179,40 @@ class Uplink:
         if self._broken is not None:
             self._drop(bus, self._broken)
             return
-        index = self._buses.get(bus)
-        frames = []
-        if index is None:  # announced with its first message, kept only once that is sent
-            index = self._next_index
-            frames.append(_frame((_BUS, index, bus._creator, bus._name)))
-        unreported = [(i, n) for b, n in self._unreported.items() if (i := self._buses.get(b))]
-        if bus in self._unreported and bus not in self._buses:
-            unreported.append((index, self._unreported[bus]))
-        frames.extend(_frame((_DROPPED, i, n)) for i, n in unreported)
+        index = bus._relay_index or self._next_index
         name, timestamp, data = item
-        frames.append(_frame((_WINDOW if window else _EVENT, index, name, timestamp, data)))
+        message = _frame((_WINDOW if window else _EVENT, index, name, *_stamp(timestamp), data))
+        if bus._relay_index and not self._unreported:
+            frames = message  # the common case: nothing to say first
+        else:
+            frames = b"".join(self._preamble(bus, index)) + message
         if window:
             wait: float | None = bus._exit_timeout
         elif bus._overflow == "block":
             wait = bus._block_timeout
         else:
             wait = 0.0
-        if not self._write(b"".join(frames), wait):
+        if not self._write(frames, wait):
             self._drop(bus, self._broken or "its socket is full (the parent reads too slowly)")
             return
-        if bus not in self._buses:
-            self._buses[bus] = index
+        if not bus._relay_index:
+            bus._relay_index = index
             self._next_index += 1
-        for b in [b for b in self._unreported if b in self._buses]:
-            del self._unreported[b]
+        for b in [b for b in self._unreported if b._relay_index]:
+            del self._unreported[b]  # reported in the preamble
         bus._to_parent += 1
+
+    def _preamble(self, bus: EventBus, index: int) -> list[bytes]:
+        """What goes before ``bus``'s next message: its announcement, the first time (as
+        ``index``), and the drops of announced buses not reported yet."""
+        frames = []
+        if not bus._relay_index:
+            frames.append(_frame((_BUS, index, bus._creator, bus._name)))
+        for b, n in self._unreported.items():
+            i = index if b is bus else b._relay_index
+            if i:
+                frames.append(_frame((_DROPPED, i, n)))
+        return frames
 
     def _write(self, data: bytes, wait: float | None) -> bool:
         """Write ``data`` whole: False (nothing written) if there was no room within ``wait``
@@ -272,7 +301,8 @@ class Uplink:
             sock = self._sock
             if sock is None:
                 return
-            unreported = [(i, n) for b, n in self._unreported.items() if (i := self._buses.get(b))]
+            unreported = [(b._relay_index, n) for b, n in self._unreported.items()]
+            unreported = [(i, n) for i, n in unreported if i]
             if unreported and self._broken is None:
                 frames = b"".join(_frame((_DROPPED, i, n)) for i, n in unreported)
                 if self._write(frames, _CONNECT_TIMEOUT):
@@ -455,7 +485,8 @@ class Listener:
             bus = connection.buses.get(message[1])
             if bus is not None:
                 self.received += 1
-                bus._relay_in((message[2], message[3], message[4]), connection.origin, kind)
+                item = (message[2], _unstamp(message[3], message[4]), message[5])
+                bus._relay_in(item, connection.origin, kind == _WINDOW)
         elif kind == _BUS:
             _, index, creator, name = message
             connection.buses[index] = self._route(creator, name)

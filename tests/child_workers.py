@@ -76,3 +76,25 @@ def add_and_wait(release: object) -> None:
     stat = Stat("tick", [Aggregation.COUNT], timedelta(milliseconds=50))
     stat.add(1)
     release.wait(60)  # type: ignore[attr-defined]
+
+
+def stamps() -> list[datetime]:
+    """Timestamps of every kind a child may log: naive, UTC, another fixed offset, a zone,
+    the repeated hour of a DST change (fold=1)."""
+    from zoneinfo import ZoneInfo
+
+    berlin = ZoneInfo("Europe/Berlin")
+    return [
+        datetime(2026, 3, 1, 12, 30, 5, 123456),
+        datetime(2026, 3, 1, 12, 30, 5, tzinfo=timezone.utc),
+        datetime(2026, 3, 1, 12, 30, tzinfo=timezone(timedelta(hours=-5, minutes=-30))),
+        datetime(2026, 7, 1, 9, 0, tzinfo=berlin),
+        datetime(2026, 10, 25, 2, 30, fold=1, tzinfo=berlin),
+        datetime(2026, 10, 25, 2, 30, fold=1),
+        datetime(1969, 12, 31, 23, 59, 59, 999999),
+    ]
+
+
+def log_stamps() -> None:
+    for i, ts in enumerate(stamps()):
+        monitor_bus.log_event(Event("stamp", ts, {"i": i}))

@@ -476,3 +476,49 @@ def test_a_forked_child_cannot_write_to_an_inherited_summary_writer(tmp_path: Pa
     acc.Reload()
     assert acc.Tags()["scalars"] == ["parent"]
     assert [s.value for s in acc.Scalars("parent")] == [1.0, 3.0]
+
+
+def test_timestamps_arrive_exactly_as_logged(recorder: Recorder) -> None:
+    """A child's timestamps arrive equal and of the same kind: naive or aware, the same tzinfo,
+    the same fold."""
+    monitor_bus.register_event_handler(recorder)
+    proc = multiprocessing.get_context("spawn").Process(target=child_workers.log_stamps)
+    proc.start()
+    proc.join(60)
+    assert monitor_bus.flush(10)
+    got = [e.timestamp for e in recorder.events]
+    want = child_workers.stamps()
+    assert got == want
+    assert [(t.tzinfo, t.fold, t.isoformat()) for t in got] == [
+        (t.tzinfo, t.fold, t.isoformat()) for t in want
+    ]
+
+
+def test_a_childs_events_meet_the_parents_overflow_policy(recorder: Recorder) -> None:
+    """Events from a child enter the parent's queue under its capacity and policy: with the
+    dispatcher held and room for 10, 10 of the child's 50 are queued, 40 dropped and counted."""
+    from .conftest import LoopGate
+
+    bus = EventBus(capacity=10, name="small")
+    gate = LoopGate()
+    bus.register_event_handler(gate)
+    bus.register_event_handler(recorder)
+    listener = monitor_bus._lifecycle.process.listener
+    assert listener is not None
+    gate.hold(bus)
+    try:
+        proc = multiprocessing.get_context("fork").Process(target=_log_on, args=(bus, 50))
+        proc.start()
+        proc.join(60)
+        assert listener.sweep(10)  # the relay has queued what it could
+    finally:
+        gate.release.set()
+    assert bus.flush(10)
+    assert [e.data["i"] for e in by_name(recorder.events, "child")] == list(range(10))
+    assert bus.stats()["dropped"] == 40
+    assert bus.close(10)
+
+
+def _log_on(bus: EventBus, n: int) -> None:
+    for i in range(n):
+        bus.log_event(Event("child", TS, {"i": i}))
