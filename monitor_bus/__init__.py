@@ -21,6 +21,7 @@ from ._handler import EventHandler as EventHandler
 from ._handler import EventHandlerHandle as EventHandlerHandle
 from ._jsonl import JsonlEventHandler as JsonlEventHandler
 from ._jsonl import read_jsonl as read_jsonl
+from ._process_handler import ProcessHandler as ProcessHandler
 from ._run import METRICS_EVENT as METRICS_EVENT
 from ._run import RUN_END_EVENT as RUN_END_EVENT
 from ._run import RUN_START_EVENT as RUN_START_EVENT
@@ -43,6 +44,7 @@ __all__ = [
     "EventOrigin",
     "JsonlEventHandler",
     "METRICS_EVENT",
+    "ProcessHandler",
     "RUN_END_EVENT",
     "RUN_START_EVENT",
     "RUN_STATUSES",
