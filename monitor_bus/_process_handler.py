@@ -159,7 +159,9 @@ class ProcessHandler:
         self._seq = 0  # messages sent
         self._acked = 0  # seq of the last message the child acknowledged
         self._dead = False
-        self._closed = False
+        self._closed = True  # until the child is ready: a failed start is not a crash
+        self._closed_ok = False
+        self._dirty = False  # events sent since the last flush message
         self._rbuf = bytearray()
         self._ready = False
         self._failure: str | None = None
@@ -183,6 +185,7 @@ class ProcessHandler:
         self._sock = socket.socket(fileno=os.dup(parent_end.fileno()))
         parent_end.close()
         self._started(start_after or 0.0)
+        self._closed = False
         process.finalize_with_multiprocessing()  # the buses close before this handler does
         self._exit_timeout = exit_after
         # Holds this handler until close() cancels it: an unclosed child lives until exit.
@@ -226,6 +229,8 @@ class ProcessHandler:
             if self._dead:
                 self._drop(len(items), "the child process is gone")
                 return False
+            if not items and not close and not (flush and self._dirty):
+                return True  # nothing to send, nothing to flush
             for start in range(0, max(len(items), 1), self._chunk):
                 chunk = items[start : start + self._chunk]
                 last = start + self._chunk >= len(items)
@@ -238,6 +243,7 @@ class ProcessHandler:
                     chunk = []
                 if not chunk and kind == _BATCH:
                     continue
+                self._dirty = kind == _BATCH
                 if not self._write(kind, chunk, deadline):
                     self._drop(len(items) - start - len(chunk), "the child process is gone")
                     return False
@@ -245,7 +251,7 @@ class ProcessHandler:
                 return True
             seq = self._seq
             done = self._wait(lambda: self._acked >= seq, deadline)
-            if not done and not self._dead and self._throttle.ready("flush"):
+            if not done and not self._dead and self._throttle.ready(("flush",)):
                 logger.warning(
                     "ProcessHandler %s: the child did not finish a flush within %s s; %d events "
                     "sent to it are not acknowledged yet",
@@ -267,7 +273,7 @@ class ProcessHandler:
         n = len(payload)
         header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
         try:
-            self._sock.settimeout(_remaining(deadline))
+            self._sock.settimeout(self._timeout)
             self._sock.sendall(header + payload)  # Connection's framing: the child reads it
         except TimeoutError:
             # Part of a frame may be written: the stream is broken, and the child stuck.
@@ -339,7 +345,7 @@ class ProcessHandler:
             new_errors, self._errors = errors - self._errors, errors
             if new_errors:
                 for type_name, (count, text) in reports.items():
-                    if self._throttle.ready(type_name):
+                    if self._throttle.ready(("error", type_name)):
                         logger.error(
                             "ProcessHandler %s: the sink raised %s in the child process "
                             "(%d of %d errors so far; the same error is logged at most once "
@@ -415,7 +421,7 @@ class ProcessHandler:
         if not n:
             return
         self._dropped += n
-        if self._throttle.ready("drops"):
+        if self._throttle.ready(("drops",)):
             logger.warning(
                 "ProcessHandler %s dropped %d events (%s); at most one such warning per %g s",
                 self._name,
@@ -448,7 +454,7 @@ class ProcessHandler:
             return False
         try:
             if self._closed:
-                return not self._dead or self._acked >= self._seq
+                return self._closed_ok
             self._closed = True
             self._finalizer.cancel()
             saved, self._timeout = self._timeout, timeout
@@ -464,6 +470,7 @@ class ProcessHandler:
                 done = False
             self._dead = True
             self._sock.close()
+            self._closed_ok = done
             return done
         finally:
             self._lock.release()
@@ -478,19 +485,18 @@ class ProcessHandler:
         not yet acknowledged), ``buffered`` (not sent yet), ``alive`` and ``exitcode`` (of
         the child). ``received == handled + dropped + pending + buffered``.
         """
-        with self._lock:
-            pending = 0 if self._dead else self._sent - self._handled
-            return {
-                "received": self._received,
-                "sent": self._sent,
-                "handled": self._handled,
-                "errors": self._errors,
-                "dropped": self._dropped,
-                "pending": pending,
-                "buffered": len(self._buffer),
-                "alive": not self._dead,
-                "exitcode": self._proc.exitcode,
-            }
+        pending = 0 if self._dead else self._sent - self._handled
+        return {
+            "received": self._received,
+            "sent": self._sent,
+            "handled": self._handled,
+            "errors": self._errors,
+            "dropped": self._dropped,
+            "pending": pending,
+            "buffered": len(self._buffer),
+            "alive": not self._dead,
+            "exitcode": self._proc.exitcode,
+        }
 
     @property
     def pid(self) -> int | None:

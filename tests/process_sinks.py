@@ -1,0 +1,70 @@
+"""Sinks that tests/test_process_handler.py runs in a child process (importable there, light)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monitor_bus import Event, JsonlEventHandler
+
+# Long enough never to be reached in a passing test; bounds a child left behind by a failing one.
+NEVER = 60.0
+
+
+class GatedSink:
+    """Waits for ``gate`` (a multiprocessing Event) on each event before taking it."""
+
+    def __init__(self, gate: Any) -> None:
+        self.gate = gate
+        self.seen = 0
+
+    def __call__(self, event: Event) -> None:
+        self.gate.wait(NEVER)
+        self.seen += 1
+
+
+class StuckFlushSink:
+    """Takes events at once; its flush() waits for ``gate``."""
+
+    def __init__(self, gate: Any) -> None:
+        self.gate = gate
+
+    def __call__(self, event: Event) -> None:
+        pass
+
+    def flush(self) -> None:
+        self.gate.wait(NEVER)
+
+
+class FailingSink:
+    """Writes events to a JSONL file, except those named "bad", on which it raises."""
+
+    def __init__(self, path: str) -> None:
+        self.inner = JsonlEventHandler(path)
+
+    def __call__(self, event: Event) -> None:
+        if event.name == "bad":
+            raise ValueError(f"bad event {event.data['i']}")
+        self.inner(event)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+
+class LineSink:
+    """A picklable handler object: appends each event's name to a text file at flush()."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.names: list[str] = []
+
+    def __call__(self, event: Event) -> None:
+        self.names.append(event.name)
+
+    def flush(self) -> None:
+        with open(self.path, "a") as f:
+            f.writelines(name + "\n" for name in self.names)
+        self.names = []
+
+
+def broken_factory() -> None:
+    raise ValueError("no sink today")

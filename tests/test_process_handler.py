@@ -1,0 +1,305 @@
+"""ProcessHandler against the real thing: a real child process, a real JSONL file."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import monitor_bus
+from monitor_bus import Event, EventOrigin, JsonlEventHandler, ProcessHandler
+
+from . import process_sinks
+
+SPAWN = multiprocessing.get_context("spawn")
+T0 = datetime(2026, 3, 29, 0, 30, tzinfo=timezone.utc)
+
+
+def jsonl(path: Path, **kwargs: Any) -> ProcessHandler:
+    return ProcessHandler(functools.partial(JsonlEventHandler, str(path)), **kwargs)
+
+
+def event(i: int, name: str = "step") -> Event:
+    return Event(name, T0 + timedelta(seconds=i), {"i": i})
+
+
+@pytest.fixture
+def closing() -> Any:
+    """Closes every ProcessHandler a test made, so no child outlives it."""
+    made: list[ProcessHandler] = []
+    yield made.append
+    for handler in made:
+        handler.close(timeout=10)
+
+
+def varied_events() -> list[Event]:
+    ist = timezone(timedelta(hours=5, minutes=30))
+    events = [
+        Event("naive", datetime(2026, 3, 29, 1, 30, 15, 123456), {"x": 1.5, "ok": True}),
+        Event("utc", T0, {"loss": math.nan, "hi": math.inf, "lo": -math.inf, "n": 10**30}),
+        Event("ist", datetime(2026, 1, 1, 12, tzinfo=ist), {"text": "héllo ✓", "f": 1.0}),
+        Event("surrogate", T0, {"file": "caf\udce9.txt", "neg": -0.0, "b": False}),
+    ]
+    from_child = Event("child", T0, {"i": 7})
+    from_child._origin = EventOrigin(pid=4242, worker=3)
+    events.append(from_child)
+    events += [event(i) for i in range(3000)]
+    return events
+
+
+def test_jsonl_through_process_handler_is_byte_identical(tmp_path: Path, closing: Any) -> None:
+    """A JSONL file written through ProcessHandler equals, byte for byte, one written directly."""
+    direct = JsonlEventHandler(tmp_path / "direct.jsonl")
+    remote = jsonl(tmp_path / "remote.jsonl")
+    closing(remote)
+    for e in varied_events():
+        direct(e)
+        remote(e)
+    direct.flush()
+    assert remote.flush() is True
+    direct.close()
+    expected = (tmp_path / "direct.jsonl").read_bytes()
+    assert expected.count(b"\n") == 3005
+    assert (tmp_path / "remote.jsonl").read_bytes() == expected
+
+
+def test_bus_flush_returns_with_everything_written_and_counted(
+    tmp_path: Path, closing: Any
+) -> None:
+    """Once bus.flush() returns, the child's sink has written every event, and stats() says so."""
+    remote = jsonl(tmp_path / "remote.jsonl")
+    closing(remote)
+    with monitor_bus.EventBus(name="process") as bus:
+        bus.register_event_handler(remote, name="jsonl")
+        for i in range(5000):
+            bus.log_event(event(i))
+        assert bus.flush(timeout=60)
+        assert len(monitor_bus.read_jsonl(tmp_path / "remote.jsonl")) == 5000
+        stats = remote.stats()
+    assert stats == {
+        "received": 5000,
+        "sent": 5000,
+        "handled": 5000,
+        "errors": 0,
+        "dropped": 0,
+        "pending": 0,
+        "buffered": 0,
+        "alive": True,
+        "exitcode": None,
+    }
+
+
+def test_close_flushes_and_closes_the_sink_and_ends_the_child(tmp_path: Path, closing: Any) -> None:
+    """close() sends what is buffered, the child flushes and closes its sink and exits with 0."""
+    remote = jsonl(tmp_path / "remote.jsonl")
+    closing(remote)
+    for i in range(10):
+        remote(event(i))
+    assert remote.close(timeout=30) is True
+    assert remote.close(timeout=30) is True  # idempotent
+    assert len(monitor_bus.read_jsonl(tmp_path / "remote.jsonl")) == 10
+    stats = remote.stats()
+    assert (stats["handled"], stats["alive"], stats["exitcode"]) == (10, False, 0)
+    remote(event(11))
+    assert remote.stats()["dropped"] == 1
+
+
+def test_picklable_handler_object_runs_in_the_child(tmp_path: Path, closing: Any) -> None:
+    """A handler object (not a factory) is pickled to the child, which calls it and its flush()."""
+    out = tmp_path / "names.txt"
+    remote = ProcessHandler(process_sinks.LineSink(str(out)))
+    closing(remote)
+    for name in ("a", "b", "c"):
+        remote(Event(name, T0, {}))
+    assert remote.flush() is True
+    assert out.read_text() == "a\nb\nc\n"
+
+
+def test_sink_errors_are_counted_and_logged_once_per_type(
+    tmp_path: Path, closing: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Errors the sink raises in the child are counted, and reported in the parent rate-limited."""
+    remote = ProcessHandler(functools.partial(process_sinks.FailingSink, str(tmp_path / "f.jsonl")))
+    closing(remote)
+    with caplog.at_level(logging.ERROR, logger="monitor_bus"):
+        for i in range(6):
+            remote(event(i, "bad" if i % 2 else "good"))
+        assert remote.flush() is True
+        for i in range(6, 8):
+            remote(event(i, "bad"))
+        assert remote.flush() is True
+    stats = remote.stats()
+    assert (stats["handled"], stats["errors"], stats["dropped"]) == (8, 5, 0)
+    assert [e.data["i"] for e in monitor_bus.read_jsonl(tmp_path / "f.jsonl")] == [0, 2, 4]
+    errors = [r for r in caplog.records if "raised ValueError in the child" in r.getMessage()]
+    assert len(errors) == 1
+    assert "bad event 1" in errors[0].getMessage()
+    assert "Traceback" in errors[0].getMessage()
+
+
+def test_full_child_blocks_then_counts_dropped(
+    closing: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past max_pending unacknowledged events the handler waits up to timeout, then drops them."""
+    gate = SPAWN.Event()
+    remote = ProcessHandler(
+        functools.partial(process_sinks.GatedSink, gate), max_pending=10, timeout=0.2
+    )
+    closing(remote)
+    with caplog.at_level(logging.WARNING, logger="monitor_bus"):
+        for i in range(20):  # the 10th sends 10 (the child blocks on them); the 20th finds no room
+            remote(event(i))
+    assert remote.stats()["sent"] == 10
+    assert remote.stats()["dropped"] == 10
+    assert any("dropped 10 events" in r.getMessage() for r in caplog.records)
+    gate.set()
+    assert remote.flush() is True
+    stats = remote.stats()
+    assert (stats["received"], stats["handled"], stats["dropped"], stats["pending"]) == (
+        20,
+        10,
+        10,
+        0,
+    )
+
+
+def test_killed_child_is_reported_and_its_events_counted_dropped(
+    closing: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A SIGKILLed child is seen (no hang), logged with its exit code, its events counted dropped."""
+    gate = SPAWN.Event()  # never set: the child holds the events it was sent
+    remote = ProcessHandler(functools.partial(process_sinks.GatedSink, gate), max_pending=5)
+    closing(remote)
+    for i in range(5):  # the 5th sends them
+        remote(event(i))
+    assert remote.stats()["sent"] == 5
+    os.kill(remote.pid, signal.SIGKILL)
+    with caplog.at_level(logging.ERROR, logger="monitor_bus"):
+        assert remote.flush() is False
+    stats = remote.stats()
+    assert (stats["handled"], stats["dropped"], stats["alive"]) == (0, 5, False)
+    assert stats["exitcode"] == -signal.SIGKILL
+    crash = [r for r in caplog.records if "exited with code" in r.getMessage()]
+    assert len(crash) == 1
+    assert f"exited with code {-signal.SIGKILL}; 5 events" in crash[0].getMessage()
+    remote(event(5))
+    assert remote.stats()["dropped"] == 6
+    assert remote.close(timeout=5) is False
+
+
+def test_close_is_time_boxed_when_the_sink_hangs(
+    closing: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """close(timeout) stops a child whose sink hangs in flush(), counting its events dropped."""
+    gate = SPAWN.Event()  # never set: the sink's flush() hangs
+    remote = ProcessHandler(functools.partial(process_sinks.StuckFlushSink, gate), timeout=0.2)
+    closing(remote)
+    for i in range(3):
+        remote(event(i))
+    assert remote.flush() is False  # gave up after timeout; the events stay pending
+    assert remote.stats()["pending"] == 3
+    with caplog.at_level(logging.ERROR, logger="monitor_bus"):
+        assert remote.close(timeout=0.5) is False
+    stats = remote.stats()
+    # Never acknowledged (the flush did not finish): not known to be written, so dropped.
+    assert (stats["handled"], stats["dropped"], stats["pending"], stats["alive"]) == (
+        0,
+        3,
+        0,
+        False,
+    )
+    assert stats["exitcode"] == -signal.SIGTERM
+    assert any("stopping the child process" in r.getMessage() for r in caplog.records)
+
+
+def test_factory_failure_reaches_the_caller(tmp_path: Path) -> None:
+    """A factory that raises in the child makes the constructor raise, with the child's traceback."""
+    with pytest.raises(RuntimeError, match="ValueError: no sink today"):
+        ProcessHandler(process_sinks.broken_factory)
+    with pytest.raises(RuntimeError, match="No such file or directory"):
+        jsonl(tmp_path / "missing" / "x.jsonl")
+
+
+def test_bad_arguments_raise_naming_them() -> None:
+    """Bad arguments raise at once, each message naming the argument."""
+    with pytest.raises(TypeError, match="factory must be callable"):
+        ProcessHandler("x.jsonl")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="factory must be picklable"):
+        ProcessHandler(lambda: JsonlEventHandler("x.jsonl"))
+    with pytest.raises(TypeError, match=r"factory: JsonlEventHandler needs arguments"):
+        ProcessHandler(JsonlEventHandler)
+    with pytest.raises(ValueError, match="start_method must be one of"):
+        ProcessHandler(process_sinks.broken_factory, start_method="thread")
+    with pytest.raises(ValueError, match="max_pending must be at least 1"):
+        ProcessHandler(process_sinks.broken_factory, max_pending=0)
+    with pytest.raises(TypeError, match="timeout must be a number of seconds"):
+        ProcessHandler(process_sinks.broken_factory, timeout="1")  # type: ignore[arg-type]
+
+
+def run_program(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "program.py"
+    script.write_text(textwrap.dedent(code))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+def test_events_logged_before_exit_reach_the_child(tmp_path: Path) -> None:
+    """At interpreter exit the bus delivers its backlog to the child before the child is closed."""
+    out = tmp_path / "out.jsonl"
+    done = run_program(
+        f"""
+        import functools
+        from datetime import datetime, timezone
+        import monitor_bus
+
+        if __name__ == "__main__":
+            # The bus starts before multiprocessing is imported: its exit hook is the older.
+            monitor_bus.register_event_handler(lambda event: None)
+            sink = monitor_bus.ProcessHandler(
+                functools.partial(monitor_bus.JsonlEventHandler, {str(out)!r})
+            )
+            monitor_bus.register_event_handler(sink, name="jsonl")
+            for i in range(2000):
+                monitor_bus.log_event(monitor_bus.Event("x", datetime.now(timezone.utc), {{"i": i}}))
+        """,
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert [e.data["i"] for e in monitor_bus.read_jsonl(out)] == list(range(2000))
+
+
+def test_exit_is_time_boxed_when_the_sink_hangs(tmp_path: Path) -> None:
+    """A sink hanging at exit delays the interpreter's exit by exit_timeout, then is stopped."""
+    done = run_program(
+        """
+        import functools, multiprocessing
+        from datetime import datetime, timezone
+        import monitor_bus
+        from tests import process_sinks
+
+        if __name__ == "__main__":
+            gate = multiprocessing.get_context("spawn").Event()
+            sink = monitor_bus.ProcessHandler(
+                functools.partial(process_sinks.StuckFlushSink, gate), timeout=0.2, exit_timeout=0.5
+            )
+            sink(monitor_bus.Event("x", datetime.now(timezone.utc), {}))
+        """,
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "stopping the child process" in done.stderr
+    assert "not finished within exit_timeout=0.5 s at exit" in done.stderr
