@@ -1,0 +1,155 @@
+"""What a sink costs this process, run in it or in a child process through ProcessHandler.
+
+    python benchmarks/process_sink.py [--events 20000] [--rounds 5]
+
+A bus with one JSONL sink takes ``--events`` four-key events, then ``flush()``; the figure is
+this process's CPU (every thread: the logging loop, the dispatcher, the handler thread) per
+event, from ``time.process_time()``. The child's CPU comes from its rusage once it is reaped
+(start-up included: about 0.1 s of importing, spread over the round's events).
+Contenders alternate within each round; figures are medians. Also: the cost of pickling a
+batch as ``Event`` objects against the tuples ProcessHandler sends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import pickle
+import platform
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from _machine import cpu_model
+
+import monitor_bus
+from monitor_bus import Event, EventBus, JsonlEventHandler, ProcessHandler
+
+DATA = {"loss": 0.25, "lr": 1e-3, "step": 7, "phase": "train"}
+
+
+class NullSink:
+    """Writes each event's name only at close(): what the bus costs without a sink's work."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.count = 0
+
+    def __call__(self, event: Event) -> None:
+        self.count += 1
+
+    def close(self) -> None:
+        self.path.write_text("x\n" * self.count)
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run(sink: Callable[[Path], object], n: int, tmp: Path) -> dict[str, float]:
+    """CPU and wall of this process per event, and the child's CPU per event (0: no child)."""
+    path = tmp / f"{time.monotonic_ns()}.jsonl"
+    handler = sink(path)
+    child_before = children_cpu()
+    bus = EventBus(name="bench", capacity=1 << 20)
+    bus.register_event_handler(handler, name="jsonl")  # type: ignore[arg-type]
+    stamps = timestamps(n)
+    log = bus.log_event
+    cpu, wall = time.process_time(), time.perf_counter()
+    for i in range(n):
+        log(Event("train.step", stamps[i], {**DATA, "step": i}))
+    assert bus.flush(timeout=600)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    assert bus.stats()["handlers"][0]["delivered"] == n
+    bus.close(timeout=60)
+    handler.close(60) if isinstance(handler, ProcessHandler) else handler.close()  # type: ignore[attr-defined]
+    with open(path, "rb") as f:
+        assert sum(1 for _ in f) == n, "a sink lost events"
+    os.unlink(path)
+    return {
+        "cpu_us": cpu / n * 1e6,
+        "wall_us": wall / n * 1e6,
+        "child_us": (children_cpu() - child_before) / n * 1e6,
+    }
+
+
+def timestamps(n: int) -> list[datetime]:
+    """One timestamp per event, as ``datetime.now()`` per event gives (pickle shares none)."""
+    now = datetime.now(timezone.utc)
+    return [now + timedelta(microseconds=i) for i in range(n)]
+
+
+def pickling(n: int) -> dict[str, float]:
+    """µs per event to pickle and unpickle a batch: Event objects against tuples."""
+    stamps = timestamps(n)
+    events = [Event("train.step", stamps[i], {**DATA, "step": i}) for i in range(n)]
+    protocol = pickle.HIGHEST_PROTOCOL
+
+    def cost(build: Callable[[], object]) -> tuple[float, float, int]:
+        start = time.perf_counter()
+        payload = pickle.dumps(build(), protocol)
+        dumped = time.perf_counter()
+        pickle.loads(payload)
+        return (dumped - start) / n * 1e6, (time.perf_counter() - dumped) / n * 1e6, len(payload)
+
+    rounds_e = [cost(lambda: events) for _ in range(5)]
+    rounds_t = [cost(lambda: [(e.name, e.timestamp, e.data) for e in events]) for _ in range(5)]
+    return {
+        "event_dumps": statistics.median(r[0] for r in rounds_e),
+        "event_loads": statistics.median(r[1] for r in rounds_e),
+        "event_bytes": rounds_e[0][2] / n,
+        "tuple_dumps": statistics.median(r[0] for r in rounds_t),
+        "tuple_loads": statistics.median(r[1] for r in rounds_t),
+        "tuple_bytes": rounds_t[0][2] / n,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    contenders: dict[str, Callable[[Path], object]] = {
+        "a sink doing nothing (the bus's own cost)": NullSink,
+        "JsonlEventHandler in this process": JsonlEventHandler,
+        "through ProcessHandler": lambda p: ProcessHandler(functools.partial(JsonlEventHandler, p)),
+    }
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.rounds):
+            for name, sink in contenders.items():
+                results[name].append(run(sink, args.events, Path(tmp)))
+    print(
+        f"{args.events} events per round, medians of {args.rounds} rounds; {cpu_model()}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"monitor_bus {monitor_bus.__version__}"
+    )
+    print()
+    print("| sink | this process CPU µs/event | wall µs/event | child CPU µs/event |")
+    print("|---|---:|---:|---:|")
+    for name, rounds in results.items():
+        cells = [
+            statistics.median(r[key] for r in rounds) for key in ("cpu_us", "wall_us", "child_us")
+        ]
+        print(f"| {name} | {cells[0]:.2f} | {cells[1]:.2f} | {cells[2]:.2f} |")
+    p = pickling(1024)
+    print()
+    print("| a batch of 1024 pickled as | dumps µs/event | loads µs/event | bytes/event |")
+    print("|---|---:|---:|---:|")
+    for kind, label in (("event", "Event objects"), ("tuple", "(name, timestamp, data) tuples")):
+        print(
+            f"| {label} | {p[kind + '_dumps']:.2f} | {p[kind + '_loads']:.2f} | "
+            f"{p[kind + '_bytes']:.0f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
