@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -161,6 +162,7 @@ class ProcessHandler:
         self._dead = False
         self._closed = True  # until the child is ready: a failed start is not a crash
         self._closed_ok = False
+        self._reason = "closed"  # why events are dropped once it is dead or closed
         self._dirty = False  # events sent since the last flush message
         self._rbuf = bytearray()
         self._ready = False
@@ -186,6 +188,8 @@ class ProcessHandler:
         parent_end.close()
         self._started(start_after or 0.0)
         self._closed = False
+        self._owner = os.getpid()
+        _handlers.add(self)
         process.finalize_with_multiprocessing()  # the buses close before this handler does
         self._exit_timeout = exit_after
         # Holds this handler until close() cancels it: an unclosed child lives until exit.
@@ -197,7 +201,7 @@ class ProcessHandler:
         """Buffer ``event``; send the buffer once it holds 1024 events."""
         self._received += 1
         if self._dead or self._closed:
-            self._drop(1, "the child process is gone" if self._dead else "closed")
+            self._drop(1, self._reason)
             return
         origin = getattr(event, "_origin", None)
         buffer = self._buffer
@@ -227,7 +231,7 @@ class ProcessHandler:
         with self._lock:
             deadline = _deadline(self._timeout)
             if self._dead:
-                self._drop(len(items), "the child process is gone")
+                self._drop(len(items), self._reason)
                 return False
             if not items and not close and not (flush and self._dirty):
                 return True  # nothing to send, nothing to flush
@@ -391,6 +395,7 @@ class ProcessHandler:
         if self._dead:
             return
         self._dead = True
+        self._reason = "the child process is gone"
         self._proc.join(1.0)  # its sentinel is ready, or about to be: the exit code
         in_flight = self._sent - self._handled
         self._dropped += in_flight + lost
@@ -486,6 +491,7 @@ class ProcessHandler:
         the child). ``received == handled + dropped + pending + buffered``.
         """
         pending = 0 if self._dead else self._sent - self._handled
+        exitcode = self._proc.exitcode if self._owner == os.getpid() else None
         return {
             "received": self._received,
             "sent": self._sent,
@@ -495,7 +501,7 @@ class ProcessHandler:
             "pending": pending,
             "buffered": len(self._buffer),
             "alive": not self._dead,
-            "exitcode": self._proc.exitcode,
+            "exitcode": exitcode,
         }
 
     @property
@@ -505,8 +511,18 @@ class ProcessHandler:
         return pid
 
     def __repr__(self) -> str:
-        state = "running" if not self._dead else f"exited {self._proc.exitcode}"
+        state = "running" if not self._dead else f"exited {self.stats()['exitcode']}"
         return f"<ProcessHandler {self._name} pid={self._proc.pid} {state}>"
+
+    def _after_fork_in_child(self) -> None:
+        # A forked process's copy must not write into the parent's stream: what a copy is
+        # given (a bus with children="own" runs copies) is dropped, counted and reported.
+        self._lock = threading.RLock()
+        self._buffer = []
+        self._dead = self._closed = True
+        self._reason = "a copy in a forked process"
+        self._sock.close()  # this process's descriptor only
+        self._finalizer.cancel()
 
     def _close_at_exit(self) -> None:
         if not self.close(self._exit_timeout):
@@ -516,6 +532,17 @@ class ProcessHandler:
                 self._exit_timeout,
                 self.stats(),
             )
+
+
+_handlers: weakref.WeakSet[ProcessHandler] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for handler in list(_handlers):
+        handler._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _deadline(timeout: float | None) -> float | None:

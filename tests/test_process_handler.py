@@ -223,6 +223,29 @@ def test_close_is_time_boxed_when_the_sink_hangs(
     assert any("stopping the child process" in r.getMessage() for r in caplog.records)
 
 
+def test_a_forked_copy_drops_instead_of_writing_into_the_parents_stream(
+    tmp_path: Path, closing: Any
+) -> None:
+    """A forked process's copy counts what it is given as dropped; the parent's stream is intact."""
+    remote = jsonl(tmp_path / "remote.jsonl")
+    closing(remote)
+    remote(event(0))  # buffered at the fork: the parent's to send
+
+    def in_child() -> None:
+        remote(event(1))
+        remote.flush()
+        stats = remote.stats()
+        os._exit(0 if (stats["dropped"], stats["alive"], stats["sent"]) == (1, False, 0) else 3)
+
+    child = multiprocessing.get_context("fork").Process(target=in_child)
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    remote(event(2))
+    assert remote.flush() is True
+    assert [e.data["i"] for e in monitor_bus.read_jsonl(tmp_path / "remote.jsonl")] == [0, 2]
+
+
 def test_factory_failure_reaches_the_caller(tmp_path: Path) -> None:
     """A factory that raises in the child makes the constructor raise, with the child's traceback."""
     with pytest.raises(RuntimeError, match="ValueError: no sink today"):
@@ -303,3 +326,14 @@ def test_exit_is_time_boxed_when_the_sink_hangs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "stopping the child process" in done.stderr
     assert "not finished within exit_timeout=0.5 s at exit" in done.stderr
+
+
+def test_start_method_is_configurable(tmp_path: Path, closing: Any) -> None:
+    """start_method="forkserver" starts the child that way and delivers the same."""
+    remote = jsonl(tmp_path / "remote.jsonl", start_method="forkserver")
+    closing(remote)
+    for i in range(3):
+        remote(event(i))
+    assert remote.close(timeout=30) is True
+    assert [e.data["i"] for e in monitor_bus.read_jsonl(tmp_path / "remote.jsonl")] == [0, 1, 2]
+    assert remote._proc._start_method == "forkserver"
