@@ -248,7 +248,7 @@ class ProcessHandler:
                 if not chunk and kind == _BATCH:
                     continue
                 self._dirty = kind == _BATCH
-                if not self._write(kind, chunk, deadline):
+                if not self._write(kind, chunk):
                     self._drop(len(items) - start - len(chunk), "the child process is gone")
                     return False
             if not (flush or close):
@@ -271,7 +271,7 @@ class ProcessHandler:
         limit = max(self._max_pending - n, 0)
         return self._wait(lambda: self._sent - self._handled <= limit, deadline)
 
-    def _write(self, kind: int, items: list[Item], deadline: float | None) -> bool:
+    def _write(self, kind: int, items: list[Item]) -> bool:
         self._seq += 1
         payload = pickle.dumps((kind, self._seq, items), _PROTOCOL)
         n = len(payload)
