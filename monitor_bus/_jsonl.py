@@ -37,10 +37,11 @@ import re
 import stat
 import sys
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ._event import Event, EventOrigin
@@ -51,7 +52,40 @@ if TYPE_CHECKING:
 
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _FLOAT_KEY = "$float"
-_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+_encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_encode = _encoder.encode
+_encode_str = json.encoder.encode_basestring  # _encoder's own, for ensure_ascii=False
+
+
+def _make_data_encoder() -> Callable[[dict[str, Any]], str]:
+    """``_encode`` for a flat dict of plain values, with the C encoder built once.
+
+    ``JSONEncoder.encode`` builds a new C encoder on every call (a third of what it costs for
+    a four-value event). Built here with ``_encoder``'s settings and no circular-reference
+    check: event data is flat. Checked against ``_encode`` once; ``_encode`` itself where the C
+    encoder is missing or differs.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return _encode
+    try:
+        c_encode = make(None, None, _encode_str, None, ":", ",", False, False, False)
+
+        def encode(data: dict[str, Any]) -> str:
+            return "".join(c_encode(data, 0))
+
+        sample = {"s": 'é\ud800"', "i": -(2**70), "f": 1e-07, "b": True, "g": 0.1}
+        if encode(sample) != _encode(sample):
+            return _encode
+        encode({"f": math.nan})
+    except ValueError:  # allow_nan=False holds: non-finite floats still raise
+        return encode
+    except Exception:  # an interpreter whose C encoder takes other arguments
+        pass
+    return _encode
+
+
+_encode_data = _make_data_encoder()
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -121,19 +155,22 @@ class JsonlEventHandler:
         return self._written
 
     def __call__(self, event: Event) -> None:
-        record = {
-            "name": event.name,
-            "timestamp": _timestamp(event.timestamp),
-            "data": {k: _value(v) for k, v in event.data.items()},
-        }
-        origin = event.origin
-        if origin is not None:  # an event from a child process: which one
-            record["origin"] = {"pid": origin.pid, "worker": origin.worker}
+        # The line is put together by hand, in the key order and separators ``_encode`` would
+        # use for {"name", "timestamp", "data"[, "origin"]}: the same bytes at about half the
+        # cost. A timestamp is digits and ``-:.T+`` only, so it needs no escaping.
         try:
-            line = _encode(record)
-        except ValueError:  # an int over the digit limit of int-to-text conversion
-            record["data"] = self._writable(event)
-            line = _encode(record)
+            data = _encode_data(event.data)
+        except ValueError:  # a non-finite float, or an int over the digit limit
+            data = self._data_text(event)
+        name = _encode_str(event.name)
+        stamp = _timestamp(event.timestamp)
+        # event.origin without its property's raise-and-catch when unset (most events).
+        origin: EventOrigin | None = getattr(event, "_origin", None)
+        if origin is None:
+            line = f'{{"name":{name},"timestamp":"{stamp}","data":{data}}}'
+        else:  # an event from a child process: which one
+            where = _encode({"pid": origin.pid, "worker": origin.worker})
+            line = f'{{"name":{name},"timestamp":"{stamp}","data":{data},"origin":{where}}}'
         with self._lock:
             if self._file.closed:
                 raise ValueError(f"JsonlEventHandler({self._path!r}) is closed")
@@ -143,6 +180,14 @@ class JsonlEventHandler:
         """Write the buffered events to the file in one write. A no-op once closed."""
         with self._lock:
             self._flush_locked()
+
+    def _data_text(self, event: Event) -> str:
+        """The event's data as JSON, non-finite floats written as objects, values that cannot
+        be written skipped and counted."""
+        try:
+            return _encode({k: _value(v) for k, v in event.data.items()})
+        except ValueError:  # an int over the digit limit of int-to-text conversion
+            return _encode(self._writable(event))
 
     def _writable(self, event: Event) -> dict[str, Any]:
         """The event's data without the values that cannot be encoded, each counted."""
@@ -224,9 +269,80 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _timestamp(ts: datetime) -> str:
+    """``ts.isoformat()``, after ``astimezone()`` when ``ts`` is naive (local time).
+
+    A naive ``datetime`` takes the local offset of its hour from ``_local_offsets`` rather
+    than from an ``astimezone()`` per call (about a third of the cost of a line).
+    """
+    if ts.__class__ is datetime:
+        tz = ts.tzinfo
+        if tz is None:
+            text = ts.isoformat()
+            offsets = _local_offsets
+            if offsets.tzname is time.tzname:
+                suffix = offsets.get(text[:13])  # the hour: "YYYY-MM-DDTHH"
+                if suffix:
+                    return text + suffix
+            return _naive_timestamp(ts, text)
+        if tz is _UTC:
+            return ts.isoformat()
     if ts.utcoffset() is None:
         ts = ts.astimezone()  # naive: local time
     return ts.isoformat()
+
+
+class _LocalOffsets(dict[str, str]):
+    """The local UTC offset as ``isoformat`` writes it (``"+01:00"``), by hour of naive local
+    time; ``""`` for an hour ``astimezone()`` must decide (an offset change in or next to it).
+
+    Valid while ``time.tzname`` is the tuple in ``tzname``: ``time.tzset()``, which must be
+    called for a change of the local zone to take effect, makes a new one.
+    """
+
+    __slots__ = ("tzname",)
+
+    def __init__(self, tzname: object) -> None:
+        super().__init__()
+        self.tzname = tzname
+
+
+_local_offsets = _LocalOffsets(None)
+_LOCAL_OFFSETS_MAX = 1024  # hours kept; past that the table starts over
+_HOUR_END = timedelta(minutes=59, seconds=59, microseconds=999999)
+_UTC = timezone.utc
+
+
+def _naive_timestamp(ts: datetime, text: str) -> str:
+    """``_timestamp`` of a naive datetime whose hour is not in ``_local_offsets`` yet."""
+    global _local_offsets
+    offsets = _local_offsets
+    tzname = time.tzname  # read before the offsets it labels: a tzset meanwhile invalidates
+    if offsets.tzname is not tzname or len(offsets) >= _LOCAL_OFFSETS_MAX:
+        offsets = _local_offsets = _LocalOffsets(tzname)
+    hour = text[:13]
+    suffix = offsets.get(hour)
+    if suffix is None:
+        suffix = offsets[hour] = _hour_offset(ts.replace(minute=0, second=0, microsecond=0, fold=0))
+    if suffix:
+        return text + suffix
+    return ts.astimezone().isoformat()
+
+
+def _hour_offset(start: datetime) -> str:
+    """The offset text ``astimezone().isoformat()`` gives every naive time of the hour from
+    ``start``, or ``""`` when they may differ (the offset changes in or at the edge of it)."""
+    try:
+        end = start + _HOUR_END
+        ends = (start, start.replace(fold=1), end, end.replace(fold=1))
+        local = [t.astimezone() for t in ends]
+    except (OverflowError, ValueError, OSError):  # out of the platform's range: let it say so
+        return ""
+    offset = local[0].utcoffset()
+    for t, lt in zip(ends, local, strict=True):
+        # A time in a skipped hour comes back moved; a repeated hour has two offsets.
+        if lt.utcoffset() != offset or lt.replace(tzinfo=None) != t:
+            return ""
+    return local[0].isoformat()[len(start.isoformat()) :]
 
 
 def _escape(match: re.Match[str]) -> str:

@@ -1,0 +1,353 @@
+"""JsonlEventHandler's writer against the encoding it replaced: the same bytes, event for event.
+
+``reference_bytes`` is the writer as it was before it stopped calling ``astimezone`` per event
+and building an encoder per call, copied here as the reference. Naive timestamps are checked in
+zones with daylight saving time, half-hour shifts and offsets with seconds, set with
+``time.tzset()`` and restored after each use.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone, tzinfo
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from monitor_bus import Event, EventOrigin, JsonlEventHandler, _jsonl
+
+from .conftest import require
+
+# -- the reference: the writer before this change --
+
+_ref_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+_REF_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _ref_timestamp(ts: datetime) -> str:
+    if ts.utcoffset() is None:
+        ts = ts.astimezone()  # naive: local time
+    return ts.isoformat()
+
+
+def _ref_value(v: Any) -> Any:
+    if v.__class__ is float and not math.isfinite(v):
+        return {"$float": "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")}
+    return v
+
+
+def _ref_line(event: Event) -> tuple[str, int]:
+    """The line the old writer made for ``event``, and how many values it skipped."""
+    record = {
+        "name": event.name,
+        "timestamp": _ref_timestamp(event.timestamp),
+        "data": {k: _ref_value(v) for k, v in event.data.items()},
+    }
+    origin = event.origin
+    if origin is not None:
+        record["origin"] = {"pid": origin.pid, "worker": origin.worker}
+    try:
+        return _ref_encode(record), 0
+    except ValueError:
+        kept = {}
+        skipped = 0
+        for key, value in event.data.items():
+            value = _ref_value(value)
+            try:
+                _ref_encode(value)
+            except ValueError:
+                skipped += 1
+            else:
+                kept[key] = value
+        record["data"] = kept
+        return _ref_encode(record), skipped
+
+
+def reference_bytes(events: list[Event]) -> tuple[bytes, int]:
+    """The file the old writer made from ``events``, and how many values it skipped."""
+    pending = []
+    skipped = 0
+    for event in events:
+        line, n = _ref_line(event)
+        pending.append(line)
+        skipped += n
+    if not pending:
+        return b"", 0
+    pending.append("")
+    text = "\n".join(pending)
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = _REF_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode("utf-8")
+    return raw, skipped
+
+
+def written_bytes(events: list[Event]) -> tuple[bytes, int]:
+    """The file today's JsonlEventHandler makes from ``events``, and its skipped_values."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "run.jsonl"
+        with JsonlEventHandler(path) as handler:
+            for event in events:
+                handler(event)
+        return path.read_bytes(), handler.skipped_values
+
+
+# -- local zones --
+
+ZONES = [
+    "Europe/Berlin",  # DST, and double summer time (+03:00) in 1945 and 1947
+    "America/St_Johns",  # -03:30 / -02:30
+    "Australia/Lord_Howe",  # a 30-minute DST shift
+    "Europe/Amsterdam",  # +00:19:32 until 1937: an offset with seconds
+    "Africa/Monrovia",  # -00:44:30 until 1972
+    "Asia/Kolkata",  # +05:30, no DST today
+    "UTC",
+]
+
+
+@contextmanager
+def local_zone(name: str) -> Iterator[None]:
+    """Run the block with ``name`` as the process's local time zone."""
+    require(
+        os.path.exists(os.path.join("/usr/share/zoneinfo", name)),
+        f"the tz database has no {name}",
+    )
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = name
+    time.tzset()
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = old
+        time.tzset()
+
+
+def transitions(years: list[int]) -> list[datetime]:
+    """Local wall times (naive) at which the local UTC offset changes, within ``years``."""
+    found = []
+    for year in years:
+        t = int(datetime(year, 1, 1, tzinfo=timezone.utc).timestamp())
+        end = int(datetime(year + 1, 1, 1, tzinfo=timezone.utc).timestamp())
+        before = time.localtime(t).tm_gmtoff
+        while t < end:
+            t += 1800
+            after = time.localtime(t).tm_gmtoff
+            if after != before:
+                found.append(datetime.fromtimestamp(t).replace(minute=0, second=0))
+            before = after
+    return found
+
+
+TRANSITION_YEARS = [1916, 1930, 1937, 1945, 1947, 1972, 1996, 2026, 2037, 2040]
+
+
+def around(points: list[datetime], hours: int = 3) -> Iterator[datetime]:
+    """Every 10 minutes (and the last microsecond before each) within ``hours`` of each point,
+    in both folds."""
+    for point in points:
+        t = point - timedelta(hours=hours)
+        while t <= point + timedelta(hours=hours):
+            for stamp in (t, t - timedelta(microseconds=1)):
+                yield stamp
+                yield stamp.replace(fold=1)
+            t += timedelta(minutes=10)
+
+
+@pytest.mark.parametrize("zone", ZONES)
+def test_naive_timestamps_around_offset_changes(zone: str) -> None:
+    """Naive local timestamps around every change of the local offset are written as ``astimezone().isoformat()``."""
+    with local_zone(zone):
+        points = transitions(TRANSITION_YEARS) or [datetime(2026, 3, 29, 2)]
+        stamps = list(around(points))
+        got = [_jsonl._timestamp(ts) for ts in stamps]
+        want = [_ref_timestamp(ts) for ts in stamps]
+    assert len(stamps) > 100
+    assert [(ts, g) for ts, g, w in zip(stamps, got, want, strict=True) if g != w] == []
+
+
+def test_berlin_spring_gap_and_autumn_fold() -> None:
+    """In Berlin, the skipped hour of 29 March 2026 and both passes of the repeated one of 25 October are written as astimezone() writes them."""
+    with local_zone("Europe/Berlin"):
+        gap = datetime(2026, 3, 29, 2, 30)
+        fold0 = datetime(2026, 10, 25, 2, 30, 0, 5)
+        fold1 = fold0.replace(fold=1)
+        got = [_jsonl._timestamp(ts) for ts in (gap, fold0, fold1)]
+        want = [_ref_timestamp(ts) for ts in (gap, fold0, fold1)]
+    assert got == want
+    assert got[1:] == ["2026-10-25T02:30:00.000005+02:00", "2026-10-25T02:30:00.000005+01:00"]
+
+
+def test_local_zone_change_after_tzset() -> None:
+    """The same naive timestamp is written with the new local offset once time.tzset() switched zones."""
+    stamp = datetime(2026, 7, 1, 12, 0, 0, 250000)
+    with local_zone("Europe/Berlin"):
+        berlin = _jsonl._timestamp(stamp)
+    with local_zone("America/St_Johns"):
+        st_johns = _jsonl._timestamp(stamp)
+    assert (berlin, st_johns) == (
+        "2026-07-01T12:00:00.250000+02:00",
+        "2026-07-01T12:00:00.250000-02:30",
+    )
+
+
+class _NoOffset(tzinfo):
+    """A tzinfo that knows no offset: its datetimes count as naive."""
+
+    def utcoffset(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+
+class _Stamp(datetime):
+    """A datetime subclass with its own isoformat and astimezone, as pandas' Timestamp has."""
+
+    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
+        return "sub:" + super().isoformat(sep, timespec)
+
+    def astimezone(self, tz: tzinfo | None = None) -> datetime:
+        return datetime.astimezone(self, tz or timezone(timedelta(hours=-12)))
+
+
+# -- generated events --
+
+_odd_text = st.text(
+    alphabet=st.one_of(
+        st.characters(),
+        st.sampled_from(["\ud800", "\udfff", "\udc80", "\u2028", '"', "\\", "\x00", "\x7f", "é"]),
+    ),
+    max_size=8,
+)
+_floats = st.one_of(
+    st.floats(),
+    st.sampled_from([math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-7, 1e16, 1e22, 5e-324]),
+)
+_limit = sys.get_int_max_str_digits()
+_ints = st.one_of(
+    st.integers(),
+    st.integers(min_value=2**63 - 2, max_value=2**64 + 2),
+    st.sampled_from([10 ** (_limit - 1), -(10 ** (_limit - 1)), 10**_limit, -(10 ** (_limit + 5))])
+    if _limit
+    else st.just(10**5000),
+)
+_values = st.one_of(_ints, _floats, st.booleans(), _odd_text)
+_microseconds = st.one_of(st.just(0), st.integers(0, 999_999))
+_offsets = st.one_of(
+    st.just(timezone.utc),
+    st.timedeltas(
+        min_value=timedelta(hours=-23, minutes=-59), max_value=timedelta(hours=23, minutes=59)
+    ).map(timezone),
+    st.sampled_from(
+        [timezone(timedelta(seconds=1172)), timezone(timedelta(seconds=-2670, microseconds=7))]
+    ),
+)
+
+
+@st.composite
+def _naive_near_transition(draw: st.DrawFn, points: list[datetime]) -> datetime:
+    point = draw(st.sampled_from(points))
+    stamp = point + timedelta(seconds=draw(st.integers(-3 * 3600, 3 * 3600)))
+    return stamp.replace(microsecond=draw(_microseconds), fold=draw(st.integers(0, 1)))
+
+
+def _timestamps(points: list[datetime]) -> st.SearchStrategy[datetime]:
+    plain = st.datetimes(min_value=datetime(1900, 1, 1), max_value=datetime(2100, 1, 1)).map(
+        lambda ts: ts.replace(microsecond=0) if ts.second % 2 else ts
+    )
+    return st.one_of(
+        _naive_near_transition(points),
+        plain,
+        plain.map(lambda ts: ts.replace(fold=1)),
+        st.tuples(plain, _offsets).map(lambda p: p[0].replace(tzinfo=p[1])),
+        plain.map(lambda ts: ts.replace(tzinfo=_NoOffset())),
+        plain.map(lambda ts: _Stamp(ts.year, ts.month, ts.day, ts.hour, tzinfo=timezone.utc)),
+        plain.map(lambda ts: _Stamp(ts.year, ts.month, ts.day, ts.hour, ts.minute)),
+    )
+
+
+def _events(points: list[datetime]) -> st.SearchStrategy[list[Event]]:
+    origins = st.one_of(
+        st.none(),
+        st.builds(EventOrigin, st.integers(1, 2**22), st.one_of(st.none(), st.integers(0, 64))),
+    )
+
+    def make(parts: tuple[str, datetime, dict[str, Any], EventOrigin | None]) -> Event:
+        name, stamp, data, origin = parts
+        event = Event(name, stamp, data)
+        if origin is not None:
+            event._origin = origin
+        return event
+
+    one = st.tuples(
+        _odd_text,
+        _timestamps(points),
+        st.dictionaries(_odd_text, _values, max_size=6),
+        origins,
+    ).map(make)
+    return st.lists(one, min_size=1, max_size=8)
+
+
+_BERLIN_POINTS = [
+    datetime(2026, 3, 29, 2),
+    datetime(2026, 10, 25, 2),
+    datetime(1945, 5, 24, 2),
+    datetime(1947, 5, 11, 3),
+    datetime(1996, 10, 27, 3),
+]
+
+
+@pytest.mark.parametrize("zone", ["Europe/Berlin", "Australia/Lord_Howe", "Europe/Amsterdam"])
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_written_bytes_equal_the_old_writers(zone: str, data: st.DataObject) -> None:
+    """Generated events (naive and aware stamps across offset changes, non-finite floats, unicode, lone surrogates, huge ints, origins) give the old writer's bytes and skip counts."""
+    with local_zone(zone):
+        points = _TRANSITIONS.get(zone) or _cache_transitions(zone)
+        events = data.draw(_events(points))
+        got = written_bytes(events)
+        want = reference_bytes(events)
+    assert got == want
+
+
+_TRANSITIONS: dict[str, list[datetime]] = {}
+
+
+def _cache_transitions(zone: str) -> list[datetime]:
+    points = transitions(TRANSITION_YEARS) or _BERLIN_POINTS
+    _TRANSITIONS[zone] = points
+    return points
+
+
+def test_fixed_cases_equal_the_old_writers() -> None:
+    """Hand-picked events (the edge of every fast path) give the old writer's bytes and skip counts."""
+    utc = timezone.utc
+    events = [
+        Event("stat", datetime(2026, 3, 1, 12, tzinfo=utc), {"x.mean": 0.5, "x.count": 3}),
+        Event("stat", datetime(2026, 3, 1, 12, 0, 0, 1, tzinfo=utc), {"nan": math.nan}),
+        Event("naive", datetime(2026, 3, 1, 12), {"inf": math.inf, "ninf": -math.inf}),
+        Event("naive", datetime(2026, 3, 1, 12, 0, 0, 999999), {"big": 10**5000, "ok": 1}),
+        Event("n\ud800é", datetime(2026, 3, 1, 12), {"k\udfff": "v\udc80\u2028", "f": 1e-7}),
+        Event("offset", datetime(2026, 3, 1, 12, tzinfo=timezone(timedelta(seconds=1172))), {}),
+        Event("none", datetime(2026, 3, 1, 12, tzinfo=_NoOffset()), {"b": True}),
+        Event("sub", _Stamp(2026, 3, 1, 12, tzinfo=utc), {"i": -(2**70)}),
+        Event("sub", _Stamp(2026, 3, 1, 12), {"i": 2**64}),
+    ]
+    events[0]._origin = EventOrigin(4242, None)
+    events[3]._origin = EventOrigin(4243, 2)
+    with local_zone("Europe/Berlin"):
+        got = written_bytes(events)
+        want = reference_bytes(events)
+    assert got == want
+    assert want[1] == 1
