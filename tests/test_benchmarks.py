@@ -159,3 +159,78 @@ def test_multiprocess_benchmark_loses_nothing_and_prints_its_table() -> None:
         "parent CPU, sink threads (JSONL, TensorBoard), % of wall",
     }
     assert math.isclose(total, sum(shares.values()), abs_tol=0.2)
+
+
+def _markdown_tables(text: str) -> list[list[list[str]]]:
+    """Each markdown table in ``text`` as rows of cells, its header first and its rule left out."""
+    tables: list[list[list[str]]] = []
+    previous = ""
+    for line in text.splitlines():
+        if line.startswith("|") and not line.startswith("|---"):
+            if not previous.startswith("|"):
+                tables.append([])
+            tables[-1].append(line.strip("| ").split(" | "))
+        previous = line
+    return tables
+
+
+def test_training_loop_benchmark_delivers_every_event_and_prints_its_tables() -> None:
+    """benchmarks/training_loop.py --quick, run tiny, exits 0 and prints the CPU and wall ratio
+    tables for both steps at K = 1, 10, 100, the delivered-events/s table for 1, 4 and 16
+    handlers, and every logged event in each contender's JSONL file."""
+    for module in ("numpy", "tensorboard"):
+        require(importlib.util.find_spec(module) is not None, f"{module} is not installed")
+    has_torch = importlib.util.find_spec("torch") is not None
+    steps, events = 20, 300
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "training_loop.py"),
+            *("--quick", "--steps", str(steps), "--rounds", "1", "--events", str(events)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    cpu, wall, delivered, delivery = _markdown_tables(out.stdout)
+    contenders = ["monitor_bus", "torch.monitor, sinks inline", "QueueHandler + QueueListener"]
+    assert cpu[0] == [
+        "step",
+        "events per step",
+        "no logging, CPU us/step",
+        *contenders,
+        "monitor_bus / torch.monitor",
+        "target",
+        "met",
+    ]
+    assert wall[0] == ["step", "events per step", "no logging, wall us/step", *contenders]
+    loops = [(step, k) for step in ("numpy", "python") for k in ("1", "10", "100")]
+    for table in (cpu, wall):
+        assert [tuple(row[:2]) for row in table[1:]] == loops
+        for row in table[1:]:
+            assert _number(row[2]) > 0
+            for cell in row[3:6]:
+                if cell == "n/a" and not has_torch:
+                    continue
+                assert cell.endswith("x")
+                assert _number(cell.removesuffix("x")) > 0
+    for row in cpu[1:]:
+        assert row[8] in ("yes", "no")
+        if has_torch:
+            ours, theirs = (_number(cell.removesuffix("x")) for cell in row[3:5])
+            assert math.isclose(_number(row[6]), ours / theirs, rel_tol=0.02, abs_tol=0.01)
+    assert delivered[0] == ["handlers", "monitor_bus", "torch.monitor, inline", contenders[2]]
+    assert [row[0] for row in delivered[1:]] == ["1", "4", "16"]
+    for row in delivered[1:]:
+        assert all(_number(cell) > 0 for cell in row[1:] if has_torch or cell != "n/a")
+    assert delivery[0] == ["step", "events per step", *contenders]
+    assert [tuple(row[:2]) for row in delivery[1:]] == loops
+    for step, k, *cells in delivery[1:]:
+        logged = f"{steps * int(k):,}"
+        for cell in cells:
+            if cell == "n/a" and not has_torch:
+                continue
+            in_file, _, windows = cell.partition(" (")
+            assert in_file == f"{logged} / {logged}", (step, k, cell)
+            assert windows.endswith(")")

@@ -1,0 +1,660 @@
+"""What a CPU-bound training loop pays for its logging: monitor_bus against torch.monitor with
+the same sinks run inline, the standard library's QueueHandler/QueueListener and no logging.
+
+    python benchmarks/training_loop.py                     # the full run, about 5 minutes
+    python benchmarks/training_loop.py --quick             # a fast, rough run
+    python benchmarks/training_loop.py --plot cost.png     # also plot CPU ratio against K
+
+The loop: a training step, then K events of four keys (K = 1, 10, 100) and an add to each of 3
+Stats (step time, loss, gradient norm; mean and max over windows of 250 ms). Two steps of similar cost: a numpy
+MLP forward + backward + SGD update (BLAS pinned to one thread, as the demo does), and a
+pure-Python one (a linear model over a list of floats). Contenders, in an order that rotates
+from round to round:
+
+- no logging: the same loop, step timing included, without the events and Stats;
+- monitor_bus: its own ``EventBus`` (capacity for the whole run, so nothing is dropped) with
+  ``JsonlEventHandler`` and ``TensorboardEventHandler`` (``monitor_bus.tensorboard`` writer)
+  registered; the loop calls ``log_event`` and ``Stat.add``;
+- torch.monitor: ``torch.monitor.Stat`` and ``log_event``, with one ``torch.monitor`` handler
+  that turns each event into a ``monitor_bus.Event`` and calls both sinks inline, flushing them
+  every ``--torch-flush-every`` events (default 100) and at the end, as a user would write it;
+- QueueHandler + QueueListener: ``logger.info`` with the event's data in ``extra``, a
+  ``FileHandler`` on the listener's thread writing one JSON line per record; the Stats are
+  plain-Python windows (sum, count, max) that log a record when a window ends.
+
+Per step: process CPU (``time.process_time``: every thread, sinks and writer threads included)
+and wall time over the loop AND the delivery of its backlog (the flush at the end is inside the
+measured region), each as a ratio to no logging; medians of ``--rounds`` rounds. Then the
+events/s one producer gets delivered to 1, 4 and 16 no-op handlers on one bus (torch.monitor's
+and the listener's for comparison). Every run checks that each of its events reached the JSONL
+file; exits 1 if any did not.
+"""
+
+from __future__ import annotations
+
+import os
+
+# The step's matrices are small: BLAS worker threads only contend. Read when numpy loads.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import logging.handlers  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import queue  # noqa: E402
+import random  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from datetime import datetime, timedelta  # noqa: E402
+from importlib.metadata import version  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+from _machine import cpu_model  # noqa: E402
+
+import monitor_bus  # noqa: E402
+from monitor_bus.tensorboard import SummaryWriter  # noqa: E402
+
+try:
+    import torch
+    import torch.monitor as torch_monitor
+except ImportError:  # the comparison is optional
+    torch = None
+    torch_monitor = None
+
+EVENT = "train.step"
+KS = (1, 10, 100)
+HANDLERS = (1, 4, 16)
+WINDOW = timedelta(milliseconds=250)
+CONTENDERS = ("none", "monitor_bus", "torch.monitor", "queue_listener")
+TITLES = {
+    "none": "no logging",
+    "monitor_bus": "monitor_bus",
+    "torch.monitor": "torch.monitor, sinks inline",
+    "queue_listener": "QueueHandler + QueueListener",
+}
+TARGETS = {1: 1.1, 10: 1.5, 100: 6.0}  # issue 14: CPU per step against no logging
+TORCH_TARGET = 0.7  # and at most this fraction of torch.monitor's
+
+Step = Callable[[], tuple[float, float]]
+
+
+# -- the two training steps (each returns loss and gradient norm) --
+
+
+def numpy_step() -> Step:
+    """A two-layer tanh MLP, forward + backward + SGD update on one minibatch (~100-180 us)."""
+    rng = np.random.default_rng(0)
+    batch, d_in, hidden, d_out = 64, 96, 256, 10
+    x = rng.standard_normal((batch, d_in)).astype(np.float32)
+    y = rng.standard_normal((batch, d_out)).astype(np.float32)
+    w1 = (rng.standard_normal((d_in, hidden)) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((hidden, d_out)) * 0.1).astype(np.float32)
+
+    def step() -> tuple[float, float]:
+        nonlocal w1, w2
+        h = np.tanh(x @ w1)
+        err = h @ w2 - y
+        loss = float((err * err).mean())
+        g_out = err * np.float32(2.0 / err.size)
+        g_w2 = h.T @ g_out
+        g_w1 = x.T @ ((g_out @ w2.T) * (1 - h * h))
+        w1 -= np.float32(0.01) * g_w1
+        w2 -= np.float32(0.01) * g_w2
+        return loss, math.sqrt(float((g_w1 * g_w1).sum() + (g_w2 * g_w2).sum()))
+
+    return step
+
+
+def python_step() -> Step:
+    """A linear model over a list of floats, one sample per step, in pure Python."""
+    rnd = random.Random(0)
+    n = 1200
+    xs = [rnd.random() for _ in range(n)]
+    ws = [0.0] * n
+
+    def step() -> tuple[float, float]:
+        pred = 0.0
+        for w, x in zip(ws, xs, strict=True):
+            pred += w * x
+        err = pred - 1.0
+        g = 2.0 * err
+        norm = 0.0
+        for k in range(n):
+            d = g * xs[k]
+            ws[k] -= 0.0001 * d
+            norm += d * d
+        return err * err, math.sqrt(norm)
+
+    return step
+
+
+STEPS: dict[str, Callable[[], Step]] = {"numpy": numpy_step, "python": python_step}
+
+
+# -- one run of the loop per contender; each returns (process CPU s, wall s, checks) --
+
+Run = tuple[float, float, dict[str, int]]
+
+
+def jsonl_count(path: Path, name: str) -> int:
+    """Lines of the file holding the event name ``name`` (as a JSON string)."""
+    return path.read_bytes().count(json.dumps(name).encode())
+
+
+def loop_none(step: Step, steps: int, k: int, tmp: Path) -> Run:
+    clock = time.perf_counter
+    gc.collect()
+    cpu0, wall0 = time.process_time(), clock()
+    for _ in range(steps):
+        t0 = clock()
+        loss, norm = step()
+        step_time = clock() - t0
+    cpu1, wall1 = time.process_time(), clock()
+    del loss, norm, step_time
+    return cpu1 - cpu0, wall1 - wall0, {}
+
+
+def loop_monitor_bus(step: Step, steps: int, k: int, tmp: Path) -> Run:
+    aggs = [monitor_bus.Aggregation.MEAN, monitor_bus.Aggregation.MAX]
+    bus = monitor_bus.EventBus(capacity=steps * k + 10_000)  # room for the whole run
+    jsonl = monitor_bus.JsonlEventHandler(tmp / "run.jsonl")
+    writer = SummaryWriter(tmp / "tb")
+    bus.register_event_handler(jsonl, name="jsonl")
+    bus.register_event_handler(monitor_bus.TensorboardEventHandler(writer), name="tensorboard")
+    s_time = monitor_bus.Stat("step_time", aggs, WINDOW, bus=bus)
+    s_loss = monitor_bus.Stat("loss", aggs, WINDOW, bus=bus)
+    s_norm = monitor_bus.Stat("grad_norm", aggs, WINDOW, bus=bus)
+    Event, log, now, clock = monitor_bus.Event, bus.log_event, datetime.now, time.perf_counter
+    gc.collect()
+    cpu0, wall0 = time.process_time(), clock()
+    for i in range(steps):
+        t0 = clock()
+        loss, norm = step()
+        step_time = clock() - t0
+        for j in range(k):
+            log(Event(EVENT, now(), {"step": i, "j": j, "loss": loss, "grad_norm": norm}))
+        s_time.add(step_time)
+        s_loss.add(loss)
+        s_norm.add(norm)
+    flushed = bus.flush(600)
+    cpu1, wall1 = time.process_time(), clock()
+    stats = bus.stats()
+    bus.close()
+    jsonl.close()
+    writer.close()
+    checks = {
+        "logged": steps * k,
+        "in_jsonl": jsonl_count(tmp / "run.jsonl", EVENT),
+        "windows": jsonl_count(tmp / "run.jsonl", monitor_bus.STAT_EVENT),
+        # Per handler, queue drops included: what JSONL or TensorBoard did not get.
+        "lost": stats["handler_dropped"] + stats["handler_errors"],
+        "flush_timeouts": int(not flushed),
+    }
+    return cpu1 - cpu0, wall1 - wall0, checks
+
+
+def loop_torch(step: Step, steps: int, k: int, tmp: Path, flush_every: int) -> Run:
+    tm = torch_monitor
+    assert tm is not None
+    jsonl = monitor_bus.JsonlEventHandler(tmp / "run.jsonl")
+    writer = SummaryWriter(tmp / "tb")
+    tb = monitor_bus.TensorboardEventHandler(writer)
+    BusEvent = monitor_bus.Event
+    seen = 0
+
+    def sinks(torch_event: Any) -> None:  # what a user registers with torch.monitor
+        nonlocal seen
+        event = BusEvent(torch_event.name, torch_event.timestamp, torch_event.data)
+        jsonl(event)
+        tb(event)
+        seen += 1
+        if seen % flush_every == 0:
+            jsonl.flush()
+            tb.flush()
+
+    handle = tm.register_event_handler(sinks)
+    aggs = [tm.Aggregation.MEAN, tm.Aggregation.MAX]
+    s_time = tm.Stat("step_time", aggs, WINDOW, 2**31)
+    s_loss = tm.Stat("loss", aggs, WINDOW, 2**31)
+    s_norm = tm.Stat("grad_norm", aggs, WINDOW, 2**31)
+    Event, log, now, clock = tm.Event, tm.log_event, datetime.now, time.perf_counter
+    gc.collect()
+    cpu0, wall0 = time.process_time(), clock()
+    try:
+        for i in range(steps):
+            t0 = clock()
+            loss, norm = step()
+            step_time = clock() - t0
+            for j in range(k):
+                log(Event(EVENT, now(), {"step": i, "j": j, "loss": loss, "grad_norm": norm}))
+            s_time.add(step_time)
+            s_loss.add(loss)
+            s_norm.add(norm)
+        jsonl.flush()
+        tb.flush()
+        cpu1, wall1 = time.process_time(), clock()
+    finally:
+        tm.unregister_event_handler(handle)
+    jsonl.close()
+    writer.close()
+    checks = {
+        "logged": steps * k,
+        "in_jsonl": jsonl_count(tmp / "run.jsonl", EVENT),
+        "windows": jsonl_count(tmp / "run.jsonl", monitor_bus.STAT_EVENT),
+        "lost": 0,  # inline: an event that fails raises into the loop
+        "flush_timeouts": 0,
+    }
+    return cpu1 - cpu0, wall1 - wall0, checks
+
+
+class JsonLines(logging.Formatter):
+    """A record as one JSON line: name, ISO 8601 timestamp with its offset, data."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = datetime.fromtimestamp(record.created).astimezone().isoformat()
+        return json.dumps({"name": record.msg, "timestamp": stamp, "data": record.data})  # type: ignore[attr-defined]
+
+
+class Window:
+    """A plain-Python windowed statistic (mean and max) that logs a record when a window ends."""
+
+    def __init__(self, name: str, logger: logging.Logger) -> None:
+        self.name, self.logger = name, logger
+        self.sum, self.count, self.max = 0.0, 0, -math.inf
+        self.seconds = WINDOW.total_seconds()
+        self.end = time.monotonic() + self.seconds
+
+    def add(self, value: float) -> None:
+        now = time.monotonic()
+        if now >= self.end:
+            if self.count:
+                data = {f"{self.name}.mean": self.sum / self.count, f"{self.name}.max": self.max}
+                self.logger.info(monitor_bus.STAT_EVENT, extra={"data": data})
+            self.sum, self.count, self.max = 0.0, 0, -math.inf
+            self.end = now + self.seconds
+        self.sum += value
+        self.count += 1
+        if value > self.max:
+            self.max = value
+
+
+def loop_queue_listener(step: Step, steps: int, k: int, tmp: Path) -> Run:
+    q: queue.Queue[logging.LogRecord] = queue.Queue()
+    file_handler = logging.FileHandler(tmp / "run.jsonl", encoding="utf-8")
+    file_handler.setFormatter(JsonLines())
+    listener = logging.handlers.QueueListener(q, file_handler)
+    logger = logging.getLogger("bench.training_loop")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    queue_handler = logging.handlers.QueueHandler(q)
+    logger.addHandler(queue_handler)
+    listener.start()
+    s_time = Window("step_time", logger)
+    s_loss = Window("loss", logger)
+    s_norm = Window("grad_norm", logger)
+    info, clock = logger.info, time.perf_counter
+    gc.collect()
+    cpu0, wall0 = time.process_time(), clock()
+    try:
+        for i in range(steps):
+            t0 = clock()
+            loss, norm = step()
+            step_time = clock() - t0
+            for j in range(k):
+                info(EVENT, extra={"data": {"step": i, "j": j, "loss": loss, "grad_norm": norm}})
+            s_time.add(step_time)
+            s_loss.add(loss)
+            s_norm.add(norm)
+        listener.stop()  # delivers the backlog, then ends the thread
+        file_handler.flush()
+        cpu1, wall1 = time.process_time(), clock()
+    finally:
+        logger.removeHandler(queue_handler)
+        file_handler.close()
+    checks = {
+        "logged": steps * k,
+        "in_jsonl": jsonl_count(tmp / "run.jsonl", EVENT),
+        "windows": jsonl_count(tmp / "run.jsonl", monitor_bus.STAT_EVENT),
+        "lost": 0,  # an unbounded queue: nothing is turned away
+        "flush_timeouts": 0,
+    }
+    return cpu1 - cpu0, wall1 - wall0, checks
+
+
+# -- delivered events/s with several no-op handlers --
+
+
+def delivered_monitor_bus(n: int, handlers: int) -> tuple[float, int]:
+    with monitor_bus.EventBus(capacity=n + 1) as bus:
+        for h in range(handlers):
+            bus.register_event_handler(lambda e: None, name=f"noop{h}")
+        Event, log, now = monitor_bus.Event, bus.log_event, datetime.now
+        gc.collect()
+        start = time.perf_counter()
+        for i in range(n):
+            log(Event(EVENT, now(), {"step": i, "j": 0, "loss": 0.5, "grad_norm": 1.0}))
+        bus.flush()
+        seconds = time.perf_counter() - start
+        delivered = sum(h["delivered"] for h in bus.stats()["handlers"])
+    return n / seconds, delivered
+
+
+def delivered_torch(n: int, handlers: int) -> tuple[float, int]:
+    tm = torch_monitor
+    assert tm is not None
+    count = 0
+
+    def noop(event: Any) -> None:
+        nonlocal count
+        count += 1
+
+    handles = [tm.register_event_handler(noop) for _ in range(handlers)]
+    Event, log, now = tm.Event, tm.log_event, datetime.now
+    gc.collect()
+    start = time.perf_counter()
+    try:
+        for i in range(n):
+            log(Event(EVENT, now(), {"step": i, "j": 0, "loss": 0.5, "grad_norm": 1.0}))
+        seconds = time.perf_counter() - start
+    finally:
+        for handle in handles:
+            tm.unregister_event_handler(handle)
+    return n / seconds, count
+
+
+def delivered_queue_listener(n: int, handlers: int) -> tuple[float, int]:
+    count = 0
+
+    class Counting(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            nonlocal count
+            count += 1
+
+    q: queue.Queue[logging.LogRecord] = queue.Queue()
+    logger = logging.getLogger("bench.training_loop.delivered")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    queue_handler = logging.handlers.QueueHandler(q)
+    logger.addHandler(queue_handler)
+    listener = logging.handlers.QueueListener(q, *(Counting() for _ in range(handlers)))
+    listener.start()
+    info = logger.info
+    gc.collect()
+    start = time.perf_counter()
+    try:
+        for i in range(n):
+            info(EVENT, extra={"data": {"step": i, "j": 0, "loss": 0.5, "grad_norm": 1.0}})
+        listener.stop()
+        seconds = time.perf_counter() - start
+    finally:
+        logger.removeHandler(queue_handler)
+    return n / seconds, count
+
+
+# -- rounds, tables --
+
+Key = tuple[str, int, str]  # (step, K, contender)
+
+
+def run(args: argparse.Namespace) -> tuple[dict[Key, list[Run]], dict[tuple[int, str], list]]:
+    contenders = [c for c in CONTENDERS if c != "torch.monitor" or torch_monitor is not None]
+    loops: dict[str, Callable[[Step, int, int, Path], Run]] = {
+        "none": loop_none,
+        "monitor_bus": loop_monitor_bus,
+        "torch.monitor": lambda s, n, k, t: loop_torch(s, n, k, t, args.torch_flush_every),
+        "queue_listener": loop_queue_listener,
+    }
+    deliverers = {
+        "monitor_bus": delivered_monitor_bus,
+        "torch.monitor": delivered_torch,
+        "queue_listener": delivered_queue_listener,
+    }
+    steps = {name: make() for name, make in STEPS.items()}
+    for step in steps.values():  # warm up: first calls allocate and fill caches
+        for _ in range(50):
+            step()
+    loop_runs: dict[Key, list[Run]] = {}
+    rates: dict[tuple[int, str], list] = {}
+    for r in range(args.rounds):
+        order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
+        for step_name, step in steps.items():
+            for k in KS:
+                for c in order:
+                    with tempfile.TemporaryDirectory(prefix="monitor_bus-bench-") as tmp:
+                        result = loops[c](step, args.steps, k, Path(tmp))
+                    loop_runs.setdefault((step_name, k, c), []).append(result)
+                    print(".", end="", file=sys.stderr, flush=True)
+        for handlers in HANDLERS:
+            for c in order:
+                if c in deliverers:
+                    rate = deliverers[c](args.events, handlers)
+                    rates.setdefault((handlers, c), []).append(rate)
+        print(file=sys.stderr)
+    return loop_runs, rates
+
+
+def ratio(loop_runs: dict[Key, list[Run]], step: str, k: int, c: str, what: int) -> float:
+    """Median over rounds of contender ``c``'s CPU (what=0) or wall (1) over no logging's."""
+    ours, base = loop_runs[(step, k, c)], loop_runs[(step, k, "none")]
+    return statistics.median(o[what] / b[what] for o, b in zip(ours, base, strict=True))
+
+
+def tables(args: argparse.Namespace, loop_runs: dict[Key, list[Run]], rates: dict) -> str:
+    logged = [c for c in CONTENDERS[1:] if ("numpy", KS[0], c) in loop_runs]
+    has_torch = "torch.monitor" in logged
+
+    def cell(step: str, k: int, c: str, what: int) -> str:
+        return f"{ratio(loop_runs, step, k, c, what):.2f}x" if c in logged else "n/a"
+
+    lines = [
+        f"{args.steps:,} steps per run; median of {args.rounds} round(s); contenders rotate "
+        f"within each round. Stat windows of {WINDOW.total_seconds() * 1000:.0f} ms; "
+        f"torch.monitor's handler flushes the sinks every {args.torch_flush_every} events.",
+        "",
+        "Process CPU per step (every thread, the backlog's delivery included), as a ratio to "
+        "the same loop without logging:",
+        "",
+        "| step | events per step | no logging, CPU us/step | monitor_bus | "
+        "torch.monitor, sinks inline | QueueHandler + QueueListener | "
+        "monitor_bus / torch.monitor | target | met |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for step in STEPS:
+        for k in KS:
+            base = statistics.median(r[0] for r in loop_runs[(step, k, "none")]) / args.steps
+            ours = ratio(loop_runs, step, k, "monitor_bus", 0)
+            met = ours <= TARGETS[k]
+            vs_torch = "n/a"
+            if has_torch:
+                theirs = ours / ratio(loop_runs, step, k, "torch.monitor", 0)
+                vs_torch = f"{theirs:.2f}"
+                met = met and theirs <= TORCH_TARGET
+            lines.append(
+                f"| {step} | {k} | {base * 1e6:.1f} | {cell(step, k, 'monitor_bus', 0)} | "
+                f"{cell(step, k, 'torch.monitor', 0)} | {cell(step, k, 'queue_listener', 0)} | "
+                f"{vs_torch} | <= {TARGETS[k]}x and <= {TORCH_TARGET} | {'yes' if met else 'no'} |"
+            )
+    lines += [
+        "",
+        "Wall time per step (the backlog's delivery included), as a ratio to the same loop "
+        "without logging:",
+        "",
+        "| step | events per step | no logging, wall us/step | monitor_bus | "
+        "torch.monitor, sinks inline | QueueHandler + QueueListener |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for step in STEPS:
+        for k in KS:
+            base = statistics.median(r[1] for r in loop_runs[(step, k, "none")]) / args.steps
+            lines.append(
+                f"| {step} | {k} | {base * 1e6:.1f} | {cell(step, k, 'monitor_bus', 1)} | "
+                f"{cell(step, k, 'torch.monitor', 1)} | {cell(step, k, 'queue_listener', 1)} |"
+            )
+    lines += [
+        "",
+        f"Delivered events/s, one producer logging {args.events:,} events, each to every "
+        "handler (no-op handlers; monitor_bus: on one bus, until `flush()` returns):",
+        "",
+        "| handlers | monitor_bus | torch.monitor, inline | QueueHandler + QueueListener |",
+        "|---:|---:|---:|---:|",
+    ]
+    for handlers in HANDLERS:
+        row = [str(handlers)]
+        for c in ("monitor_bus", "torch.monitor", "queue_listener"):
+            got = rates.get((handlers, c))
+            row.append(f"{statistics.median(r[0] for r in got):,.0f}" if got else "n/a")
+        lines.append(f"| {' | '.join(row)} |")
+    lines += [
+        "",
+        "Delivery, summed over the rounds: step events in the JSONL file / logged "
+        "(Stat windows in the file):",
+        "",
+        "| step | events per step | monitor_bus | torch.monitor, sinks inline | "
+        "QueueHandler + QueueListener |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for step in STEPS:
+        for k in KS:
+            row = [step, str(k)]
+            for c in CONTENDERS[1:]:
+                runs = loop_runs.get((step, k, c))
+                if runs is None:
+                    row.append("n/a")
+                    continue
+                total = {key: sum(r[2][key] for r in runs) for key in runs[0][2]}
+                row.append(f"{total['in_jsonl']:,} / {total['logged']:,} ({total['windows']:,})")
+            lines.append(f"| {' | '.join(row)} |")
+    return "\n".join(lines)
+
+
+def failures(loop_runs: dict[Key, list[Run]], rates: dict, events: int) -> list[str]:
+    """What was lost, one sentence each (empty: nothing)."""
+    problems = []
+    for (step, k, c), runs in loop_runs.items():
+        for _, _, checks in runs:
+            if not checks:
+                continue
+            where = f"{TITLES[c]}, {step} step, K={k}"
+            if checks["in_jsonl"] != checks["logged"]:
+                problems.append(
+                    f"{where}: {checks['in_jsonl']:,} of {checks['logged']:,} events in the JSONL file"
+                )
+            if checks["lost"]:
+                problems.append(
+                    f"{where}: {checks['lost']:,} deliveries to the sinks dropped or failed"
+                )
+            if checks["flush_timeouts"]:
+                problems.append(f"{where}: flush() timed out")
+    for (handlers, c), got in rates.items():
+        for _, delivered in got:
+            if delivered != events * handlers:
+                problems.append(
+                    f"{TITLES[c]}, {handlers} handlers: {delivered:,} of "
+                    f"{events * handlers:,} deliveries"
+                )
+    return problems
+
+
+def plot(loop_runs: dict[Key, list[Run]], path: Path) -> None:
+    """CPU per step against no logging, against K, one panel per step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(STEPS), figsize=(10, 4), sharey=True)
+    for ax, step in zip(axes, STEPS, strict=True):
+        for c in CONTENDERS[1:]:
+            if (step, KS[0], c) in loop_runs:
+                ax.plot(KS, [ratio(loop_runs, step, k, c, 0) for k in KS], "o-", label=TITLES[c])
+        ax.plot(KS, [TARGETS[k] for k in KS], "k:", label="target (issue 14)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(KS, [str(k) for k in KS])
+        ax.set_xlabel("events per step (K)")
+        ax.set_title(f"{step} step")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("process CPU per step / no logging")
+    axes[0].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def machine() -> str:
+    return (
+        f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; "
+        f"CPython {platform.python_version()}, monitor_bus {monitor_bus.__version__}, "
+        f"torch {torch.__version__ if torch is not None else 'not installed'}, "
+        f"numpy {np.__version__} (BLAS threads {os.environ['OPENBLAS_NUM_THREADS']}), "
+        f"tensorboard {version('tensorboard')}"
+    )
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="a fast, rough run: 300 steps, 1 round, 5,000 events"
+    )
+    parser.add_argument("--steps", type=positive, help="steps per run (default 2,000)")
+    parser.add_argument("--rounds", type=positive, help="rounds to take the median of (default 5)")
+    parser.add_argument(
+        "--events", type=positive, help="events per delivered-events/s run (default 100,000)"
+    )
+    parser.add_argument(
+        "--torch-flush-every",
+        type=positive,
+        default=100,
+        help="torch.monitor's handler flushes the sinks every N events (default 100)",
+    )
+    parser.add_argument("--plot", type=Path, metavar="PATH", help="write a plot of CPU against K")
+    args = parser.parse_args()
+    defaults = (300, 1, 5_000) if args.quick else (2_000, 5, 100_000)
+    args.steps = args.steps or defaults[0]
+    args.rounds = args.rounds or defaults[1]
+    args.events = args.events or defaults[2]
+    if args.plot is not None:
+        if not args.plot.parent.is_dir():
+            parser.error(f"--plot: no directory {str(args.plot.parent)!r}")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error("--plot needs matplotlib: pip install 'monitor_bus[plot]'")
+    load_before = os.getloadavg()
+    loop_runs, rates = run(args)
+    load_after = os.getloadavg()
+    print(
+        f"Measured on {datetime.now():%Y-%m-%d}: {machine()}. Load average (1 min) "
+        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after.\n"
+    )
+    print(tables(args, loop_runs, rates))
+    if args.plot is not None:
+        plot(loop_runs, args.plot)
+    problems = failures(loop_runs, rates, args.events)
+    for problem in problems:
+        print(f"training_loop.py: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
