@@ -102,6 +102,10 @@ class JsonlEventHandler:
     inherited by a forked child starts with nothing buffered and a new lock: it never writes
     the parent's lines again and never waits on a lock the parent held at the fork.
 
+    A naive timestamp is written with the local offset ``datetime.astimezone()`` gives it. The
+    offset of each hour is looked up once and kept, so a change of the local zone (``TZ``) is
+    seen once ``time.tzset()`` has been called, as the ``time`` module requires.
+
     A value that cannot be written (an int over Python's digit limit for int-to-text
     conversion) is skipped, counted in ``skipped_values`` and logged as a warning on the
     ``monitor_bus`` logger, at most once per key every 10 seconds; the rest of the event is
