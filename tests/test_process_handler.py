@@ -7,6 +7,7 @@ import logging
 import math
 import multiprocessing
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -337,3 +338,34 @@ def test_start_method_is_configurable(tmp_path: Path, closing: Any) -> None:
     assert remote.close(timeout=30) is True
     assert [e.data["i"] for e in monitor_bus.read_jsonl(tmp_path / "remote.jsonl")] == [0, 1, 2]
     assert remote._proc._start_method == "forkserver"
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="waits on the orphan with a pidfd")
+def test_child_flushes_its_sink_and_exits_when_the_parent_dies(tmp_path: Path) -> None:
+    """A child whose parent is SIGKILLed handles what it was sent, flushes its sink and exits."""
+    out = tmp_path / "out.jsonl"
+    done = run_program(
+        f"""
+        import functools, os, signal
+        from datetime import datetime, timezone
+        import monitor_bus
+
+        if __name__ == "__main__":
+            sink = monitor_bus.ProcessHandler(
+                functools.partial(monitor_bus.JsonlEventHandler, {str(out)!r})
+            )
+            for i in range(1024):  # one message, sent without a flush
+                sink(monitor_bus.Event("x", datetime.now(timezone.utc), {{"i": i}}))
+            assert sink.stats()["sent"] == 1024
+            print(sink.pid, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        """,
+        tmp_path,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    pidfd = os.pidfd_open(int(done.stdout))
+    try:
+        assert select.select([pidfd], [], [], 60)[0] == [pidfd], "the orphaned child lives on"
+    finally:
+        os.close(pidfd)
+    assert [e.data["i"] for e in monitor_bus.read_jsonl(out)] == list(range(1024))
