@@ -109,9 +109,11 @@ class _Process:
 
     def route(self, creator: tuple[int, int], name: str) -> EventBus | None:
         """The bus a child's messages go to: the same bus, if it was forked from this process
-        with it; else the newest bus of that name."""
+        with it; else the newest open bus of that name."""
         found = None
         for bus in self.buses.snapshot():
+            if bus._closed:
+                continue
             if bus._creator == creator:
                 return bus
             if bus._name == name:

@@ -15,7 +15,9 @@ Guarantees
   ``children="forward"`` (the default), written to the socket by ``log_event`` itself, before
   it returns: an event whose ``log_event`` returned is in the kernel's buffer and survives the
   child's death. The child runs none of the handlers it inherited; handlers it registers
-  itself get its events too.
+  itself get its events too. The parent answers each bus's announcement with whether it has a
+  bus to take it; a child stops sending the events of a bus its parent has none for (a bus of
+  the child's own, say) as soon as it reads that answer.
 - Never a hang: the socket is non-blocking. When its buffer is full (the parent is not reading
   fast enough) the bus's overflow policy decides: ``"block"`` waits up to ``block_timeout``
   for room, the others drop the event and count it; a Stat window waits up to the bus's
@@ -68,6 +70,8 @@ ENVIRONMENT = "MONITOR_BUS_PARENT"
 # Messages: a 4-byte length, then a pickled tuple whose first item is its kind.
 _HEADER = struct.Struct("<I")
 _HELLO, _BUS, _EVENT, _WINDOW, _DROPPED = range(5)
+# The parent's only answer: for each bus a child announces, whether it has a bus to take it.
+_VERDICT = struct.Struct("<I?")
 # Asked of the kernel for each child's socket (it caps this at net.core.wmem_max): the room a
 # child has before the overflow policy applies.
 _SEND_BUFFER = 4 << 20
@@ -134,6 +138,10 @@ class Uplink:
         self._sending = False  # a signal handler or finalizer logging mid-send drops its event
         # Each bus is announced once, with an index (``bus._relay_index``) its messages carry.
         self._next_index = 1
+        self._verdicts_due: weakref.WeakValueDictionary[int, EventBus] = (
+            weakref.WeakValueDictionary()
+        )
+        self._verdicts = bytearray()
         # Drops not yet reported to the parent, per bus.
         self._unreported: weakref.WeakKeyDictionary[EventBus, int] = weakref.WeakKeyDictionary()
         self._throttle = Throttle()
@@ -179,6 +187,10 @@ class Uplink:
         if self._broken is not None:
             self._drop(bus, self._broken)
             return
+        if self._verdicts_due:
+            self._read_verdicts()
+            if bus._uplink is None:
+                return  # the parent has no such bus: nothing to send it, as with no handler
         index = bus._relay_index or self._next_index
         name, timestamp, data = item
         message = _frame((_WINDOW if window else _EVENT, index, name, *_stamp(timestamp), data))
@@ -198,9 +210,26 @@ class Uplink:
         if not bus._relay_index:
             bus._relay_index = index
             self._next_index += 1
+            self._verdicts_due[index] = bus
         for b in [b for b in self._unreported if b._relay_index]:
             del self._unreported[b]  # reported in the preamble
         bus._to_parent += 1
+
+    def _read_verdicts(self) -> None:
+        """Take the parent's answers to this child's bus announcements: a bus the parent has
+        no bus for stops forwarding (costing the child nothing more)."""
+        sock = self._sock
+        assert sock is not None
+        with contextlib.suppress(OSError):  # BlockingIOError: none yet
+            while chunk := sock.recv(4096):
+                self._verdicts += chunk
+        size = _VERDICT.size
+        while len(self._verdicts) >= size:
+            index, routed = _VERDICT.unpack_from(self._verdicts)
+            del self._verdicts[:size]
+            bus = self._verdicts_due.pop(index, None)
+            if bus is not None and not routed:
+                bus._uplink = None
 
     def _preamble(self, bus: EventBus, index: int) -> list[bytes]:
         """What goes before ``bus``'s next message: its announcement, the first time (as
@@ -489,7 +518,9 @@ class Listener:
                 bus._relay_in(item, connection.origin, kind == _WINDOW)
         elif kind == _BUS:
             _, index, creator, name = message
-            connection.buses[index] = self._route(creator, name)
+            bus = connection.buses[index] = self._route(creator, name)
+            with contextlib.suppress(OSError):  # the child reads it when it can, if ever
+                connection.sock.send(_VERDICT.pack(index, bus is not None))
         elif kind == _DROPPED:
             bus = connection.buses.get(message[1])
             if bus is not None:

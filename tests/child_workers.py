@@ -98,3 +98,16 @@ def stamps() -> list[datetime]:
 def log_stamps() -> None:
     for i, ts in enumerate(stamps()):
         monitor_bus.log_event(Event("stamp", ts, {"i": i}))
+
+
+def log_on_a_bus_of_its_own(announced: object, go: object, out: str) -> None:
+    """Log one event on a bus the parent has no bus of that name for, wait for ``go``, log 999
+    more, then write how many were sent to the parent and whether the bus still forwards."""
+    bus = monitor_bus.EventBus(name="the-child's-own")
+    bus.log_event(Event("mine", TS, {"i": 0}))
+    announced.set()  # type: ignore[attr-defined]
+    go.wait(60)  # type: ignore[attr-defined]
+    for i in range(1, 1000):
+        bus.log_event(Event("mine", TS, {"i": i}))
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(f"{bus.stats()['to_parent']} {bus.stats()['dropped']} {bus._uplink is None}\n")
