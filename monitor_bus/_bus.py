@@ -78,6 +78,12 @@ class EventBus(Dispatcher):
             none of the handlers it inherited; ``"own"``: a forked child keeps copies of the
             handlers and runs them itself, as torch.monitor does, and a spawned one reports
             nowhere. Handlers a child registers itself get its events in either case.
+        linger: seconds the dispatcher lets events accumulate into one batch, once woken,
+            and again after each batch while events keep coming, so a steady producer never
+            pays a cross-thread wake-up; a queue half full ends it early. The default, 20 ms,
+            bounds the dispatcher to 50 wake-ups a second at a delivery delay users do not
+            see; 0 hands each burst over at once. ``flush()`` and Stat windows do not wait
+            for it.
 
     Raises:
         TypeError, ValueError: an argument is invalid (the message names it).
@@ -102,11 +108,13 @@ class EventBus(Dispatcher):
         *,
         name: str = "bus",
         children: Children = "forward",
+        linger: float = 0.02,
     ) -> None:
         self._capacity: int = check_setting("capacity", capacity)
         self._overflow: Overflow = check_setting("overflow", overflow)
         self._block_timeout: float | None = check_setting("block_timeout", block_timeout)
         self._exit_timeout: float | None = check_setting("exit_timeout", exit_timeout)
+        self._linger: float = check_setting("linger", linger)
         if not isinstance(name, str):
             raise wrong_type("name", "a str", name)
         self._name = name
@@ -138,15 +146,23 @@ class EventBus(Dispatcher):
         # rebuilt from the slots, as torch.monitor builds one per handler call.
         item = (event.name, event.timestamp, event.data)
         queue = self._queue
-        slots = queue.slots
-        if len(slots) < queue.limit:
-            slots.extend(item)  # one C call: atomic with respect to other producers
-        else:
+        if len(queue.slots) < queue.crowded:
+            queue.slots.extend(item)  # one C call: atomic with respect to other producers
             if self._idle:
-                self._wake()  # before waiting for room: a stopped dispatcher makes none
-            queue.put_full(item)
-        if self._idle:
-            self._wake()
+                self._wake()
+        else:
+            self._put_crowded(item)
+
+    def _put_crowded(self, item: _Item) -> None:
+        """``log_event``'s slow path, past half the capacity: append and end the dispatcher's
+        linger, or, with the queue full, apply the overflow policy."""
+        queue = self._queue
+        if len(queue.slots) < queue.limit:
+            queue.slots.extend(item)
+            self._hurry()
+            return
+        self._hurry()  # before waiting for room: a lingering or stopped dispatcher makes none
+        queue.put_full(item)
 
     def _log_window(self, item: _Item) -> None:
         """``log_event`` for Stat windows: never blocks (the timer runs on the loop) and never
@@ -171,13 +187,7 @@ class EventBus(Dispatcher):
         else:
             data = RemoteData(item[2])
             data.origin = origin
-            event = (item[0], item[1], data)
-            if len(queue.slots) < queue.limit:
-                queue.slots.extend(event)
-            else:
-                if self._idle:
-                    self._wake()
-                queue.put_full(event)
+            self._put_crowded((item[0], item[1], data))
         if self._idle:
             self._wake()
 
@@ -502,4 +512,9 @@ def check_setting(argument: str, value: object) -> Any:
         if value not in choices:
             raise ValueError(f"{argument} must be one of {', '.join(choices)}; got {value!r}")
         return value
+    if argument == "linger":
+        linger = check_timeout(argument, value, allow_none=False)
+        if linger is None or linger > 1.0:
+            raise ValueError(f"linger must be at most 1 second; got {value!r}")
+        return linger
     return check_timeout(argument, value, allow_none=argument == "block_timeout")

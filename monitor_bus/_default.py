@@ -20,6 +20,7 @@ _ENVIRONMENT = {
     "MONITOR_BUS_BLOCK_TIMEOUT": "block_timeout",
     "MONITOR_BUS_EXIT_TIMEOUT": "exit_timeout",
     "MONITOR_BUS_CHILDREN": "children",
+    "MONITOR_BUS_LINGER": "linger",
 }
 
 
@@ -30,12 +31,14 @@ def configure_default_bus(
     block_timeout: float | None = None,
     exit_timeout: float | None = None,
     children: Children | None = None,
+    linger: float | None = None,
 ) -> None:
     """Set the default bus's settings before its first use; see ``EventBus`` for each.
 
     An argument left as None keeps its environment variable's value, if set
     (``MONITOR_BUS_CAPACITY``, ``MONITOR_BUS_OVERFLOW``, ``MONITOR_BUS_BLOCK_TIMEOUT``,
-    ``MONITOR_BUS_EXIT_TIMEOUT``, ``MONITOR_BUS_CHILDREN``; a timeout of ``inf`` or ``none``
+    ``MONITOR_BUS_EXIT_TIMEOUT``, ``MONITOR_BUS_CHILDREN``, ``MONITOR_BUS_LINGER``; a timeout of
+    ``inf`` or ``none``
     means no limit), or else the ``EventBus`` default. Arguments are checked now. A spawned
     child process makes its default bus afresh: where it must differ from the default, set the
     environment variable (children inherit it), not only this call.
@@ -57,6 +60,7 @@ def configure_default_bus(
         "block_timeout": block_timeout,
         "exit_timeout": exit_timeout,
         "children": children,
+        "linger": linger,
     }
     settings = {key: value for key, value in settings.items() if value is not None}
     for key, value in settings.items():
@@ -101,7 +105,8 @@ def get_default_bus() -> EventBus:
 
     Its settings come from ``configure_default_bus()``, else from the environment variables
     ``MONITOR_BUS_CAPACITY``, ``MONITOR_BUS_OVERFLOW``, ``MONITOR_BUS_BLOCK_TIMEOUT``,
-    ``MONITOR_BUS_EXIT_TIMEOUT`` and ``MONITOR_BUS_CHILDREN``, else the ``EventBus`` defaults.
+    ``MONITOR_BUS_EXIT_TIMEOUT``, ``MONITOR_BUS_CHILDREN`` and ``MONITOR_BUS_LINGER``, else the
+    ``EventBus`` defaults.
 
     Raises:
         ValueError: an environment variable holds an invalid value (the message names it).

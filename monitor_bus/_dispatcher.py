@@ -55,9 +55,6 @@ logger = logging.getLogger("monitor_bus")
 
 _T = TypeVar("_T")
 
-# After a wake-up the dispatcher waits this long before draining, so producers logging at a
-# high rate append to the queue without waking it again.
-_LINGER = 0.001
 # Wake a timer this long after a window's end, so the window is surely over by its clock.
 _TIMER_SLACK = 0.0005
 # A dispatcher failing this many times within LOG_INTERVAL is not started again: a failure that
@@ -85,6 +82,7 @@ class Dispatcher:
     _block_timeout: float | None
     _name: str
     _exit_timeout: float | None
+    _linger: float
     _stat_groups: dict[float, WeakRegistry[Stat]]
     _children: str
     _uplink: Uplink | None
@@ -100,6 +98,8 @@ class Dispatcher:
         self._loop_context: contextvars.Context | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
         self._wakeup: anyio.Event | None = None
+        self._hurried: anyio.Event | None = None  # ends a linger early
+        self._hurrying = False
         self._timers_changed: anyio.Event | None = None
         self._stopped: anyio.Event | None = None
         self._stopping = False
@@ -152,6 +152,18 @@ class Dispatcher:
                     except Exception:
                         logger.exception("EventBus %r: the dispatcher could not start", self._name)
         return self._loop is not None
+
+    def _hurry(self) -> None:
+        """End the dispatcher's linger now (the queue is filling up), or wake it if idle."""
+        if self._idle:
+            self._wake()
+        elif not self._hurrying:
+            self._hurrying = True  # one call per linger, however many producers
+            self._call_soon(self._set_hurried)
+
+    def _set_hurried(self) -> None:
+        if self._hurried is not None:
+            self._hurried.set()
 
     def _call_soon(self, func: Callable[[], object]) -> None:
         """Run ``func`` on the loop thread soon, without waiting (a no-op once it is gone)."""
@@ -424,6 +436,7 @@ class Dispatcher:
     async def _distribute(self) -> None:
         queue = self._queue.slots
         while True:
+            moved = len(queue)
             if not self._drain():
                 # "block": every handler's backlog is full; wait until one makes progress.
                 room = self._room = anyio.Event()
@@ -434,14 +447,23 @@ class Dispatcher:
                     await room.wait()
                 self._waiting_for_room = False
                 continue
-            if not queue:
+            if not moved and not queue:
+                # A whole linger passed with nothing logged: sleep until an event wakes us.
                 self._wakeup = anyio.Event()
                 self._idle = True
                 if not queue:  # checked again: an append may have seen _idle still False
                     await self._wakeup.wait()
                 self._idle = False
-            # Let a burst accumulate: one wake-up and one batch per burst, not per event.
-            await anyio.sleep(_LINGER)
+            # Let events accumulate: one batch per linger while they keep coming, and no
+            # cross-thread wake-up for the producers meanwhile (``_idle`` stays False). A
+            # producer that finds the queue half full ends the linger early.
+            self._hurried = anyio.Event()
+            self._hurrying = False
+            # Checked after the reset: a producer that crowds the queue from now on hurries
+            # this linger; one that did before is seen here.
+            if len(queue) < self._queue.crowded:
+                with anyio.move_on_after(self._linger):
+                    await self._hurried.wait()
 
     def _handler_progressed(self) -> None:
         """Called by a runner after a batch: wake the distributor if it waits for room."""

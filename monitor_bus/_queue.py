@@ -7,7 +7,8 @@ Protocol
   has imported torch).
 - Adding: a producer appends a whole event with one ``extend`` (one C call, so events of
   concurrent producers never interleave). That is the whole hot path: ``EventBus.log_event``
-  does it inline while ``len(slots) < limit``, and calls ``put_full`` otherwise.
+  does it inline while ``len(slots) < crowded`` (half the capacity); past that it appends and
+  hurries the dispatcher out of its linger, and calls ``put_full`` once ``limit`` is reached.
 - Removing from the head (the dispatcher's ``take``, ``drop_oldest``'s eviction) happens under
   ``space`` and never re-entrantly on one thread: a finalizer or signal handler that logs while
   its thread is removing never removes (it appends, or, with the queue full, drops its own
@@ -85,6 +86,8 @@ class EventQueue:
     def __init__(self, capacity: int, overflow: str, block_timeout: float | None) -> None:
         self.slots: deque[Any] = deque()
         self.limit = 3 * capacity  # three slots per event
+        # Past half the capacity a producer hurries the dispatcher out of its linger.
+        self.crowded = 3 * max(1, capacity // 2)
         self.overflow = overflow
         self.block_timeout = block_timeout
         # Guards removal from the head and the counters; producers blocked on a full queue

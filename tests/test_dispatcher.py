@@ -377,3 +377,60 @@ def test_drops_of_a_handler_cut_off_by_unregister_are_reported(
         "EventBus 'cut': handler 'stuck' fell behind (backlog capacity 65536, policy "
         "drop_newest): 3 events dropped since the last report, 3 in all"
     ]
+
+
+def _count_wakes(bus: EventBus, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the producers' cross-thread wake-ups of ``bus``'s dispatcher."""
+    wakes = [0]
+    wake = bus._wake
+
+    def counting() -> None:
+        wakes[0] += 1
+        wake()
+
+    monkeypatch.setattr(bus, "_wake", counting)
+    return wakes
+
+
+@pytest.mark.stress
+def test_a_steady_producer_never_wakes_the_dispatcher(
+    bus: EventBus, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While events keep coming (one every 2 ms here, for a second) the dispatcher stays awake,
+    draining once per linger: after the wake-up that starts the stream, producers make no
+    cross-thread call. (Before, it went idle after every batch: one wake-up per millisecond.)"""
+    import time
+
+    bus.register_event_handler(recorder)
+    bus._linger = 0.5  # longer than any stall of this thread on a loaded machine
+    wakes = _count_wakes(bus, monkeypatch)
+    for i in range(500):
+        bus.log_event(ev(i))
+        time.sleep(0.002)  # the steady rate is the scenario
+    assert bus.flush(10)
+    assert [e.data["i"] for e in recorder.events] == list(range(500))
+    assert wakes == [1]
+
+
+def test_a_crowded_queue_ends_the_linger(
+    bus: EventBus, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A producer that finds the queue half full hurries the dispatcher out of its linger, so a
+    small queue is not dropped from while the dispatcher waits (a 30 s linger here)."""
+    small = EventBus(capacity=10, name="small")
+    small.register_event_handler(recorder)
+    small._linger = 30.0
+    for i in range(6):  # the sixth finds five queued: half the capacity
+        small.log_event(ev(i))
+    assert recorder.wait_for(6, timeout=10)  # long before the linger would have ended
+    assert small.close(10)
+
+
+def test_flush_does_not_wait_for_the_linger(bus: EventBus, recorder: Recorder) -> None:
+    """flush() drains what is queued at once, whatever the linger (30 s here)."""
+    bus.register_event_handler(recorder)
+    bus._linger = 30.0
+    for i in range(3):
+        bus.log_event(ev(i))
+    assert bus.flush(10)
+    assert len(recorder.events) == 3
