@@ -189,9 +189,9 @@ class JsonlEventHandler:
         """The event's data as JSON, non-finite floats written as objects, values that cannot
         be written skipped and counted."""
         try:
-            return _encode({k: _value(v) for k, v in event.data.items()})
+            return _encode_data({k: _value(v) for k, v in event.data.items()})
         except ValueError:  # an int over the digit limit of int-to-text conversion
-            return _encode(self._writable(event))
+            return _encode_data(self._writable(event))
 
     def _writable(self, event: Event) -> dict[str, Any]:
         """The event's data without the values that cannot be encoded, each counted."""
