@@ -217,8 +217,8 @@ class EventBus(Dispatcher):
             TypeError: ``callback`` is not callable, or ``name`` is not a str.
             RuntimeError: the bus is closed.
         """
-        if not callable(callback):
-            raise wrong_type("callback", "callable", callback)
+        if not callable(callback) and not callable(getattr(callback, "handle_batch", None)):
+            raise wrong_type("callback", "callable (or a batch handler)", callback)
         keyed = name is not None
         if name is None:
             name = getattr(callback, "__qualname__", None) or type(callback).__qualname__

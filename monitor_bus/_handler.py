@@ -2,7 +2,8 @@
 
 A sync handler runs on a dedicated daemon thread; an async handler runs as a task on the
 dispatcher's event loop. The dispatcher appends batches to a handler's inbox; the runner takes
-the whole inbox at once, calls the handler for each event, then records the batch as settled.
+the whole inbox at once, calls the handler for each event (or, for a batch handler, once with
+all of them), then records the batch as settled.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -27,10 +29,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger("monitor_bus")
 
 EventHandler = Callable[[Event], None] | Callable[[Event], Awaitable[None]]
-"""A handler: a plain or async callable taking one ``Event``.
+"""A handler: a plain or async callable taking one ``Event``, or a batch handler.
 
 The bus calls it from a thread or task of its own, never the caller's. A handler object may
 also have a ``flush()`` method (plain or async), which the bus calls after each delivered batch.
+
+A **batch handler** is an object with a ``handle_batch(events)`` method (plain or async): the
+bus calls it once per batch with a ``list`` of events, in order, instead of calling the object
+once per event, so a sink pays its per-call cost once per batch. Batches hold what the
+dispatcher collected since the last one (a linger's worth; at least one event). The events are
+shared by every batch handler of the bus, unlike a plain handler's, which are its own: treat
+them, and their ``data``, as read-only. The list is the handler's to keep. An exception from
+``handle_batch`` counts as one error; its events count as delivered.
 """
 
 
@@ -85,7 +95,9 @@ class _Handler:
         self.callback = callback
         self.name = name
         self.keyed = keyed
-        self.is_async = is_async_callable(callback)
+        batch = getattr(callback, "handle_batch", None)
+        self.batch_call: Callable[[list[Event]], Any] | None = batch if callable(batch) else None
+        self.is_async = is_async_callable(self.batch_call or callback)
         # A sink that buffers writes exposes flush(); it runs after each delivered batch.
         flush = getattr(callback, "flush", None)
         self.batch_end: Callable[[], Any] | None = flush if callable(flush) else None
@@ -224,8 +236,9 @@ class _Handler:
             self.cv.notify_all()
         self.bus._handler_progressed()
 
-    def _events(self, batches: list[list[Any]]) -> Iterator[Event]:
-        """The events of ``batches``, each with its own copy of ``data``, until ``cut``.
+    def _events(self, batches: list[list[Any]], *, stop: bool = True) -> Iterator[Event]:
+        """The events of ``batches``, each with its own copy of ``data``, until ``cut`` (if
+        ``stop``).
 
         A copy per handler, as torch.monitor makes: what one handler does to ``data`` is
         seen by no other handler and not by the producer's ``Event``. (``dict.copy`` makes a
@@ -235,7 +248,7 @@ class _Handler:
         for batch in batches:
             slots = iter(batch)
             for name, timestamp, data in zip(slots, slots, slots, strict=True):
-                if self.cut:
+                if stop and self.cut:
                     return
                 event = new_event(Event)
                 event.name, event.timestamp, event.data = name, timestamp, data.copy()
@@ -243,9 +256,67 @@ class _Handler:
                     event._origin = data.origin
                 yield event
 
+    def _batch_events(self, batches: list[list[Any]]) -> list[Event]:
+        """The events of ``batches`` for a batch handler: built once per batch and shared by
+        every batch handler that gets that batch (a batch trimmed for this handler alone is
+        built for it)."""
+        events: list[Event] = []
+        for batch in batches:
+            shared = getattr(batch, "events", None)
+            if shared is None:
+                shared = list(self._events([batch], stop=False))
+                if batch.__class__ is _queue.Batch:
+                    batch.events = shared  # type: ignore[attr-defined]
+            events += shared
+        return events
+
+    def _deliver_sync(self, batches: list[list[Any]]) -> int:
+        """Call the handler with the events of ``batches``; return how many it got."""
+        if self.batch_call is not None:
+            events = self._batch_events(batches)
+            if self.cut:
+                return 0
+            try:
+                self.batch_call(events)
+            except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
+                self._failed(exc)
+            return len(events)
+        callback = self.callback
+        done = 0
+        for event in self._events(batches):
+            try:
+                callback(event)
+            except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
+                self._failed(exc)
+            done += 1
+        return done
+
+    async def _deliver_async(self, batches: list[list[Any]]) -> int:
+        """``_deliver_sync`` for an async handler, on the loop."""
+        cancelled = anyio.get_cancelled_exc_class()
+        if self.batch_call is not None:
+            calls: Iterable[tuple[Callable[[Any], Any], Any]] = [
+                (self.batch_call, self._batch_events(batches))
+            ]
+        else:
+            calls = zip(repeat(self.callback), self._events(batches))
+        done = 0
+        for call, arg in calls:
+            if self.cut:
+                break
+            try:
+                await call(arg)
+            except cancelled as exc:
+                if self.bus._loop_cancelled():
+                    raise  # the bus stops or its loop failed: not the handler's doing
+                self._failed(exc)
+            except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
+                self._failed(exc)
+            done += len(arg) if call is self.batch_call else 1
+        return done
+
     def _run_sync(self) -> None:
         process.bus_threads.add(threading.get_ident())
-        callback = self.callback
         try:
             while True:
                 with self.cv:
@@ -254,13 +325,7 @@ class _Handler:
                     batches = self._take()
                 if batches is None:
                     return
-                done = 0
-                for event in self._events(batches):
-                    try:
-                        callback(event)
-                    except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
-                        self._failed(exc)
-                    done += 1
+                done = self._deliver_sync(batches)
                 # Settled only after the sink's flush(): bus.flush() then means "written".
                 if self.batch_end is not None:
                     try:
@@ -273,7 +338,6 @@ class _Handler:
             self._exit()
 
     async def run_async(self) -> None:
-        callback: Callable[[Event], Awaitable[Any]] = self.callback  # type: ignore[assignment]
         cancelled = anyio.get_cancelled_exc_class()
         try:
             while True:
@@ -284,17 +348,7 @@ class _Handler:
                     batches = self._take()
                 if batches is None:
                     return
-                done = 0
-                for event in self._events(batches):
-                    try:
-                        await callback(event)
-                    except cancelled as exc:
-                        if self.bus._loop_cancelled():
-                            raise  # the bus stops or its loop failed: not the handler's doing
-                        self._failed(exc)
-                    except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
-                        self._failed(exc)
-                    done += 1
+                done = await self._deliver_async(batches)
                 if self.batch_end is not None:
                     try:
                         result = self.batch_end()

@@ -54,6 +54,13 @@ class RemoteData(dict):  # type: ignore[type-arg]
     origin: Any
 
 
+class Batch(list):  # type: ignore[type-arg]
+    """The flat slots the dispatcher took in one go, pushed to every handler as is; batch
+    handlers share the ``events`` built from it once (see ``_handler``)."""
+
+    __slots__ = ("events",)
+
+
 def has_window(flat: list[Any]) -> bool:
     """Whether a flat slot list holds a Stat window (one C-level scan of its data slots)."""
     return WindowData in map(type, flat[2::3])
@@ -174,7 +181,7 @@ class EventQueue:
             try:
                 n = min(n, len(self.slots) // 3)
                 pop = self.slots.popleft
-                batch = [pop() for _ in range(3 * n)]
+                batch = Batch(pop() for _ in range(3 * n))
             finally:
                 self._removing = False
             self._head_windows = max(0, self._head_windows - n)

@@ -213,7 +213,9 @@ def test_async_handler(bus: EventBus) -> None:
 
 def test_non_callable_handler_is_rejected(bus: EventBus) -> None:
     """register_event_handler names the bad callback."""
-    with pytest.raises(TypeError, match="callback must be callable, not int"):
+    with pytest.raises(
+        TypeError, match=r"callback must be callable \(or a batch handler\), not int"
+    ):
         bus.register_event_handler(3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="event must be a monitor_bus.Event, not dict"):
         bus.log_event({"name": "x"})  # type: ignore[arg-type]

@@ -1,0 +1,119 @@
+"""Batch handlers: handle_batch(events) once per batch, events shared between batch handlers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Stat
+
+from .conftest import Recorder
+
+TS = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+class Batches:
+    """A sync batch handler that keeps every batch it gets."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[Event]] = []
+
+    def handle_batch(self, events: list[Event]) -> None:
+        self.calls.append(events)
+
+
+class AsyncBatches(Batches):
+    async def handle_batch(self, events: list[Event]) -> None:  # type: ignore[override]
+        self.calls.append(events)
+
+
+@pytest.fixture
+def lingering() -> Iterator[EventBus]:
+    """A bus whose dispatcher only drains when flushed: one batch per flush()."""
+    bus = EventBus(name="batches")
+    bus._linger = 30.0
+    yield bus
+    assert bus.close(10)
+
+
+@pytest.mark.parametrize("kind", [Batches, AsyncBatches])
+def test_a_batch_handler_gets_each_batch_in_one_call(
+    kind: type[Batches], lingering: EventBus
+) -> None:
+    """100 events drained together reach a batch handler (sync or async) in one call, in order,
+    and count as 100 delivered."""
+    handler = kind()
+    lingering.register_event_handler(handler, name="batch")
+    for i in range(100):
+        lingering.log_event(Event("e", TS, {"i": i}))
+    assert lingering.flush(10)
+    assert [[e.data["i"] for e in call] for call in handler.calls] == [list(range(100))]
+    (stats,) = lingering.stats()["handlers"]
+    assert (stats["delivered"], stats["dropped"], stats["async"]) == (
+        100,
+        0,
+        kind is AsyncBatches,
+    )
+
+
+def test_batch_handlers_share_events_and_plain_handlers_get_their_own(
+    lingering: EventBus, recorder: Recorder
+) -> None:
+    """Two batch handlers get the very same Event objects (built once per batch); a plain
+    handler gets its own copy, as before."""
+    first, second = Batches(), Batches()
+    lingering.register_event_handler(first, name="first")
+    lingering.register_event_handler(second, name="second")
+    lingering.register_event_handler(recorder, name="plain")
+    for i in range(3):
+        lingering.log_event(Event("e", TS, {"i": i}))
+    assert lingering.flush(10)
+    (a,), (b,) = first.calls, second.calls
+    assert a is not b  # each handler's list is its own
+    assert all(x is y for x, y in zip(a, b, strict=True))
+    assert [e.data for e in recorder.events] == [e.data for e in a]
+    assert not any(x is y or x.data is y.data for x, y in zip(a, recorder.events, strict=True))
+
+
+def test_a_failing_batch_handler_counts_one_error_and_keeps_receiving(lingering: EventBus) -> None:
+    """An exception from handle_batch is one error; its events count as delivered, and the
+    next batch is delivered too."""
+
+    class Failing(Batches):
+        def handle_batch(self, events: list[Event]) -> None:
+            super().handle_batch(events)
+            if len(self.calls) == 1:
+                raise RuntimeError("sink down")
+
+    handler = Failing()
+    lingering.register_event_handler(handler, name="failing")
+    for round_ in range(2):
+        for i in range(5):
+            lingering.log_event(Event("e", TS, {"i": i, "round": round_}))
+        assert lingering.flush(10)
+    (stats,) = lingering.stats()["handlers"]
+    assert (stats["delivered"], stats["errors"], len(handler.calls)) == (10, 1, 2)
+
+
+def test_windows_reach_batch_handlers(lingering: EventBus) -> None:
+    """Stat windows arrive in batches like any event, as plain dicts."""
+    handler = Batches()
+    lingering.register_event_handler(handler, name="batch")
+    stat = Stat("s", [Aggregation.COUNT], timedelta(hours=1), bus=lingering)
+    stat.add(1.0)
+    lingering.log_event(Event("e", TS, {"i": 0}))
+    stat._close()
+    assert lingering.flush(10)
+    events = [e for call in handler.calls for e in call]
+    assert [(e.name, e.data, type(e.data)) for e in events] == [
+        ("e", {"i": 0}, dict),
+        (STAT_EVENT, {"s.count": 1}, dict),
+    ]
+
+
+def test_an_object_with_neither_call_nor_handle_batch_is_refused(bus: EventBus) -> None:
+    """Registration names what a handler must be."""
+    with pytest.raises(TypeError, match=r"callback must be callable \(or a batch handler\)"):
+        bus.register_event_handler(object())  # type: ignore[arg-type]
