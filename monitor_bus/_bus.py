@@ -122,6 +122,7 @@ class EventBus(Dispatcher):
         self._creator = (os.getpid(), next(process.serials))  # names this bus to the relay
         self._uplink = process.uplink if children == "forward" else None
         self._stat_groups = {}
+        self._dirty = {}
         self._init_runtime()
         process.buses.add(self)
 

@@ -84,6 +84,7 @@ class Dispatcher:
     _exit_timeout: float | None
     _linger: float
     _stat_groups: dict[float, WeakRegistry[Stat]]
+    _dirty: dict[float, WeakRegistry[Stat]]
     _children: str
     _uplink: Uplink | None
 
@@ -534,6 +535,13 @@ class Dispatcher:
         elif loop is None and self._uplink is not None:
             self._ensure_running()  # a child's windows close on time too
 
+    def _dirty_stats(self, window: float) -> WeakRegistry[Stat]:
+        """The Stats of this window size whose open window holds data (the timer's round)."""
+        registry = self._dirty.get(window)
+        if registry is None:
+            registry = self._dirty.setdefault(window, WeakRegistry())  # one C call: atomic
+        return registry
+
     def _stats(self) -> list[Stat]:
         """This bus's live Stats."""
         groups = list(self._stat_groups.values())  # one C call: atomic, no lock needed
@@ -566,13 +574,13 @@ class Dispatcher:
         now = _stat._clock()
         # One C call, atomic with respect to _watch_stat; never _lock, which a thread starting
         # the dispatcher holds while it waits on this loop.
-        groups = list(self._stat_groups.items())
-        for window, group in groups:
+        for window in list(self._stat_groups):
             end = next_end.get(window)
             if end is None or now >= end:
                 if end is not None:
                     stamp, clock = datetime.now(timezone.utc), _stat._clock()
-                    for stat in group.snapshot():
+                    # Only the Stats holding data: thousands of idle ones cost nothing.
+                    for stat in self._dirty_stats(window).snapshot():  # never takes a lock
                         stat._close_on_timer(clock, stamp)
                 next_end[window] = (math.floor(now / window) + 1) * window + _TIMER_SLACK
         return min(next_end.values()) if next_end else None

@@ -60,6 +60,9 @@ class WeakRegistry(Generic[_T]):
         key = id(obj)
         self._refs[key] = weakref.ref(obj, functools.partial(_forget, self._refs, key))
 
+    def discard(self, obj: _T) -> None:
+        self._refs.pop(id(obj), None)
+
     def snapshot(self) -> list[_T]:
         """The live objects, in the order they were added."""
         refs = list(self._refs.values())  # one C call: atomic with respect to other threads

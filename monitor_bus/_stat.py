@@ -97,11 +97,13 @@ class Stat:
         "_buf",
         "_bus",
         "_count",
+        "_dirty",
         "_end",
         "_fold_at",
         "_keys",
         "_last",
         "_lock",
+        "_marked",
         "_max",
         "_max_samples",
         "_min",
@@ -165,6 +167,7 @@ class Stat:
         self._window = window_size.total_seconds()
         self._max_samples = max_samples
         self._bus = bus
+        self._dirty = bus._dirty_stats(self._window)
         self._lock = threading.Lock()
         self._last: tuple[float | int, ...] = ()  # the last logged window, per aggregation
         self._buf: list[float] | deque[float] = []
@@ -229,7 +232,10 @@ class Stat:
         self._max = self._min = self._value = math.nan
         if self._buf.__class__ is deque:
             self._buf = []
-        self._fold_at = min(_CHUNK, self._max_samples)
+        # The window's first add folds at once and marks the Stat for the timer: an idle Stat
+        # is never visited.
+        self._fold_at = 1
+        self._marked = False
 
     def _roll(self) -> None:
         """Close the window if its time is up (called by ``add``, ``get`` and ``count``)."""
@@ -241,24 +247,31 @@ class Stat:
                 self._open_window(now)
 
     def _close_on_timer(self, now: float, stamp: datetime) -> None:
-        """The dispatcher's timer: close the window if it is over and holds data.
+        """The dispatcher's timer, for a Stat marked as holding data: close the window if it
+        is over and holds data, and unmark the Stat unless its open window holds data.
 
         An empty window is left for the next ``add`` to roll: nothing to log. ``stamp`` is the
         wall time of the timer pass at clock time ``now``; a window that ended after that (a
         long pass reached it late) is stamped when it closes instead.
         """
-        if self._end > _clock() or not (self._count or len(self._buf)):
-            return
-        with self._lock:
+        with self._lock:  # marking happens under it too: the mark and the registry agree
             clock = _clock()
-            if clock >= self._end:
+            holds_data = bool(self._count or len(self._buf))
+            if clock >= self._end and holds_data:
                 self._take()
                 self._emit(stamp if now >= self._end else None)
                 self._open_window(clock)
+            elif holds_data:
+                return  # its window is still open: the next pass
+            self._marked = False
+            self._dirty.discard(self)
 
     def _fold(self) -> None:
         with self._lock:
             self._take()
+            if not self._marked:
+                self._marked = True
+                self._dirty.add(self)
             if self._count >= self._max_samples:
                 self._emit()
                 # Once full, adds go nowhere until the next window opens.
