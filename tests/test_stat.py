@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import math
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -382,3 +382,27 @@ def test_interrupt_while_a_window_is_logged_loses_it_not(
     stat._close()
     assert bus.flush(10)
     assert stat_events(recorder) == [{"x.count": 10}]
+
+
+def test_the_timer_visits_only_stats_holding_data(
+    monkeypatch: pytest.MonkeyPatch, bus: EventBus, recorder: Recorder
+) -> None:
+    """1,000 idle Stats are never visited by the dispatcher's timer; the one Stat with a sample
+    is, and its window is logged."""
+    visited: list[str] = []
+    close_on_timer = Stat._close_on_timer
+
+    def counting(self: Stat, now: float, stamp: datetime) -> None:
+        visited.append(self.name)
+        close_on_timer(self, now, stamp)
+
+    monkeypatch.setattr(Stat, "_close_on_timer", counting)
+    bus.register_event_handler(recorder)
+    window = timedelta(milliseconds=20)
+    idle = [Stat(f"idle{k}", [Aggregation.COUNT], window, bus=bus) for k in range(1000)]
+    busy = Stat("busy", [Aggregation.COUNT], window, bus=bus)
+    busy.add(1.0)
+    assert recorder.wait_for(1)
+    assert stat_events(recorder) == [{"busy.count": 1}]
+    assert set(visited) == {"busy"}
+    assert len(idle) == 1000
