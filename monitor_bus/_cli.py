@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, TextIO
 
 from . import __version__
-from ._event import Event
+from ._event import Event, EventOrigin
 from ._stat import STAT_EVENT
 
 if TYPE_CHECKING:
@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the number of windows and the last, smallest and largest value.",
     )
     summary.add_argument("run", metavar="RUN.jsonl", help="a file written by JsonlEventHandler")
+    summary.add_argument(
+        "--by-origin",
+        action="store_true",
+        help="also count the events per process they were logged in (this process, or a child "
+        "process: its pid and DataLoader worker id)",
+    )
 
     plot = commands.add_parser(
         "plot",
@@ -383,6 +389,7 @@ class _Summary:
         self.last: datetime | None = None
         self.stats: dict[str, _Column] = {}
         self.skipped = _StatSkips()
+        self.origins: Counter[tuple[EventOrigin | None, str]] = Counter()
 
 
 def _summarize(events: Iterable[Event]) -> _Summary:
@@ -393,6 +400,7 @@ def _summarize(events: Iterable[Event]) -> _Summary:
     for event in events:
         summary.events += 1
         names[event.name] += 1
+        summary.origins[event.origin, event.name] += 1
         ts = event.timestamp
         if summary.first is None or ts < summary.first:
             summary.first = ts
@@ -421,6 +429,8 @@ def _summary(args: argparse.Namespace) -> int:
     for name, n in sorted(summary.names.items()):
         print(f"  {name:<{width}}{n:>8}")
     print()
+    if args.by_origin:
+        _print_origins(summary.origins)
     if not summary.stats:
         print("no Stat events")
         return 0
@@ -440,6 +450,30 @@ def _summary(args: argparse.Namespace) -> int:
         ]
         print("  ".join(cells).rstrip())
     return 0
+
+
+def _print_origins(origins: Counter[tuple[EventOrigin | None, str]]) -> None:
+    """Events per origin and name: this process first, then the children by pid."""
+
+    def order(key: tuple[EventOrigin | None, str]) -> tuple[bool, int, int, str]:
+        origin, name = key
+        if origin is None:
+            return (False, 0, 0, name)
+        return (True, origin.pid, -1 if origin.worker is None else origin.worker, name)
+
+    rows = []
+    for origin, name in sorted(origins, key=order):
+        if origin is None:
+            where = "this process"
+        else:
+            worker = "" if origin.worker is None else f" (worker {origin.worker})"
+            where = f"pid {origin.pid}{worker}"
+        rows.append((where, name, str(origins[origin, name])))
+    print("events by origin")
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for where, name, n in rows:
+        print(f"  {where:<{widths[0]}}  {name:<{widths[1]}}  {n:>{widths[2]}}")
+    print()
 
 
 # -- plot --

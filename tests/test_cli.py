@@ -291,6 +291,30 @@ def test_summary_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     )
 
 
+def test_summary_by_origin(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """summary --by-origin counts the events per process and name: this process first, then
+    each child by pid and DataLoader worker."""
+    run = tmp_path / "run.jsonl"
+    ts = '"timestamp":"2026-03-01T12:00:00+00:00"'
+    lines = [
+        f'{{"name":"train.step",{ts},"data":{{}}}}',
+        f'{{"name":"load",{ts},"data":{{}},"origin":{{"pid":12,"worker":1}}}}',
+        f'{{"name":"load",{ts},"data":{{}},"origin":{{"pid":12,"worker":1}}}}',
+        f'{{"name":"load",{ts},"data":{{}},"origin":{{"pid":7,"worker":0}}}}',
+        f'{{"name":"task",{ts},"data":{{}},"origin":{{"pid":300,"worker":null}}}}',
+    ]
+    run.write_text("\n".join(lines) + "\n")
+    assert main(["summary", "--by-origin", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert out.split("\n\n")[1] == (
+        "events by origin\n"
+        "  this process       train.step  1\n"
+        "  pid 7 (worker 0)   load        1\n"
+        "  pid 12 (worker 1)  load        2\n"
+        "  pid 300            task        1"
+    )
+
+
 def test_summary_warns_about_a_torn_line_and_goes_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
