@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from ._event import Event
+from ._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
 from ._skipped import INT64_MAX, INT64_MIN, SkipReporter, float64_or_why, is_utf8
 from ._stat import STAT_EVENT
+
+_RUN_EVENTS = frozenset((RUN_START_EVENT, RUN_END_EVENT, METRICS_EVENT))
 
 
 class ScalarWriter(Protocol):
@@ -22,8 +26,11 @@ class TensorboardEventHandler:
     """Write every ``Stat`` window to TensorBoard as scalars.
 
     Each ``STAT_EVENT`` becomes ``writer.add_scalar(key, value, global_step=step,
-    walltime=...)`` per key, with the event's timestamp as wall time; other events are
-    ignored, as in ``torch.monitor``.
+    walltime=...)`` per key, with the event's timestamp as wall time. Run start and end and
+    framework metrics (``RUN_START_EVENT``, ``RUN_END_EVENT``, ``METRICS_EVENT``) go to the
+    writer's ``add_run_event`` where it has one (``monitor_bus.tensorboard.SummaryWriter``: the
+    HPARAMS tab, texts and scalars); other events are ignored, as in ``torch.monitor``. The bus
+    hands it whole batches (``handle_batch``), so the events it ignores cost a comparison each.
 
     Steps: an event whose data holds an int under the key ``"step"`` gives that step to all
     its other keys (``"step"`` itself is not written). Otherwise each tag counts its own
@@ -71,6 +78,8 @@ class TensorboardEventHandler:
                     f"group must be a non-empty tag prefix without a trailing '/', got {group!r}"
                 )
         self._writer = writer
+        add_run_event = getattr(writer, "add_run_event", None)
+        self._add_run_event = add_run_event if callable(add_run_event) else None
         self._prefix = "" if group is None else group + "/"
         # Next step per tag; touched only by the handler's own thread.
         self._steps: dict[str, int] = {}
@@ -79,8 +88,18 @@ class TensorboardEventHandler:
         self.skipped_values = 0
 
     def __call__(self, event: Event) -> None:
-        if event.name != STAT_EVENT:
-            return
+        self.handle_batch((event,))
+
+    def handle_batch(self, events: Iterable[Event]) -> None:
+        """Write the Stat windows and run events among ``events`` (the bus's batch call)."""
+        add_run_event = self._add_run_event
+        for event in events:
+            if event.name == STAT_EVENT:
+                self._write_window(event)
+            elif add_run_event is not None and event.name in _RUN_EVENTS:
+                add_run_event(event)
+
+    def _write_window(self, event: Event) -> None:
         walltime = event.timestamp.timestamp()
         add_scalar = self._writer.add_scalar
         data = event.data
