@@ -77,6 +77,7 @@ class Event:
         self.name = name
         self.timestamp = timestamp
         self.data = copied
+        self._origin = None
 
     @property
     def origin(self) -> EventOrigin | None:
@@ -85,10 +86,7 @@ class Event:
         Set by the bus for events that child processes sent to this one (see
         ``EventBus(children=...)``), and by ``read_jsonl`` for the events it reads back.
         """
-        try:
-            return self._origin
-        except AttributeError:  # not set: logged here
-            return None
+        return self._origin
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not Event:

@@ -252,8 +252,8 @@ class _Handler:
                     return
                 event = new_event(Event)
                 event.name, event.timestamp, event.data = name, timestamp, data.copy()
-                if data.__class__ is not dict:  # a window, or an event from a child process
-                    event._origin = data.origin
+                # A window's data, or an event's from a child process, carries its origin.
+                event._origin = None if data.__class__ is dict else data.origin
                 yield event
 
     def _batch_events(self, batches: list[list[Any]]) -> list[Event]:
