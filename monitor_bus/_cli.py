@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from . import __version__
 from ._event import Event, EventOrigin
+from ._run import RUN_END_EVENT, RUN_START_EVENT
 from ._stat import STAT_EVENT
 
 if TYPE_CHECKING:
@@ -390,6 +391,8 @@ class _Summary:
         self.stats: dict[str, _Column] = {}
         self.skipped = _StatSkips()
         self.origins: Counter[tuple[EventOrigin | None, str]] = Counter()
+        # run id -> name, status, duration, exception (start and end events; see Run)
+        self.runs: dict[str, list[str]] = {}
 
 
 def _summarize(events: Iterable[Event]) -> _Summary:
@@ -401,6 +404,8 @@ def _summarize(events: Iterable[Event]) -> _Summary:
         summary.events += 1
         names[event.name] += 1
         summary.origins[event.origin, event.name] += 1
+        if event.name in (RUN_START_EVENT, RUN_END_EVENT):
+            _fold_run(summary.runs, event)
         ts = event.timestamp
         if summary.first is None or ts < summary.first:
             summary.first = ts
@@ -412,6 +417,21 @@ def _summarize(events: Iterable[Event]) -> _Summary:
                 column = stats[key] = _Column()
             column.add(value)
     return summary
+
+
+def _fold_run(runs: dict[str, list[str]], event: Event) -> None:
+    """Record a run's start (its name) or end (status, duration, exception)."""
+    data = event.data
+    run_id = str(data.get("run_id", ""))
+    run = runs.setdefault(run_id, [run_id, "no end (killed?)", "", ""])
+    if event.name == RUN_START_EVENT:
+        run[0] = str(data.get("run_name", run_id))
+        return
+    run[1] = str(data.get("status", "?"))
+    duration = data.get("duration_s")
+    if isinstance(duration, (int, float)) and not isinstance(duration, bool):
+        run[2] = f"{duration:.1f} s"
+    run[3] = str(data.get("exception", ""))
 
 
 def _summary(args: argparse.Namespace) -> int:
@@ -429,6 +449,16 @@ def _summary(args: argparse.Namespace) -> int:
     for name, n in sorted(summary.names.items()):
         print(f"  {name:<{width}}{n:>8}")
     print()
+    if summary.runs:
+        print("runs")
+        runs = list(summary.runs.values())
+        widths = [max(len(run[i]) for run in runs) for i in range(4)]
+        for run in runs:
+            print(
+                "  "
+                + "  ".join(cell.ljust(w) for cell, w in zip(run, widths, strict=True)).rstrip()
+            )
+        print()
     if args.by_origin:
         _print_origins(summary.origins)
     if not summary.stats:

@@ -33,6 +33,7 @@ import anyio
 from ._bus import EventBus
 from ._event import Event
 from ._jsonl import JsonlEventHandler
+from ._run import Run
 from ._stat import STAT_EVENT, Aggregation, Stat
 from ._tensorboard_handler import TensorboardEventHandler
 
@@ -222,7 +223,13 @@ def run_demo(
             bus.register_event_handler(_EpochScalars(writer), name="tensorboard-epochs")
         bus.register_event_handler(tally, name="tally")
         started = time.perf_counter()
-        epochs, accuracy = _run_interruptible(_train, bus, steps, seed, progress, progress_of_steps)
+        # The run's start and end (success, or interrupted by Ctrl-C) for every sink.
+        config = {"steps": steps, "seed": seed, "samples": SAMPLES, "holdout": HOLDOUT}
+        hparams = {"batch": BATCH, "hidden": HIDDEN}
+        with Run("demo", config=config, hparams=hparams, bus=bus):
+            epochs, accuracy = _run_interruptible(
+                _train, bus, steps, seed, progress, progress_of_steps
+            )
         seconds = time.perf_counter() - started
         bus.flush()
         stats = bus.stats()

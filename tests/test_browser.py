@@ -123,6 +123,7 @@ PAGES = [
     "performance/",
     "reliability/",
     "multihost/",
+    "integrations/",
     "design/",
     "api/",
     "contributing/",

@@ -291,6 +291,30 @@ def test_summary_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     )
 
 
+def test_summary_lists_runs_with_their_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """summary lists each run by name with its status, duration and exception; a run that
+    started and never ended is named as such."""
+    run = tmp_path / "run.jsonl"
+    ts = '"timestamp":"2026-03-01T12:00:00+00:00"'
+    start = '"name":"monitor_bus.run.start"'
+    end = '"name":"monitor_bus.run.end"'
+    lines = [
+        f'{{{start},{ts},"data":{{"run_id":"a1","run_name":"first"}}}}',
+        f'{{{end},{ts},"data":{{"run_id":"a1","status":"failed","duration_s":12.34,'
+        '"exception":"builtins.ValueError"}}',
+        f'{{{start},{ts},"data":{{"run_id":"b2","run_name":"second"}}}}',
+    ]
+    run.write_text("\n".join(lines) + "\n")
+    assert main(["summary", str(run)]) == 0
+    assert capsys.readouterr().out.split("\n\n")[1] == (
+        "runs\n"
+        "  first   failed            12.3 s  builtins.ValueError\n"
+        "  second  no end (killed?)"
+    )
+
+
 def test_summary_by_origin(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """summary --by-origin counts the events per process and name: this process first, then
     each child by pid and DataLoader worker."""

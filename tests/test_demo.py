@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from monitor_bus import STAT_EVENT, Event, TensorboardEventHandler, read_jsonl
+from monitor_bus import (
+    RUN_END_EVENT,
+    RUN_START_EVENT,
+    STAT_EVENT,
+    Event,
+    TensorboardEventHandler,
+    read_jsonl,
+)
 from monitor_bus._demo import EPOCH_EVENT, DemoResult, _AtStep, _Progress, run_demo
 
 STAT_GROUPS = {
@@ -27,7 +34,8 @@ def f32(v: float) -> float:
 
 
 def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
-    """A 70-step run logs 3 epochs (32, 64, 70 steps) and Stat windows; JSONL, TensorBoard and the tally agree."""
+    """A 70-step run logs its start, 3 epochs (32, 64, 70 steps), Stat windows and its end;
+    JSONL, TensorBoard (its HPARAMS session included) and the tally agree."""
     calls: list[tuple[int, int]] = []
     result = run_demo(
         70, tmp_path, seed=3, progress=lambda done, total, loss: calls.append((done, total))
@@ -36,7 +44,15 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
     events = read_jsonl(tmp_path / "events.jsonl")
     epochs = [e for e in events if e.name == EPOCH_EVENT]
     stats = [e for e in events if e.name == STAT_EVENT]
-    assert len(events) == len(epochs) + len(stats) == result.written
+    start, end = events[0], events[-1]
+    assert (start.name, end.name) == (RUN_START_EVENT, RUN_END_EVENT)
+    assert (start.data["run_name"], start.data["config.steps"], start.data["hparams.batch"]) == (
+        "demo",
+        70,
+        256,
+    )
+    assert (end.data["status"], end.data["exception"]) == ("success", "")
+    assert len(events) == len(epochs) + len(stats) + 2 == result.written
     assert [(e.data["epoch"], e.data["step"]) for e in epochs] == [(1, 32), (2, 64), (3, 70)]
     assert all(list(e.data) == EPOCH_KEYS for e in epochs)
     assert all(0.0 <= e.data["val_accuracy"] <= 1.0 for e in epochs)
@@ -50,7 +66,12 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
     assert sum(len(windows) for windows in by_stat.values()) == len(stats)
     assert all(by_stat.values())
     assert result.stat_windows == {name: len(windows) for name, windows in by_stat.items()}
-    assert result.events_by_name == {EPOCH_EVENT: 3, STAT_EVENT: len(stats)}
+    assert result.events_by_name == {
+        EPOCH_EVENT: 3,
+        STAT_EVENT: len(stats),
+        RUN_START_EVENT: 1,
+        RUN_END_EVENT: 1,
+    }
     assert (result.dropped, result.undelivered, result.handler_errors) == (0, 0, 0)
     assert len(result.latencies_ms) == len(events)
     assert all(
@@ -78,6 +99,17 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
         assert [(s.step, s.value) for s in acc.Scalars(f"epoch/{key}")] == [
             (e.data["step"], f32(e.data[key])) for e in epochs
         ]
+
+    assert sorted(acc.Tags()["tensors"]) == [  # the run's texts and its HPARAMS session
+        "_hparams_/session_end_info",
+        "_hparams_/session_start_info",
+        "run/end",
+        "run/start",
+    ]
+    assert sorted(acc.PluginTagToContent("hparams")) == [
+        "_hparams_/session_end_info",
+        "_hparams_/session_start_info",
+    ]
 
     assert calls[-1] == (70, 70)
     assert [done for done, _ in calls] == sorted(done for done, _ in calls)
