@@ -40,7 +40,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeGuard
 
@@ -159,6 +159,21 @@ class JsonlEventHandler:
         return self._written
 
     def __call__(self, event: Event) -> None:
+        line = self._line(event)
+        with self._lock:
+            if self._file.closed:
+                raise ValueError(f"JsonlEventHandler({self._path!r}) is closed")
+            self._pending.append(line)
+
+    def handle_batch(self, events: Iterable[Event]) -> None:
+        """Encode a batch of events (the bus's batch call); ``flush()`` writes them."""
+        lines = [self._line(event) for event in events]
+        with self._lock:
+            if self._file.closed:
+                raise ValueError(f"JsonlEventHandler({self._path!r}) is closed")
+            self._pending += lines
+
+    def _line(self, event: Event) -> str:
         # The line is put together by hand, in the key order and separators ``_encode`` would
         # use for {"name", "timestamp", "data"[, "origin"]}: the same bytes at about half the
         # cost. A timestamp is digits and ``-:.T+`` only, so it needs no escaping.
@@ -168,17 +183,12 @@ class JsonlEventHandler:
             data = self._data_text(event)
         name = _encode_str(event.name)
         stamp = _timestamp(event.timestamp)
-        # event.origin without its property's raise-and-catch when unset (most events).
-        origin: EventOrigin | None = getattr(event, "_origin", None)
+        origin = event.origin
         if origin is None:
-            line = f'{{"name":{name},"timestamp":"{stamp}","data":{data}}}'
-        else:  # an event from a child process: which one
-            where = _encode({"pid": origin.pid, "worker": origin.worker})
-            line = f'{{"name":{name},"timestamp":"{stamp}","data":{data},"origin":{where}}}'
-        with self._lock:
-            if self._file.closed:
-                raise ValueError(f"JsonlEventHandler({self._path!r}) is closed")
-            self._pending.append(line)
+            return f'{{"name":{name},"timestamp":"{stamp}","data":{data}}}'
+        # An event from a child process: which one.
+        where = _encode({"pid": origin.pid, "worker": origin.worker})
+        return f'{{"name":{name},"timestamp":"{stamp}","data":{data},"origin":{where}}}'
 
     def flush(self) -> None:
         """Write the buffered events to the file in one write. A no-op once closed."""

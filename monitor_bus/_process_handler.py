@@ -40,7 +40,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ._check import check_int, check_timeout
@@ -203,7 +203,7 @@ class ProcessHandler:
         if self._dead or self._closed:
             self._drop(1, self._reason)
             return
-        origin = getattr(event, "_origin", None)
+        origin = event.origin
         buffer = self._buffer
         if origin is None:
             buffer.append((event.name, event.timestamp, event.data))
@@ -211,6 +211,11 @@ class ProcessHandler:
             buffer.append((event.name, event.timestamp, event.data, origin))
         if len(buffer) >= self._chunk:
             self._send_buffered(flush=False)
+
+    def handle_batch(self, events: Iterable[Event]) -> None:
+        """Buffer a batch (the bus's batch call), sending every 1024 events."""
+        for event in events:
+            self(event)
 
     def flush(self) -> bool:
         """Send what is buffered; wait until the child's sink has handled and flushed it.
@@ -640,8 +645,7 @@ def _serve(conn: Connection, target: Any, build: bool) -> None:
             for item in items:
                 event = new_event(Event)
                 event.name, event.timestamp, event.data = item[0], item[1], item[2]
-                if len(item) == 4:
-                    event._origin = item[3]
+                event._origin = item[3] if len(item) == 4 else None
                 try:
                     sink(event)
                 except BaseException:  # noqa: BLE001 - counted and reported

@@ -278,6 +278,22 @@ class _Deliver:
         if accept is None or accept(event):
             self._batch.append(event)
 
+    def handle_batch(self, events: list[Event]) -> None:
+        """The bus's batch call: the matching events, each copied, as the subscriber's code
+        may change them (a filter must not)."""
+        accept = self._accept
+        if accept is None:
+            self._batch += [event._copy() for event in events]
+            return
+        for event in events:
+            try:
+                if accept(event):
+                    self._batch.append(event._copy())
+            except Exception as exc:  # noqa: BLE001 - as a handler's: logged, counted, skipped
+                handle = self._sub._handle
+                if handle is not None:
+                    handle._handler._failed(exc)
+
     def flush(self) -> None:
         """End of a bus batch: hand the matching events to the subscriber's loop at once."""
         sub = self._sub

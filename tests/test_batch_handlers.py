@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +118,51 @@ def test_an_object_with_neither_call_nor_handle_batch_is_refused(bus: EventBus) 
     """Registration names what a handler must be."""
     with pytest.raises(TypeError, match=r"callback must be callable \(or a batch handler\)"):
         bus.register_event_handler(object())  # type: ignore[arg-type]
+
+
+def test_the_bundled_sinks_are_batch_handlers(tmp_path: Path, lingering: EventBus) -> None:
+    """The JSONL, TensorBoard, Prometheus and process sinks take whole batches."""
+    import monitor_bus
+    from monitor_bus.exporters.prometheus import PrometheusEventHandler
+    from monitor_bus.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(tmp_path / "tb")
+    jsonl = monitor_bus.JsonlEventHandler(tmp_path / "run.jsonl")
+    sinks = [
+        jsonl,
+        monitor_bus.TensorboardEventHandler(writer),
+        PrometheusEventHandler(registry=None),
+    ]
+    try:
+        for k, sink in enumerate(sinks):
+            lingering.register_event_handler(sink, name=f"sink{k}")
+        assert [h.batch_call is not None for h in lingering._handlers] == [True, True, True]
+    finally:
+        lingering.close(10)
+        jsonl.close()
+        writer.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_subscriber_changing_its_events_changes_no_sink(tmp_path: Path) -> None:
+    """Subscriptions copy the shared batch events: what the subscriber does to an event's data
+    reaches no other handler."""
+    import monitor_bus
+
+    bus = EventBus(name="sub-copy")
+    path = tmp_path / "run.jsonl"
+    jsonl = monitor_bus.JsonlEventHandler(path)
+    bus.register_event_handler(jsonl, name="jsonl")
+    seen = Batches()
+    bus.register_event_handler(seen, name="seen")
+    async with bus.subscribe() as events:
+        bus.log_event(Event("e", TS, {"i": 1}))
+        async for event in events:
+            event.data["i"] = 99
+            break
+    assert bus.flush(10)
+    assert [e.data for call in seen.calls for e in call] == [{"i": 1}]
+    bus.close(10)
+    jsonl.close()
+    assert [e.data for e in monitor_bus.read_jsonl(path)] == [{"i": 1}]

@@ -12,6 +12,7 @@ import posixpath
 import re
 import threading
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 try:
@@ -133,6 +134,11 @@ class MlflowEventHandler:
         self.failed_requests = 0
         #: Metrics written.
         self.written_metrics = 0
+
+    def handle_batch(self, events: Iterable[Event]) -> None:
+        """Take a batch of events (the bus's batch call); ``flush()`` sends them."""
+        for event in events:
+            self(event)
 
     def __call__(self, event: Event) -> None:
         name = event.name

@@ -43,7 +43,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -252,6 +252,14 @@ class OpenTelemetryEventHandler:
             self._set_gauges(event)
         else:
             self._emit_log(event)
+
+    def handle_batch(self, events: Iterable[Event]) -> None:
+        """Stat windows to gauges, other events to log records (the bus's batch call)."""
+        for event in events:
+            if event.name == STAT_EVENT:
+                self._set_gauges(event)
+            else:
+                self._emit_log(event)
 
     def _set_gauges(self, event: Event) -> None:
         gauges = self._gauges

@@ -15,7 +15,7 @@ from __future__ import annotations
 import errno
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._event import Event
@@ -126,8 +126,16 @@ class PrometheusEventHandler:
         self._skipped_name = skipped.labels(reason="name_taken", **labels)
 
     def __call__(self, event: Event) -> None:
-        if event.name != STAT_EVENT:
-            return
+        if event.name == STAT_EVENT:
+            self._set_gauges(event)
+
+    def handle_batch(self, events: Iterable[Event]) -> None:
+        """Set the gauges of the Stat windows among ``events`` (the bus's batch call)."""
+        for event in events:
+            if event.name == STAT_EVENT:
+                self._set_gauges(event)
+
+    def _set_gauges(self, event: Event) -> None:
         gauges = self._gauges
         for key, value in event.data.items():
             # The value first: a gauge made for a value it cannot hold would export a phantom 0.

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -179,6 +179,11 @@ class LoggingEventHandler:
         self._level = level
         self._names = frozenset(names) if names is not None else None
 
+    def handle_batch(self, events: Iterable[Event]) -> None:
+        """Log each event of a batch (the bus's batch call)."""
+        for event in events:
+            self(event)
+
     def __call__(self, event: Event) -> None:
         if self._names is not None and event.name not in self._names:
             return
@@ -187,7 +192,7 @@ class LoggingEventHandler:
         pairs = " ".join(f"{key}={value!r}" for key, value in event.data.items())
         extra: dict[str, Any] = {
             MARK: event.name,
-            "monitor_bus_data": event.data,
+            "monitor_bus_data": dict(event.data),  # the record's own: formatters may change it
             "monitor_bus_timestamp": event.timestamp,
         }
         self._logger.log(self._level, "%s %s", event.name, pairs, extra=extra)
