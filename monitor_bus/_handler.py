@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import inspect
 import logging
+import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,9 @@ from ._event import Event
 from ._lifecycle import process
 from ._queue import drop_events
 from ._ratelimit import LOG_INTERVAL, Throttle
+
+if sys.version_info < (3, 11):  # anyio depends on the backport there
+    from exceptiongroup import BaseExceptionGroup, ExceptionGroup
 
 if TYPE_CHECKING:
     from ._bus import EventBus
@@ -40,8 +44,23 @@ once per event, so a sink pays its per-call cost once per batch. Batches hold wh
 dispatcher collected since the last one (a linger's worth; at least one event). The events are
 shared by every batch handler of the bus, unlike a plain handler's, which are its own: treat
 them, and their ``data``, as read-only. The list is the handler's to keep. An exception from
-``handle_batch`` counts as one error; its events count as delivered.
+``handle_batch`` counts as one error, an ``ExceptionGroup`` as one per exception it holds;
+the batch's events count as delivered. A sink that fails on some events goes on with the
+others and raises their failures together at the end (``call_each`` does that).
 """
+
+
+def call_each(events: Sequence[Event], call: Callable[[Event], object]) -> None:
+    """Call ``call`` on every event, then raise the failures together (an ``ExceptionGroup``),
+    so one bad event costs a batch handler no other event and the bus counts each failure."""
+    errors = []
+    for event in events:
+        try:
+            call(event)
+        except Exception as exc:  # noqa: BLE001 - raised together below
+            errors.append(exc)
+    if errors:
+        raise ExceptionGroup(f"{len(errors)} of {len(events)} events failed", errors)
 
 
 def _count(batches: list[list[Any]]) -> int:
@@ -279,7 +298,7 @@ class _Handler:
             try:
                 self.batch_call(events)
             except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
-                self._failed(exc)
+                self._batch_failed(exc)
             return len(events)
         callback = self.callback
         done = 0
@@ -311,7 +330,7 @@ class _Handler:
                     raise  # the bus stops or its loop failed: not the handler's doing
                 self._failed(exc)
             except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
-                self._failed(exc)
+                self._batch_failed(exc)
             done += len(arg) if call is self.batch_call else 1
         return done
 
@@ -373,6 +392,14 @@ class _Handler:
         # Its last drops (cut off by a timeout, or its task ended with a failed loop): the
         # dispatcher no longer sees it, so it reports them itself.
         self.bus._report_drops([self], final=True)
+
+    def _batch_failed(self, exc: BaseException) -> None:
+        """A failure of a call: each exception of a group counts (see ``call_each``)."""
+        if isinstance(exc, BaseExceptionGroup):
+            for each in exc.exceptions:
+                self._failed(each)
+        else:
+            self._failed(exc)
 
     def _failed(self, exc: BaseException) -> None:
         self.errors += 1

@@ -40,12 +40,12 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._check import check_int, check_timeout
 from ._event import Event
-from ._handler import is_async_callable
+from ._handler import call_each, is_async_callable
 from ._lifecycle import process
 from ._ratelimit import LOG_INTERVAL, Throttle
 
@@ -212,10 +212,9 @@ class ProcessHandler:
         if len(buffer) >= self._chunk:
             self._send_buffered(flush=False)
 
-    def handle_batch(self, events: Iterable[Event]) -> None:
+    def handle_batch(self, events: list[Event]) -> None:
         """Buffer a batch (the bus's batch call), sending every 1024 events."""
-        for event in events:
-            self(event)
+        call_each(events, self)
 
     def flush(self) -> bool:
         """Send what is buffered; wait until the child's sink has handled and flushed it.

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any, Protocol
 
 from ._event import Event
+from ._handler import call_each
 from ._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
 from ._skipped import INT64_MAX, INT64_MIN, SkipReporter, float64_or_why, is_utf8
 from ._stat import STAT_EVENT
@@ -88,16 +88,17 @@ class TensorboardEventHandler:
         self.skipped_values = 0
 
     def __call__(self, event: Event) -> None:
-        self.handle_batch((event,))
+        if event.name == STAT_EVENT:
+            self._write_window(event)
+        elif self._add_run_event is not None and event.name in _RUN_EVENTS:
+            self._add_run_event(event)
 
-    def handle_batch(self, events: Iterable[Event]) -> None:
-        """Write the Stat windows and run events among ``events`` (the bus's batch call)."""
-        add_run_event = self._add_run_event
-        for event in events:
-            if event.name == STAT_EVENT:
-                self._write_window(event)
-            elif add_run_event is not None and event.name in _RUN_EVENTS:
-                add_run_event(event)
+    def handle_batch(self, events: list[Event]) -> None:
+        """Write the Stat windows and run events among ``events`` (the bus's batch call); a
+        write that fails costs no other event (see ``call_each``)."""
+        wanted = [e for e in events if e.name == STAT_EVENT or e.name in _RUN_EVENTS]
+        if wanted:
+            call_each(wanted, self)
 
     def _write_window(self, event: Event) -> None:
         walltime = event.timestamp.timestamp()

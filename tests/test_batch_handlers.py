@@ -166,3 +166,28 @@ async def test_a_subscriber_changing_its_events_changes_no_sink(tmp_path: Path) 
     bus.close(10)
     jsonl.close()
     assert [e.data for e in monitor_bus.read_jsonl(path)] == [{"i": 1}]
+
+
+def test_each_failure_in_a_batch_counts(lingering: EventBus) -> None:
+    """A batch handler that fails on some events (call_each) still handles the others, and
+    the bus counts one error per failed event."""
+    from monitor_bus._handler import call_each
+
+    handled: list[int] = []
+
+    def one(event: Event) -> None:
+        if event.data["i"] % 3 == 0:
+            raise ValueError(f"event {event.data['i']}")
+        handled.append(int(event.data["i"]))
+
+    class Sink:
+        def handle_batch(self, events: list[Event]) -> None:
+            call_each(events, one)
+
+    lingering.register_event_handler(Sink(), name="sink")
+    for i in range(10):
+        lingering.log_event(Event("e", TS, {"i": i}))
+    assert lingering.flush(10)
+    (stats,) = lingering.stats()["handlers"]
+    assert handled == [1, 2, 4, 5, 7, 8]
+    assert (stats["delivered"], stats["errors"]) == (10, 4)

@@ -12,7 +12,6 @@ import posixpath
 import re
 import threading
 from collections import deque
-from collections.abc import Iterable
 from typing import Any
 
 try:
@@ -26,6 +25,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from .._event import Event
+from .._handler import call_each
 from .._ratelimit import Throttle
 from .._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
 from .._skipped import INT64_MAX, INT64_MIN, SkipReporter, float64_or_why
@@ -135,10 +135,9 @@ class MlflowEventHandler:
         #: Metrics written.
         self.written_metrics = 0
 
-    def handle_batch(self, events: Iterable[Event]) -> None:
+    def handle_batch(self, events: list[Event]) -> None:
         """Take a batch of events (the bus's batch call); ``flush()`` sends them."""
-        for event in events:
-            self(event)
+        call_each(events, self)
 
     def __call__(self, event: Event) -> None:
         name = event.name

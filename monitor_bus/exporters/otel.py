@@ -43,12 +43,13 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from .._check import check_timeout
 from .._event import Event
+from .._handler import call_each
 from .._skipped import INT64_MAX, INT64_MIN, SkipReporter, is_utf8
 from .._stat import STAT_EVENT
 
@@ -253,13 +254,9 @@ class OpenTelemetryEventHandler:
         else:
             self._emit_log(event)
 
-    def handle_batch(self, events: Iterable[Event]) -> None:
+    def handle_batch(self, events: list[Event]) -> None:
         """Stat windows to gauges, other events to log records (the bus's batch call)."""
-        for event in events:
-            if event.name == STAT_EVENT:
-                self._set_gauges(event)
-            else:
-                self._emit_log(event)
+        call_each(events, self)
 
     def _set_gauges(self, event: Event) -> None:
         gauges = self._gauges

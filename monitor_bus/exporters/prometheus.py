@@ -15,10 +15,11 @@ from __future__ import annotations
 import errno
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._event import Event
+from .._handler import call_each
 from .._skipped import SkipReporter, float64_or_why, is_utf8
 from .._stat import STAT_EVENT
 
@@ -129,11 +130,11 @@ class PrometheusEventHandler:
         if event.name == STAT_EVENT:
             self._set_gauges(event)
 
-    def handle_batch(self, events: Iterable[Event]) -> None:
+    def handle_batch(self, events: list[Event]) -> None:
         """Set the gauges of the Stat windows among ``events`` (the bus's batch call)."""
-        for event in events:
-            if event.name == STAT_EVENT:
-                self._set_gauges(event)
+        windows = [event for event in events if event.name == STAT_EVENT]
+        if windows:
+            call_each(windows, self._set_gauges)
 
     def _set_gauges(self, event: Event) -> None:
         gauges = self._gauges

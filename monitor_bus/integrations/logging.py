@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from .._check import wrong_type
 from .._event import Event, _plain_value, data_value_t
+from .._handler import call_each
 from .._lifecycle import in_bus_thread
 
 if TYPE_CHECKING:
@@ -179,10 +180,9 @@ class LoggingEventHandler:
         self._level = level
         self._names = frozenset(names) if names is not None else None
 
-    def handle_batch(self, events: Iterable[Event]) -> None:
+    def handle_batch(self, events: list[Event]) -> None:
         """Log each event of a batch (the bus's batch call)."""
-        for event in events:
-            self(event)
+        call_each(events, self)
 
     def __call__(self, event: Event) -> None:
         if self._names is not None and event.name not in self._names:
