@@ -21,7 +21,7 @@ import anyio
 from . import _queue
 from ._event import Event
 from ._lifecycle import process
-from ._queue import drop_events
+from ._queue import count_events, drop_events, events_after, first_events
 from ._ratelimit import LOG_INTERVAL, Throttle
 
 if sys.version_info < (3, 11):  # anyio depends on the backport there
@@ -64,8 +64,8 @@ def call_each(events: Sequence[Event], call: Callable[[Event], object]) -> None:
 
 
 def _count(batches: list[list[Any]]) -> int:
-    """Events in a list of batches (three slots per event)."""
-    return sum(map(len, batches)) // 3
+    """Events in a list of batches."""
+    return count_events(sum(map(len, batches)))
 
 
 def is_async_callable(callback: object) -> bool:
@@ -153,7 +153,7 @@ class _Handler:
         Stat windows are kept whatever the policy, up to ``WINDOW_ALLOWANCE`` past
         ``capacity`` (see ``_queue``): past that the handler has taken nothing for a long while.
         """
-        n = len(batch) // 3
+        n = count_events(len(batch))
         hard_limit = capacity + _queue.WINDOW_ALLOWANCE
         with self.cv:
             self.offered += n
@@ -172,7 +172,7 @@ class _Handler:
                     hard_room = max(hard_limit - self.backlog, 0)
                     if n > hard_room:
                         self._lose(n - hard_room)
-                        batch, n = batch[: 3 * hard_room], hard_room
+                        batch, n = first_events(batch, hard_room), hard_room
                 if n:
                     self.inbox.append(batch)
                     self.backlog += n
@@ -192,8 +192,8 @@ class _Handler:
             if keep_windows:
                 inbox[i], lost = drop_events(batch, excess, newest=False)
             else:
-                lost = min(excess, len(batch) // 3)
-                inbox[i] = batch[3 * lost :]
+                lost = min(excess, count_events(len(batch)))
+                inbox[i] = events_after(batch, lost)
             self.backlog -= lost
             self._lose(lost)
         self.inbox = [batch for batch in inbox if batch]

@@ -35,8 +35,24 @@ from ._lifecycle import in_bus_thread
 # Stat windows kept past the capacity, in the queue and in each handler's backlog (~30 MB).
 WINDOW_ALLOWANCE = 100_000
 
-# An event's (name, timestamp, data). Queues and batches hold these slots flat, three per event.
+# An event's (name, timestamp, data). Queues and batches hold these slots flat, SLOTS per event.
 _Item = tuple[str, datetime, dict[str, Any]]
+SLOTS = 3
+
+
+def count_events(slots: int) -> int:
+    """Events in ``slots`` flat slots."""
+    return slots // SLOTS
+
+
+def first_events(flat: list[Any], n: int) -> list[Any]:
+    """The first ``n`` events of a flat slot list."""
+    return flat[: SLOTS * n]
+
+
+def events_after(flat: list[Any], n: int) -> list[Any]:
+    """A flat slot list without its first ``n`` events."""
+    return flat[SLOTS * n :]
 
 
 class WindowData(dict):  # type: ignore[type-arg]
@@ -63,27 +79,27 @@ class Batch(list):  # type: ignore[type-arg]
 
 def has_window(flat: list[Any]) -> bool:
     """Whether a flat slot list holds a Stat window (one C-level scan of its data slots)."""
-    return WindowData in map(type, flat[2::3])
+    return WindowData in map(type, flat[2::SLOTS])
 
 
 def drop_events(flat: list[Any], k: int, *, newest: bool) -> tuple[list[Any], int]:
     """Drop up to ``k`` events from the front (or, if ``newest``, the back) of ``flat``,
     keeping Stat windows; return what is kept and how many were dropped."""
-    n = len(flat) // 3
+    n = count_events(len(flat))
     k = min(k, n)
-    region = flat[3 * (n - k) :] if newest else flat[: 3 * k]
+    region = events_after(flat, n - k) if newest else first_events(flat, k)
     if not has_window(region):
-        return (flat[: 3 * (n - k)] if newest else flat[3 * k :]), k
+        return (first_events(flat, n - k) if newest else events_after(flat, k)), k
     order = range(n - 1, -1, -1) if newest else range(n)
     keep = [True] * n
     dropped = 0
     for i in order:
         if dropped == k:
             break
-        if flat[3 * i + 2].__class__ is not WindowData:
+        if flat[SLOTS * i + 2].__class__ is not WindowData:
             keep[i] = False
             dropped += 1
-    kept = [slot for i in range(n) if keep[i] for slot in flat[3 * i : 3 * i + 3]]
+    kept = [slot for i in range(n) if keep[i] for slot in flat[SLOTS * i : SLOTS * (i + 1)]]
     return kept, dropped
 
 
@@ -92,9 +108,9 @@ class EventQueue:
 
     def __init__(self, capacity: int, overflow: str, block_timeout: float | None) -> None:
         self.slots: deque[Any] = deque()
-        self.limit = 3 * capacity  # three slots per event
+        self.limit = SLOTS * capacity
         # Past half the capacity a producer hurries the dispatcher out of its linger.
-        self.crowded = 3 * max(1, capacity // 2)
+        self.crowded = SLOTS * max(1, capacity // 2)
         self.overflow = overflow
         self.block_timeout = block_timeout
         # Guards removal from the head and the counters; producers blocked on a full queue
@@ -113,7 +129,7 @@ class EventQueue:
 
     def __len__(self) -> int:
         """Events queued."""
-        return len(self.slots) // 3
+        return count_events(len(self.slots))
 
     def put_full(self, item: _Item) -> None:
         """``log_event``'s slow path: the queue is full."""
@@ -139,7 +155,7 @@ class EventQueue:
         data = WindowData(item[2])
         data.origin = origin
         window = (item[0], item[1], data)
-        if len(self.slots) < self.limit + 3 * WINDOW_ALLOWANCE:  # read here: tests lower it
+        if len(self.slots) < self.limit + SLOTS * WINDOW_ALLOWANCE:  # read here: tests lower it
             self.slots.extend(window)
         else:
             self._drop(window)
@@ -159,16 +175,16 @@ class EventQueue:
     def _evict_oldest(self) -> bool:
         """Remove the oldest event that is not a Stat window (under ``space``, removing)."""
         slots = self.slots
-        start = 3 * self._head_windows
+        start = SLOTS * self._head_windows
         if not start and slots and slots[2].__class__ is not WindowData:
             pop = slots.popleft
             pop()
             pop()
             pop()
             return True
-        for i in range(start, len(slots), 3):
+        for i in range(start, len(slots), SLOTS):
             if slots[i + 2].__class__ is not WindowData:
-                for _ in range(3):
+                for _ in range(SLOTS):
                     del slots[i]  # one C call each; appends happen at the other end
                 return True
             self._head_windows += 1
@@ -179,9 +195,9 @@ class EventQueue:
         with self.space:
             self._removing = True
             try:
-                n = min(n, len(self.slots) // 3)
+                n = min(n, count_events(len(self.slots)))
                 pop = self.slots.popleft
-                batch = Batch(pop() for _ in range(3 * n))
+                batch = Batch(pop() for _ in range(SLOTS * n))
             finally:
                 self._removing = False
             self._head_windows = max(0, self._head_windows - n)
@@ -198,7 +214,7 @@ class EventQueue:
     def discard(self) -> int:
         """Count everything queued as dropped and clear it; return how many events."""
         with self.space:
-            lost = len(self.slots) // 3
+            lost = count_events(len(self.slots))
             self.slots.clear()
             self._head_windows = 0
             self.dropped += lost
