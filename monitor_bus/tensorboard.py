@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import threading
 import time
 import weakref
@@ -41,6 +42,7 @@ try:
     from tensorboard.plugins.hparams import metadata as hparams_metadata
     from tensorboard.plugins.text import metadata as text_metadata  # type: ignore[import-untyped]
     from tensorboard.summary.writer.event_file_writer import EventFileWriter  # type: ignore[import-untyped]
+    from tensorboard.summary.writer.record_writer import RecordWriter  # type: ignore[import-untyped]
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "monitor_bus.tensorboard needs the tensorboard package: "
@@ -56,6 +58,36 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 __all__ = ["SummaryWriter"]
+
+
+try:  # the optional extra "fast": CRC32C in C (tensorboard's own is pure Python, ~6 us/record)
+    from google_crc32c import value as _crc32c
+except ImportError:
+    _crc32c = None
+
+
+def _masked(crc: int) -> int:
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+class _CRecordWriter(RecordWriter):  # type: ignore[misc]
+    """tensorboard's record format, byte for byte, with its checksums computed in C."""
+
+    def write(self, data: bytes) -> None:
+        header = struct.pack("<Q", len(data))
+        crcs = (
+            struct.pack("<I", _masked(_crc32c(header))),
+            struct.pack("<I", _masked(_crc32c(data))),
+        )
+        self._writer.write(header + crcs[0] + data + crcs[1])
+
+
+def _checksum_in_c(writer: EventFileWriter) -> None:
+    """Give ``writer``'s record writer the C checksum, if google-crc32c is installed (its writer
+    thread holds the same object, so its class is switched in place)."""
+    record_writer = getattr(getattr(writer, "_async_writer", None), "_writer", None)
+    if _crc32c is not None and type(record_writer) is RecordWriter:
+        record_writer.__class__ = _CRecordWriter
 
 
 class SummaryWriter:
@@ -115,7 +147,9 @@ class SummaryWriter:
             os.makedirs(log_dir, exist_ok=True)
         except OSError as exc:
             raise type(exc)(exc.errno, f"cannot create log_dir: {exc.strerror}", log_dir) from None
-        return EventFileWriter(log_dir, self._max_queue, self._flush_secs, self._suffix)
+        writer = EventFileWriter(log_dir, self._max_queue, self._flush_secs, self._suffix)
+        _checksum_in_c(writer)
+        return writer
 
     @property
     def log_dir(self) -> str:
