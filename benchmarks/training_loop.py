@@ -80,6 +80,7 @@ TITLES = {
     "monitor_bus": "monitor_bus",
     "torch.monitor": "torch.monitor, sinks inline",
     "queue_listener": "QueueHandler + QueueListener",
+    "monitor_bus_batch": "monitor_bus, batch handlers",
 }
 TARGETS = {1: 1.1, 10: 1.5, 100: 6.0}  # issue 14: CPU per step against no logging
 TORCH_TARGET = 0.7  # and at most this fraction of torch.monitor's
@@ -333,10 +334,16 @@ def loop_queue_listener(step: Step, steps: int, k: int, tmp: Path) -> Run:
 # -- delivered events/s with several no-op handlers --
 
 
-def delivered_monitor_bus(n: int, handlers: int) -> tuple[float, int]:
+class _NoopBatch:
+    def handle_batch(self, events: list[Any]) -> None:
+        pass
+
+
+def delivered_monitor_bus(n: int, handlers: int, *, batch: bool = False) -> tuple[float, int]:
     with monitor_bus.EventBus(capacity=n + 1) as bus:
         for h in range(handlers):
-            bus.register_event_handler(lambda e: None, name=f"noop{h}")
+            handler = _NoopBatch() if batch else (lambda e: None)
+            bus.register_event_handler(handler, name=f"noop{h}")
         Event, log, now = monitor_bus.Event, bus.log_event, datetime.now
         gc.collect()
         start = time.perf_counter()
@@ -415,6 +422,7 @@ def run(args: argparse.Namespace) -> tuple[dict[Key, list[Run]], dict[tuple[int,
     }
     deliverers = {
         "monitor_bus": delivered_monitor_bus,
+        "monitor_bus_batch": lambda n, h: delivered_monitor_bus(n, h, batch=True),
         "torch.monitor": delivered_torch,
         "queue_listener": delivered_queue_listener,
     }
@@ -434,7 +442,7 @@ def run(args: argparse.Namespace) -> tuple[dict[Key, list[Run]], dict[tuple[int,
                     loop_runs.setdefault((step_name, k, c), []).append(result)
                     print(".", end="", file=sys.stderr, flush=True)
         for handlers in HANDLERS:
-            for c in order:
+            for c in [*order, "monitor_bus_batch"]:
                 if c in deliverers:
                     rate = deliverers[c](args.events, handlers)
                     rates.setdefault((handlers, c), []).append(rate)
@@ -504,12 +512,13 @@ def tables(args: argparse.Namespace, loop_runs: dict[Key, list[Run]], rates: dic
         f"Delivered events/s, one producer logging {args.events:,} events, each to every "
         "handler (no-op handlers; monitor_bus: on one bus, until `flush()` returns):",
         "",
-        "| handlers | monitor_bus | torch.monitor, inline | QueueHandler + QueueListener |",
-        "|---:|---:|---:|---:|",
+        "| handlers | monitor_bus | monitor_bus, batch handlers | torch.monitor, inline "
+        "| QueueHandler + QueueListener |",
+        "|---:|---:|---:|---:|---:|",
     ]
     for handlers in HANDLERS:
         row = [str(handlers)]
-        for c in ("monitor_bus", "torch.monitor", "queue_listener"):
+        for c in ("monitor_bus", "monitor_bus_batch", "torch.monitor", "queue_listener"):
             got = rates.get((handlers, c))
             row.append(f"{statistics.median(r[0] for r in got):,.0f}" if got else "n/a")
         lines.append(f"| {' | '.join(row)} |")

@@ -220,7 +220,13 @@ def test_training_loop_benchmark_delivers_every_event_and_prints_its_tables() ->
         if has_torch:
             ours, theirs = (_number(cell.removesuffix("x")) for cell in row[3:5])
             assert math.isclose(_number(row[6]), ours / theirs, rel_tol=0.02, abs_tol=0.01)
-    assert delivered[0] == ["handlers", "monitor_bus", "torch.monitor, inline", contenders[2]]
+    assert delivered[0] == [
+        "handlers",
+        "monitor_bus",
+        "monitor_bus, batch handlers",
+        "torch.monitor, inline",
+        contenders[2],
+    ]
     assert [row[0] for row in delivered[1:]] == ["1", "4", "16"]
     for row in delivered[1:]:
         assert all(_number(cell) > 0 for cell in row[1:] if has_torch or cell != "n/a")
