@@ -193,7 +193,7 @@ def test_training_loop_benchmark_delivers_every_event_and_prints_its_tables() ->
         timeout=300,
     )
     assert out.returncode == 0, out.stderr
-    cpu, wall, delivered, delivery = _markdown_tables(out.stdout)
+    cpu, wall, process, delivered, delivery = _markdown_tables(out.stdout)
     contenders = ["monitor_bus", "torch.monitor, sinks inline", "QueueHandler + QueueListener"]
     assert cpu[0] == [
         "step",
@@ -230,7 +230,22 @@ def test_training_loop_benchmark_delivers_every_event_and_prints_its_tables() ->
     assert [row[0] for row in delivered[1:]] == ["1", "4", "16"]
     for row in delivered[1:]:
         assert all(_number(cell) > 0 for cell in row[1:] if has_torch or cell != "n/a")
-    assert delivery[0] == ["step", "events per step", *contenders]
+    assert process[0] == [
+        "step",
+        "events per step",
+        "monitor_bus, sinks in a process",
+        "target",
+        "met",
+    ]
+    assert [tuple(row[:2]) for row in process[1:]] == loops
+    assert all(_number(row[2].removesuffix("x")) > 0 for row in process[1:])
+    assert [row[3] for row in process[1:]] == ["<= 1.1x", "<= 1.5x", "<= 4.0x"] * 2
+    assert delivery[0] == [
+        "step",
+        "events per step",
+        *contenders,
+        "monitor_bus, sinks in a process",
+    ]
     assert [tuple(row[:2]) for row in delivery[1:]] == loops
     for step, k, *cells in delivery[1:]:
         logged = f"{steps * int(k):,}"
