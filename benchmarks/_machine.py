@@ -1,7 +1,8 @@
-"""What the benchmark scripts say about the machine they ran on."""
+"""What the benchmark scripts share: the machine they ran on, and their arguments' checks."""
 
 from __future__ import annotations
 
+import argparse
 import platform
 from pathlib import Path
 
@@ -15,3 +16,14 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+def positive(text: str) -> int:
+    """An argparse type: an int of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value

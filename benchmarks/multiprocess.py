@@ -45,7 +45,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from _machine import cpu_model
+from _machine import cpu_model, positive
 
 import monitor_bus
 
@@ -333,16 +333,6 @@ def machine() -> str:
         f"CPython {platform.python_version()}, monitor_bus {monitor_bus.__version__}, "
         f"torch {torch.__version__}, numpy {version('numpy')}, tensorboard {version('tensorboard')}"
     )
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
 
 
 def main() -> int:

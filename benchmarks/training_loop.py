@@ -59,7 +59,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
-from _machine import cpu_model  # noqa: E402
+from _machine import cpu_model, positive  # noqa: E402
 
 import monitor_bus  # noqa: E402
 from monitor_bus.tensorboard import SummaryWriter  # noqa: E402
@@ -646,16 +646,6 @@ def machine() -> str:
         f"numpy {np.__version__} (BLAS threads {os.environ['OPENBLAS_NUM_THREADS']}), "
         f"tensorboard {version('tensorboard')}"
     )
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
 
 
 def main() -> int:
