@@ -88,13 +88,6 @@ class Event:
         """
         return self._origin
 
-    def _copy(self) -> Event:
-        """A copy with its own ``data`` (origin kept), without checking the values again."""
-        event = Event.__new__(Event)
-        event.name, event.timestamp, event.data = self.name, self.timestamp, self.data.copy()
-        event._origin = self._origin
-        return event
-
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not Event:
             return NotImplemented

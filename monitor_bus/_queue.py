@@ -70,13 +70,6 @@ class RemoteData(dict):  # type: ignore[type-arg]
     origin: Any
 
 
-class Batch(list):  # type: ignore[type-arg]
-    """The flat slots the dispatcher took in one go, pushed to every handler as is; batch
-    handlers share the ``events`` built from it once (see ``_handler``)."""
-
-    __slots__ = ("events",)
-
-
 def has_window(flat: list[Any]) -> bool:
     """Whether a flat slot list holds a Stat window (one C-level scan of its data slots)."""
     return WindowData in map(type, flat[2::SLOTS])
@@ -197,7 +190,7 @@ class EventQueue:
             try:
                 n = min(n, count_events(len(self.slots)))
                 pop = self.slots.popleft
-                batch = Batch(pop() for _ in range(SLOTS * n))
+                batch = [pop() for _ in range(SLOTS * n)]
             finally:
                 self._removing = False
             self._head_windows = max(0, self._head_windows - n)

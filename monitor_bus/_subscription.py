@@ -279,16 +279,15 @@ class _Deliver:
             self._batch.append(event)
 
     def handle_batch(self, events: list[Event]) -> None:
-        """The bus's batch call: the matching events, each copied, as the subscriber's code
-        may change them (a filter must not)."""
+        """The bus's batch call: keep the matching events for ``flush``."""
         accept = self._accept
         if accept is None:
-            self._batch += [event._copy() for event in events]
+            self._batch += events
             return
         for event in events:
             try:
                 if accept(event):
-                    self._batch.append(event._copy())
+                    self._batch.append(event)
             except Exception as exc:  # noqa: BLE001 - as a handler's: logged, counted, skipped
                 handle = self._sub._handle
                 if handle is not None:

@@ -192,7 +192,7 @@ class LoggingEventHandler:
         pairs = " ".join(f"{key}={value!r}" for key, value in event.data.items())
         extra: dict[str, Any] = {
             MARK: event.name,
-            "monitor_bus_data": dict(event.data),  # the record's own: formatters may change it
+            "monitor_bus_data": event.data,
             "monitor_bus_timestamp": event.timestamp,
         }
         self._logger.log(self._level, "%s %s", event.name, pairs, extra=extra)
