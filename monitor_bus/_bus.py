@@ -188,7 +188,10 @@ class EventBus(Dispatcher):
         else:
             data = RemoteData(item[2])
             data.origin = origin
-            self._put_crowded((item[0], item[1], data))
+            if len(queue.slots) < queue.crowded:
+                queue.slots.extend((item[0], item[1], data))
+            else:
+                self._put_crowded((item[0], item[1], data))
         if self._idle:
             self._wake()
 
@@ -435,9 +438,10 @@ class EventBus(Dispatcher):
         ``handler_errors``, ``handler_dropped`` (sum over handlers, queue drops included),
         ``dispatcher_restarts`` (times the dispatcher failed, was logged and started again),
         ``from_children`` (events child processes sent here, included in ``logged``),
-        ``to_parent`` (in a child process: events sent to the parent) and ``handlers``: one mapping per registered handler with ``name``, ``async``, ``logged``
-        (events logged while it was registered), ``delivered``, ``errors``, ``dropped`` and
-        ``pending``. For each handler, ``logged == delivered + dropped + pending``.
+        ``to_parent`` (in a child process: events sent to the parent) and ``handlers``: one
+        mapping per registered handler with ``name``, ``async``, ``logged`` (events logged
+        while it was registered), ``delivered``, ``errors``, ``dropped`` and ``pending``. For
+        each handler, ``logged == delivered + dropped + pending``.
         """
         queue = self._queue
         queued = len(queue)

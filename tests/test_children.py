@@ -548,3 +548,23 @@ def test_a_bus_the_parent_does_not_have_stops_forwarding(
     assert out.read_text().split() == ["1", "0", "True"]
     assert monitor_bus.flush(10)
     assert recorder.events == []
+
+
+def test_a_childs_events_do_not_cut_the_parents_linger_short(
+    recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events relayed from a child into a queue far from full batch like local ones: they do
+    not hurry the dispatcher out of its linger (a 30 s one here; flush() delivers them)."""
+    bus = monitor_bus.get_default_bus()
+    monitor_bus.register_event_handler(recorder)
+    bus._linger = 30.0
+    hurries = []
+    monkeypatch.setattr(bus, "_hurry", lambda: hurries.append(1))
+    proc = multiprocessing.get_context("fork").Process(
+        target=child_workers.log_events, args=("l", 10)
+    )
+    proc.start()
+    proc.join(60)
+    assert monitor_bus.flush(10)
+    assert [e.data["i"] for e in by_name(recorder.events, "child")] == list(range(10))
+    assert hurries == []
