@@ -106,7 +106,8 @@ def _unstamp(micros: int | None, zone: Any) -> datetime:
 
 
 def _worker_id() -> int | None:
-    """The torch DataLoader worker id of this process, if it is one (torch never imported)."""
+    """The torch DataLoader worker id of this process, if it is one (torch is not imported here:
+    only a process that imported it can be a DataLoader worker)."""
     data = sys.modules.get("torch.utils.data")
     info = getattr(data, "get_worker_info", lambda: None)()
     return getattr(info, "id", None)
