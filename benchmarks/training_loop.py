@@ -176,11 +176,14 @@ def loop_monitor_bus(step: Step, steps: int, k: int, tmp: Path, *, process: bool
     aggs = [monitor_bus.Aggregation.MEAN, monitor_bus.Aggregation.MAX]
     bus = monitor_bus.EventBus(capacity=steps * k + 10_000)  # room for the whole run
     if process:  # the sinks in child processes: their CPU leaves this interpreter
+        # forkserver: the sink processes fork from one that has imported everything already
+        # (a spawned one re-imports numpy and tensorboard, about a second each time).
         jsonl: Any = monitor_bus.ProcessHandler(
-            functools.partial(monitor_bus.JsonlEventHandler, tmp / "run.jsonl")
+            functools.partial(monitor_bus.JsonlEventHandler, tmp / "run.jsonl"),
+            start_method="forkserver",
         )
         tensorboard: Any = monitor_bus.ProcessHandler(
-            functools.partial(tensorboard_sink, str(tmp / "tb"))
+            functools.partial(tensorboard_sink, str(tmp / "tb")), start_method="forkserver"
         )
         writer: Any = None
     else:
