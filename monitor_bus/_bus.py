@@ -36,11 +36,14 @@ from ._dispatcher import Dispatcher, _deadline, _remaining, _TimedOut
 from ._event import Event, EventOrigin
 from ._handler import EventHandler, EventHandlerHandle, _Handler
 from ._lifecycle import in_bus_thread, process
-from ._queue import RemoteData, _Item
+from ._queue import SLOTS, PendingWindow, RemoteData, _Item, count_events, device_values
+from ._stat import STAT_EVENT
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import TracebackType
 
+    from ._stat import ClosedWindow
     from ._subscription import EventFilter, Subscription
 
 logger = logging.getLogger("monitor_bus")
@@ -123,6 +126,12 @@ class EventBus(Dispatcher):
         self._uplink = process.uplink if children == "forward" else None
         self._stat_groups = {}
         self._dirty = {}
+        # Stat windows are multiples of their size on the monotonic clock plus this offset
+        # (a merge across processes sets it so they are on the wall clock).
+        self._clock_offset = 0.0
+        # Takes each closed Stat window first when set (a merge across processes); returns
+        # True for a window it took.
+        self._window_tap: Callable[[ClosedWindow], bool] | None = None
         self._init_runtime()
         process.buses.add(self)
 
@@ -164,6 +173,19 @@ class EventBus(Dispatcher):
             return
         self._hurry()  # before waiting for room: a lingering or stopped dispatcher makes none
         queue.put_full(item)
+
+    def _window_closed(self, window: ClosedWindow) -> None:
+        """A Stat's window closed: offer it to the tap, then log it (its device values are
+        read on the dispatcher's side, or, for a parent process, when it is sent)."""
+        tap = self._window_tap
+        if tap is not None and tap(window):
+            return
+        if window.pending:
+            data = PendingWindow()
+            data.window = window
+            self._log_window((STAT_EVENT, window.stamp, data))
+        else:
+            self._log_window((STAT_EVENT, window.stamp, window.data()))
 
     def _log_window(self, item: _Item) -> None:
         """``log_event`` for Stat windows: never blocks (the timer runs on the loop) and never
@@ -438,19 +460,25 @@ class EventBus(Dispatcher):
         ``handler_errors``, ``handler_dropped`` (sum over handlers, queue drops included),
         ``dispatcher_restarts`` (times the dispatcher failed, was logged and started again),
         ``from_children`` (events child processes sent here, included in ``logged``),
-        ``to_parent`` (in a child process: events sent to the parent) and ``handlers``: one
+        ``to_parent`` (in a child process: events sent to the parent), ``device_values``
+        (tensors and device arrays logged but not read yet: in Stats' open windows, and in
+        events and windows queued) and ``handlers``: one
         mapping per registered handler with ``name``, ``async``, ``logged`` (events logged
         while it was registered), ``delivered``, ``errors``, ``dropped`` and ``pending``. For
         each handler, ``logged == delivered + dropped + pending``.
         """
         queue = self._queue
-        queued = len(queue)
+        held = self._held  # taken from the queue, waiting for a device: still queued
+        queued = len(queue) + count_events(len(held))
         dropped = queue.dropped
         handlers = [h.snapshot(queued, dropped) for h in self._handlers]
         return {
-            "logged": queue.consumed + queued + dropped,
+            "logged": queue.consumed + len(queue) + dropped,
             "dropped": dropped,
             "queued": queued,
+            "device_values": sum(len(stat._pending) for stat in self._stats())
+            + device_values(list(queue.slots)[2::SLOTS])
+            + device_values(held[2::SLOTS]),
             "handler_errors": self._errors,
             "handler_dropped": sum(h["dropped"] for h in handlers),
             "dispatcher_restarts": self._restarts,

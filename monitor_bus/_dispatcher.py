@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from . import _stat
+from . import _device, _stat
 from ._handler import _Handler
 from ._lifecycle import WeakRegistry, process
-from ._queue import EventQueue
+from ._queue import EventQueue, resolve_ready, wait_for_devices
 from ._ratelimit import LOG_INTERVAL, Throttle
 
 if TYPE_CHECKING:
@@ -87,6 +87,7 @@ class Dispatcher:
     _dirty: dict[float, WeakRegistry[Stat]]
     _children: str
     _uplink: Uplink | None
+    _clock_offset: float
 
     def _init_runtime(self) -> None:
         """State that a forked child starts afresh."""
@@ -116,6 +117,9 @@ class Dispatcher:
         self._errors = 0
         self._errors_lock = threading.Lock()
         self._room: anyio.Event | None = None
+        # Events taken from the queue whose device values are not ready (flat slots): they go
+        # to the handlers first, once read.
+        self._held: list[Any] = []
         self._from_children = 0  # events the relay queued here
         self._to_parent = 0  # events sent to the parent process
         self._relay_index = 0  # how this process's relay connection names this bus (0: not yet)
@@ -421,14 +425,19 @@ class Dispatcher:
         queue = self._queue
         n = len(queue)
         handlers = self._handlers
-        if n:
+        if n or self._held:
             overflow: str = self._overflow
             if overflow == "block":
                 if not force and handlers:
                     n = min(n, min(self._capacity - h.backlog for h in handlers))
                 overflow = "force"  # room was made above, or a flush asks for everything
-            if n > 0:
-                batch = queue.take(n)
+            batch = queue.take(n) if n > 0 else []
+            if _device.used:
+                # Device values are read here, a thread of the bus; a flush or a close waits
+                # for the device, the distributor waits on a worker thread instead.
+                held, self._held = self._held, []
+                batch, self._held = resolve_ready(held + batch if held else batch, wait=force)
+            if batch:
                 for handler in handlers:
                     handler.push(batch, self._capacity, overflow)
         self._report_drops(handlers)
@@ -447,6 +456,9 @@ class Dispatcher:
                 if not self._drain():
                     await room.wait()
                 self._waiting_for_room = False
+                continue
+            if self._held:  # a device is not done with values logged: wait off the loop
+                await anyio.to_thread.run_sync(wait_for_devices, self._held, abandon_on_cancel=True)
                 continue
             if not moved and not queue:
                 # A whole linger passed with nothing logged: sleep until an event wakes us.
@@ -582,7 +594,9 @@ class Dispatcher:
                     # Only the Stats holding data: thousands of idle ones cost nothing.
                     for stat in self._dirty_stats(window).snapshot():  # never takes a lock
                         stat._close_on_timer(clock, stamp)
-                next_end[window] = (math.floor(now / window) + 1) * window + _TIMER_SLACK
+                next_end[window] = (
+                    _stat.window_end(now, window, self._clock_offset) + _TIMER_SLACK
+                )
         return min(next_end.values()) if next_end else None
 
     # -- fork and exit --

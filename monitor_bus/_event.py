@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import NamedTuple, Union
 
+from . import _device
 from ._check import type_name, wrong_type
 
 data_value_t = Union[str, float, int, bool]  # noqa: UP007 - a runtime alias, as in torch
@@ -34,9 +35,12 @@ class Event:
         name: what happened, for example ``"train.epoch"``.
         timestamp: when it happened (wall-clock time).
         data: keys are strings; values are ``str``, ``int``, ``float`` or ``bool``. Numpy
-            scalars, and numpy arrays and torch tensors holding one element, are converted
-            to the Python value they hold (a bool stays a ``bool``); other scalars through
-            ``__index__`` (to ``int``) or ``__float__`` (to ``float``).
+            scalars and host arrays holding one element are converted to the Python value
+            they hold (a bool stays a ``bool``); other scalars through ``__index__`` (to
+            ``int``) or ``__float__`` (to ``float``). A torch tensor holding one element, on
+            any device, or a one-element array on a device (``__dlpack__``: CuPy, JAX) is
+            copied, not read: the bus reads it on a thread of its own, so the caller never
+            waits for the device, and handlers get the Python value it held at the call.
 
     Raises:
         TypeError: an argument has the wrong type; for ``data``, the message names the key.
@@ -72,7 +76,7 @@ class Event:
         # the small dicts events carry.
         for key, value in copied.items():
             if key.__class__ is not str or value.__class__ not in _PLAIN:
-                _normalize(copied)
+                copied = _normalize(copied)
                 break
         self.name = name
         self.timestamp = timestamp
@@ -113,52 +117,48 @@ def _check_str(name: object) -> str:
     raise wrong_type("name", "a str", name)
 
 
-def _normalize(data: dict[str, data_value_t]) -> None:
-    """Convert subclasses and numpy-style scalars in place, or raise a TypeError naming the key."""
+class DeferredData(dict):  # type: ignore[type-arg]
+    """The data of an event holding device values (``_device.Deferred``): the dispatcher reads
+    them and hands handlers a plain ``dict``; pickled (to a parent process) as one."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (dict, (resolved(self),))
+
+
+def resolved(data: dict[str, object]) -> dict[str, object]:
+    """``data`` with each device value read (waiting for its device)."""
+    out = {}
+    for key, value in data.items():
+        if value.__class__ is _device.Deferred:
+            value.wait()  # type: ignore[attr-defined]
+            value = value.value()  # type: ignore[attr-defined]
+        out[key] = value
+    return out
+
+
+def _normalize(data: dict[str, data_value_t]) -> dict[str, data_value_t]:
+    """Convert subclasses, numpy-style scalars and device values, or raise a TypeError naming
+    the key. Returns ``data``, or a ``DeferredData`` copy of it holding device values."""
+    deferred = False
     for key in list(data):
         if key.__class__ is not str:
             if not isinstance(key, str):
                 raise TypeError(f"data keys must be str, not {type(key).__name__} ({key!r})")
             data[str(key)] = data.pop(key)
             key = str(key)
-        data[key] = _plain_value(key, data[key])
-
-
-def one_value(name: str, value: object) -> object:
-    """The Python scalar held by a one-element array, tensor or numpy scalar (via its
-    ``item()``); any other value unchanged.
-
-    Raises:
-        TypeError: ``value`` holds more than one element (or none); the message names ``name``.
-    """
-    ndim = getattr(value, "ndim", None)
-    item = getattr(value, "item", None) if ndim is not None else None
-    if item is None or value.__class__ in _PLAIN:
-        return value
-    if ndim == 0:  # a numpy scalar, a 0-d array or tensor
-        kind = getattr(getattr(value, "dtype", None), "kind", None)  # numpy's: no item() call
-        if kind == "f":
-            return float(value)  # type: ignore[arg-type]
-        if kind == "i" or kind == "u":
-            return int(value)  # type: ignore[call-overload]
-        if kind == "b":
-            return bool(value)
-        return item()
-    numel = getattr(value, "numel", None)  # torch; numpy and JAX arrays have an int size
-    size = numel() if callable(numel) else getattr(value, "size", None)
-    if not isinstance(size, int):
-        return value
-    if size != 1:
-        raise TypeError(f"{name} must hold one value, not a {type_name(value)} of {size} elements")
-    return item()
+        value = data[key] = _plain_value(key, data[key])
+        deferred = deferred or value.__class__ is _device.Deferred
+    return DeferredData(data) if deferred else data
 
 
 def _plain_value(key: str, value: object) -> data_value_t:
     if value.__class__ in _PLAIN:
         return value  # type: ignore[return-value]
-    value = one_value(f"data[{key!r}]", value)
+    value = _device.capture(f"data[{key!r}]", value)
     cls = value.__class__
-    if cls in _PLAIN:
+    if cls in _PLAIN or cls is _device.Deferred:
         return value  # type: ignore[return-value]
     if isinstance(value, bool):
         return bool(value)

@@ -30,6 +30,8 @@ from collections import deque
 from datetime import datetime
 from typing import Any
 
+from ._device import Deferred
+from ._event import DeferredData, resolved
 from ._lifecycle import in_bus_thread
 
 # Stat windows kept past the capacity, in the queue and in each handler's backlog (~30 MB).
@@ -61,6 +63,62 @@ class WindowData(dict):  # type: ignore[type-arg]
 
     __slots__ = ("origin",)
     origin: Any
+
+
+class PendingWindow(WindowData):
+    """The data of a Stat window whose device values are not read yet: ``resolve_ready`` makes
+    it a ``WindowData``. Pickled (to a parent process) as that data, read then."""
+
+    __slots__ = ("window",)
+    window: Any  # the _stat.ClosedWindow
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (self.window.data(),))
+
+
+def resolve_ready(flat: list[Any], *, wait: bool) -> tuple[list[Any], list[Any]]:
+    """Read the device values in the events of ``flat``, in order; return the events ready
+    for handlers and the rest, from the first one whose device is not done (none if ``wait``:
+    then this waits for the devices)."""
+    kinds = flat[2::SLOTS]
+    if DeferredData not in map(type, kinds) and PendingWindow not in map(type, kinds):
+        return flat, []
+    for i, data in enumerate(kinds):
+        cls = data.__class__
+        if cls is DeferredData:
+            if not wait and not all(v.ready() for v in data.values() if v.__class__ is Deferred):
+                return first_events(flat, i), events_after(flat, i)
+            flat[SLOTS * i + 2] = resolved(data)
+        elif cls is PendingWindow:
+            window = data.window
+            if not wait and not window.ready():
+                return first_events(flat, i), events_after(flat, i)
+            ready = WindowData(window.data())
+            ready.origin = data.origin
+            flat[SLOTS * i + 2] = ready
+    return flat, []
+
+
+def wait_for_devices(flat: list[Any]) -> None:
+    """Read every device value in ``flat``, waiting for the devices (a worker thread)."""
+    for data in flat[2::SLOTS]:
+        if data.__class__ is DeferredData:
+            for v in data.values():
+                if v.__class__ is Deferred:
+                    v.wait()
+        elif data.__class__ is PendingWindow:
+            data.window.wait()
+
+
+def device_values(flat: Any) -> int:
+    """How many device values the events of ``flat`` hold unread."""
+    n = 0
+    for data in flat:
+        if data.__class__ is DeferredData:
+            n += sum(1 for v in data.values() if v.__class__ is Deferred)
+        elif data.__class__ is PendingWindow:
+            n += len(data.window.pending)
+    return n
 
 
 class RemoteData(dict):  # type: ignore[type-arg]
@@ -145,7 +203,9 @@ class EventQueue:
 
     def put_window(self, item: _Item, origin: Any = None) -> None:
         """Queue a Stat window past the limit: it may summarize millions of samples."""
-        data = WindowData(item[2])
+        data = item[2]
+        if data.__class__ is not PendingWindow:
+            data = WindowData(data)
         data.origin = origin
         window = (item[0], item[1], data)
         if len(self.slots) < self.limit + SLOTS * WINDOW_ALLOWANCE:  # read here: tests lower it

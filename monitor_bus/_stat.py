@@ -24,8 +24,9 @@ from itertools import chain
 from time import monotonic
 from typing import TYPE_CHECKING
 
+from . import _device
 from ._check import check_int, wrong_type
-from ._event import one_value
+from ._device import Deferred
 from ._lifecycle import process
 
 if TYPE_CHECKING:
@@ -108,6 +109,7 @@ class Stat:
         "_max_samples",
         "_min",
         "_name",
+        "_pending",
         "_sum",
         "_value",
         "_pick",
@@ -170,7 +172,8 @@ class Stat:
         self._dirty = bus._dirty_stats(self._window)
         self._lock = threading.Lock()
         self._last: tuple[float | int, ...] = ()  # the last logged window, per aggregation
-        self._buf: list[float] | deque[float] = []
+        self._buf: list[float | Deferred] | deque[float] = []
+        self._pending: list[Deferred] = []  # device values folded into the open window's count
         self._open_window(_clock())
         process.stats.add(self)
         bus._watch_stat(self)
@@ -190,6 +193,11 @@ class Stat:
     def add(self, v: float) -> None:
         """Add a value to the open window. Thread-safe and lock-free unless a window closes.
 
+        A torch tensor (any device, any dtype) or an array on a device is not read here: it is
+        copied, and the bus reads the copy on a thread of its own, so ``stat.add(loss)`` never
+        waits for the device as ``stat.add(loss.item())`` does. Its window is logged once its
+        values are read, with the time the window closed.
+
         Args:
             v: a real number: ``float``, ``int``, a numpy scalar, or an array or tensor
                 holding one element.
@@ -198,7 +206,7 @@ class Stat:
             TypeError: ``v`` is not a real number, or holds more than one element.
         """
         if v.__class__ is not float:
-            v = _as_float(v)
+            v = self._sample(v)
         if _clock() >= self._end:
             self._roll()
         buf = self._buf
@@ -224,9 +232,23 @@ class Stat:
 
     # -- window machinery, all under self._lock except the reads in add --
 
+    def _sample(self, v: object) -> float | Deferred:
+        try:
+            v = _device.capture("v", v)
+        except TypeError as exc:
+            raise TypeError(f"{exc} (Stat {self._name!r})") from None
+        if v.__class__ is Deferred:
+            return v  # type: ignore[return-value]
+        cls = v.__class__
+        if getattr(cls, "__float__", None) is None or cls is complex or isinstance(v, str):
+            raise wrong_type("v", "a real number", v)
+        try:
+            return float(v)  # type: ignore[arg-type]
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise TypeError(f"v must be a real number convertible to float: {exc}") from None
+
     def _open_window(self, now: float) -> None:
-        window = self._window
-        self._end = (math.floor(now / window) + 1) * window
+        self._end = window_end(now, self._window, self._bus._clock_offset)
         self._count = 0
         self._sum = 0.0
         self._max = self._min = self._value = math.nan
@@ -301,21 +323,24 @@ class Stat:
             n = room
         # Computed before anything changes: an exception here (a KeyboardInterrupt) leaves
         # the samples in the buffer.
-        first = self._count == 0
-        total = reduce(operator.add, chunk, self._sum) if self._want_sum else self._sum
-        if self._want_max:
-            high = max(chunk) if first else max(chain((self._max,), chunk))
+        pending = self._pending
+        if _device.used and Deferred in map(type, chunk):  # read later, on a thread of the bus
+            pending = pending + [v for v in chunk if v.__class__ is Deferred]
+            values = [v for v in chunk if v.__class__ is not Deferred]
         else:
-            high = self._max
-        if self._want_min:
-            low = min(chunk) if first else min(chain((self._min,), chunk))
-        else:
-            low = self._min
+            values = chunk
+        total, high, low = _fold(
+            values,
+            self._count - len(self._pending),
+            (self._sum, self._max, self._min),
+            (self._want_sum, self._want_max, self._want_min),
+        )
         last = chunk[-1]
         # Committed without a call or a backward jump in between, the only points where
         # CPython runs a signal handler: the samples move from the buffer to the aggregates
         # at once.
         del buf[:taken]
+        self._pending = pending
         self._sum = total
         self._max = high
         self._min = low
@@ -325,6 +350,23 @@ class Stat:
     def _emit(self, stamp: datetime | None = None) -> None:
         count = self._count
         if not count:
+            return
+        bus = self._bus
+        if self._pending or bus._window_tap is not None:
+            closed = ClosedWindow(
+                self,
+                stamp or datetime.now(timezone.utc),
+                self._end + bus._clock_offset,
+                count,
+                (self._sum, self._max, self._min),
+                self._value,
+                self._pending,
+            )
+            if not self._pending:
+                self._last = closed.picked()
+            bus._window_closed(closed)
+            self._pending = []
+            self._count = 0
             return
         # Every aggregate in Aggregation order, then the requested ones picked by position:
         # the timer closes thousands of windows per pass, so no per-window enum hashing.
@@ -340,16 +382,98 @@ class Stat:
         """In a forked child: the parent logs the windows it had open, so start empty."""
         self._lock = threading.Lock()
         self._buf = []
+        self._pending = []
         self._open_window(_clock())
 
 
-def _as_float(v: object) -> float:
-    if getattr(v, "ndim", 0):  # an array or tensor: one element only
-        v = one_value("v", v)
-    cls = v.__class__
-    if getattr(cls, "__float__", None) is None or cls is complex or isinstance(v, str):
-        raise wrong_type("v", "a real number", v)
-    try:
-        return float(v)  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise TypeError(f"v must be a real number convertible to float: {exc}") from None
+def window_end(now: float, window: float, offset: float) -> float:
+    """The end of the window holding ``now`` (Stat clock). Windows are multiples of
+    ``window`` on the clock ``now + offset``: 0 aligns them to the monotonic clock, as torch
+    does; a merge across processes aligns them to the wall clock."""
+    return (math.floor((now + offset) / window) + 1) * window - offset
+
+
+def _fold(
+    values: list[float], before: int, aggregates: tuple[float, float, float], wanted: tuple[bool, bool, bool]
+) -> tuple[float, float, float]:
+    """``(sum, max, min)`` of ``before`` samples and ``values``, for the aggregates wanted."""
+    total, high, low = aggregates
+    if not values:
+        return aggregates
+    want_sum, want_max, want_min = wanted
+    if want_sum:
+        total = reduce(operator.add, values, total)
+    if want_max:
+        high = max(chain((high,), values)) if before else max(values)
+    if want_min:
+        low = min(chain((low,), values)) if before else min(values)
+    return total, high, low
+
+
+class ClosedWindow:
+    """A closed window of a Stat, with every aggregate (a merge across processes needs those
+    the Stat does not report) and the device values it still has to read."""
+
+    __slots__ = ("count", "end", "high", "low", "pending", "stamp", "stat", "total", "value")
+
+    def __init__(
+        self,
+        stat: Stat,
+        stamp: datetime,
+        end: float,
+        count: int,
+        aggregates: tuple[float, float, float],
+        value: float | Deferred,
+        pending: list[Deferred],
+    ) -> None:
+        self.stat = stat
+        self.stamp = stamp  # when it closed: the event's timestamp
+        self.end = end  # its end, in seconds on the clock its windows are aligned to
+        self.count = count
+        self.total, self.high, self.low = aggregates
+        self.value = value
+        self.pending = pending
+
+    def ready(self) -> bool:
+        """Whether its device values can be read without waiting for a device."""
+        return all(v.ready() for v in self.pending)
+
+    def wait(self) -> None:
+        """Read its device values, waiting for their devices (a worker thread of the bus)."""
+        for v in self.pending:
+            v.wait()
+
+    def resolve(self) -> None:
+        """Fold its device values into the aggregates (a thread of the bus, once ready)."""
+        pending = self.pending
+        if not pending:
+            return
+        stat = self.stat
+        values = [float(v.value()) for v in pending]
+        self.total, self.high, self.low = _fold(
+            values,
+            self.count - len(pending),
+            (self.total, self.high, self.low),
+            (stat._want_sum, stat._want_max, stat._want_min),
+        )
+        if self.value.__class__ is Deferred:
+            self.value = float(self.value.value())  # type: ignore[union-attr]
+        self.pending = []
+
+    def aggregates(self) -> tuple[float | int, ...]:
+        """Every aggregate, in ``Aggregation`` order (after ``resolve``)."""
+        count = self.count
+        return (self.value, self.total / count, count, self.total, self.high, self.low)  # type: ignore[return-value]
+
+    def picked(self) -> tuple[float | int, ...]:
+        """The Stat's aggregates, in its order."""
+        return self.stat._pick(self.aggregates())
+
+    def data(self) -> dict[str, float | int]:
+        """The event data of the window (reading its device values first); the Stat's
+        ``get()`` returns these aggregates from now on."""
+        self.wait()
+        self.resolve()
+        last = self.picked()
+        self.stat._last = last
+        return dict(zip(self.stat._keys, last, strict=True))

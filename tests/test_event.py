@@ -122,16 +122,22 @@ def test_arrays_of_more_than_one_element_name_the_key() -> None:
 
 
 def test_torch_values_and_objects() -> None:
-    """One-element tensors become Python values (a bool tensor a bool), and torch.monitor
-    objects get a message naming their module and what to use instead."""
+    """One-element tensors reach handlers as Python values (a bool tensor a bool), and
+    torch.monitor objects get a message naming their module and what to use instead."""
     try:
         import torch
         import torch.monitor
     except ImportError as exc:
         require(False, f"torch is not installed: {exc}")
     e = Event("n", TS, {"b": torch.tensor(True), "f": torch.tensor([0.5]), "i": torch.tensor(7)})
-    assert e.data == {"b": True, "f": 0.5, "i": 7}
-    assert [type(v) for v in e.data.values()] == [bool, float, int]
+    seen: list[Event] = []
+    with EventBus() as bus:
+        bus.register_event_handler(seen.append)
+        bus.log_event(e)
+        assert bus.flush(10)
+    assert seen[0].data == {"b": True, "f": 0.5, "i": 7}
+    assert [type(v) for v in seen[0].data.values()] == [bool, float, int]
+    assert e.data == {"b": True, "f": 0.5, "i": 7}  # the caller's own event reads on demand
     with pytest.raises(TypeError, match="must hold one value, not a torch.Tensor of 3 elements"):
         Event("n", TS, {"t": torch.zeros(3)})
     hint = "monitor_bus does not take torch.monitor objects; use the monitor_bus ones"
