@@ -80,11 +80,11 @@ class Deferred:
 
     def __float__(self) -> float:
         self.wait()
-        return float(self._value)  # type: ignore[arg-type]
+        return float(self._value)
 
     def __int__(self) -> int:
         self.wait()
-        return int(self._value)  # type: ignore[call-overload]
+        return int(self._value)
 
     def __bool__(self) -> bool:
         self.wait()

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import math
 import sys
 import threading
 import time
@@ -594,9 +593,7 @@ class Dispatcher:
                     # Only the Stats holding data: thousands of idle ones cost nothing.
                     for stat in self._dirty_stats(window).snapshot():  # never takes a lock
                         stat._close_on_timer(clock, stamp)
-                next_end[window] = (
-                    _stat.window_end(now, window, self._clock_offset) + _TIMER_SLACK
-                )
+                next_end[window] = _stat.window_end(now, window, self._clock_offset) + _TIMER_SLACK
         return min(next_end.values()) if next_end else None
 
     # -- fork and exit --

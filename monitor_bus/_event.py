@@ -132,8 +132,8 @@ def resolved(data: dict[str, object]) -> dict[str, object]:
     out = {}
     for key, value in data.items():
         if value.__class__ is _device.Deferred:
-            value.wait()  # type: ignore[attr-defined]
-            value = value.value()  # type: ignore[attr-defined]
+            value.wait()
+            value = value.value()
         out[key] = value
     return out
 
@@ -148,7 +148,8 @@ def _normalize(data: dict[str, data_value_t]) -> dict[str, data_value_t]:
                 raise TypeError(f"data keys must be str, not {type(key).__name__} ({key!r})")
             data[str(key)] = data.pop(key)
             key = str(key)
-        value = data[key] = _plain_value(key, data[key])
+        value: object = _plain_value(key, data[key])
+        data[key] = value  # type: ignore[assignment]
         deferred = deferred or value.__class__ is _device.Deferred
     return DeferredData(data) if deferred else data
 

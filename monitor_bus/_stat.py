@@ -206,7 +206,7 @@ class Stat:
             TypeError: ``v`` is not a real number, or holds more than one element.
         """
         if v.__class__ is not float:
-            v = self._sample(v)
+            v = self._sample(v)  # type: ignore[assignment]  # a Deferred is buffered too
         if _clock() >= self._end:
             self._roll()
         buf = self._buf
@@ -238,7 +238,7 @@ class Stat:
         except TypeError as exc:
             raise TypeError(f"{exc} (Stat {self._name!r})") from None
         if v.__class__ is Deferred:
-            return v  # type: ignore[return-value]
+            return v
         cls = v.__class__
         if getattr(cls, "__float__", None) is None or cls is complex or isinstance(v, str):
             raise wrong_type("v", "a real number", v)
@@ -251,7 +251,8 @@ class Stat:
         self._end = window_end(now, self._window, self._bus._clock_offset)
         self._count = 0
         self._sum = 0.0
-        self._max = self._min = self._value = math.nan
+        self._max = self._min = math.nan
+        self._value: float | Deferred = math.nan
         if self._buf.__class__ is deque:
             self._buf = []
         # The window's first add folds at once and marks the Stat for the timer: an idle Stat
@@ -326,9 +327,9 @@ class Stat:
         pending = self._pending
         if _device.used and Deferred in map(type, chunk):  # read later, on a thread of the bus
             pending = pending + [v for v in chunk if v.__class__ is Deferred]
-            values = [v for v in chunk if v.__class__ is not Deferred]
+            values: list[float] = [v for v in chunk if v.__class__ is not Deferred]  # type: ignore[misc]
         else:
-            values = chunk
+            values = chunk  # type: ignore[assignment]
         total, high, low = _fold(
             values,
             self._count - len(self._pending),
@@ -370,7 +371,7 @@ class Stat:
             return
         # Every aggregate in Aggregation order, then the requested ones picked by position:
         # the timer closes thousands of windows per pass, so no per-window enum hashing.
-        last = self._pick((self._value, self._sum / count, count, self._sum, self._max, self._min))
+        last = self._pick((self._value, self._sum / count, count, self._sum, self._max, self._min))  # type: ignore[arg-type]  # no device value pending: a float
         data = dict(zip(self._keys, last, strict=True))
         # Queued before the window is emptied: a Ctrl-C in between can log it twice at worst,
         # never lose it.
@@ -394,7 +395,10 @@ def window_end(now: float, window: float, offset: float) -> float:
 
 
 def _fold(
-    values: list[float], before: int, aggregates: tuple[float, float, float], wanted: tuple[bool, bool, bool]
+    values: list[float],
+    before: int,
+    aggregates: tuple[float, float, float],
+    wanted: tuple[bool, bool, bool],
 ) -> tuple[float, float, float]:
     """``(sum, max, min)`` of ``before`` samples and ``values``, for the aggregates wanted."""
     total, high, low = aggregates
@@ -457,7 +461,7 @@ class ClosedWindow:
             (stat._want_sum, stat._want_max, stat._want_min),
         )
         if self.value.__class__ is Deferred:
-            self.value = float(self.value.value())  # type: ignore[union-attr]
+            self.value = float(self.value.value())
         self.pending = []
 
     def aggregates(self) -> tuple[float | int, ...]:
