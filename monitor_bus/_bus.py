@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 
+from . import _device
 from ._check import check_int, check_timeout, wrong_type
 from ._dispatcher import Dispatcher, _deadline, _remaining, _TimedOut
 from ._event import Event, EventOrigin
@@ -476,9 +477,7 @@ class EventBus(Dispatcher):
             "logged": queue.consumed + len(queue) + dropped,
             "dropped": dropped,
             "queued": queued,
-            "device_values": sum(len(stat._pending) for stat in self._stats())
-            + device_values(list(queue.slots)[2::SLOTS])
-            + device_values(held[2::SLOTS]),
+            "device_values": self._device_values(),
             "handler_errors": self._errors,
             "handler_dropped": sum(h["dropped"] for h in handlers),
             "dispatcher_restarts": self._restarts,
@@ -486,6 +485,16 @@ class EventBus(Dispatcher):
             "to_parent": self._to_parent,
             "handlers": handlers,
         }
+
+    def _device_values(self) -> int:
+        """Device values logged on this bus and not read yet."""
+        if not _device.used:
+            return 0  # none was ever captured: no scan of the queue
+        return (
+            sum(len(stat._pending) for stat in self._stats())
+            + device_values(list(self._queue.slots)[2::SLOTS])
+            + device_values(self._held[2::SLOTS])
+        )
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "running" if self._loop is not None else "idle"

@@ -108,6 +108,7 @@ class Dispatcher:
         self._waiting_for_room = False
         self._dropped_reported = 0  # the part of the queue's drops already in a warning
         self._drop_throttle = Throttle()
+        self._read_throttle = Throttle()
         self._report_lock = threading.Lock()
         self._restarts = 0  # times the dispatcher failed and was started again
         self._failures: deque[float] = deque(maxlen=_MAX_FAILURES)  # when, monotonic
@@ -435,7 +436,11 @@ class Dispatcher:
                 # Device values are read here, a thread of the bus; a flush or a close waits
                 # for the device, the distributor waits on a worker thread instead.
                 held, self._held = self._held, []
-                batch, self._held = resolve_ready(held + batch if held else batch, wait=force)
+                batch, self._held, failed = resolve_ready(
+                    held + batch if held else batch, wait=force
+                )
+                if failed:
+                    self._unreadable(failed)
             if batch:
                 for handler in handlers:
                     handler.push(batch, self._capacity, overflow)
@@ -476,6 +481,19 @@ class Dispatcher:
             if len(queue) < self._queue.crowded:
                 with anyio.move_on_after(self._linger):
                     await self._hurried.wait()
+
+    def _unreadable(self, failed: list[tuple[str, Exception]]) -> None:
+        """Events whose device values could not be read: dropped, counted and reported."""
+        self._queue.count_unreadable(len(failed))
+        if self._read_throttle.ready():
+            name, exc = failed[0]
+            logger.error(
+                "EventBus %r: %d events dropped: a device value could not be read (event %r: %r)",
+                self._name,
+                len(failed),
+                name,
+                exc,
+            )
 
     def _handler_progressed(self) -> None:
         """Called by a runner after a batch: wake the distributor if it waits for room."""

@@ -25,6 +25,7 @@ Protocol
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from datetime import datetime
@@ -76,38 +77,65 @@ class PendingWindow(WindowData):
         return (dict, (self.window.data(),))
 
 
-def resolve_ready(flat: list[Any], *, wait: bool) -> tuple[list[Any], list[Any]]:
+def resolve_ready(
+    flat: list[Any], *, wait: bool
+) -> tuple[list[Any], list[Any], list[tuple[str, Exception]]]:
     """Read the device values in the events of ``flat``, in order; return the events ready
-    for handlers and the rest, from the first one whose device is not done (none if ``wait``:
-    then this waits for the devices)."""
+    for handlers, the rest (from the first one whose device is not done; none if ``wait``:
+    then this waits for the devices), and the name and error of each event left out because
+    a value could not be read."""
     kinds = flat[2::SLOTS]
     if DeferredData not in map(type, kinds) and PendingWindow not in map(type, kinds):
-        return flat, []
+        return flat, [], []
+    failed: list[tuple[str, Exception]] = []
     for i, data in enumerate(kinds):
         cls = data.__class__
-        if cls is DeferredData:
-            if not wait and not all(v.ready() for v in data.values() if v.__class__ is Deferred):
-                return first_events(flat, i), events_after(flat, i)
-            flat[SLOTS * i + 2] = resolved(data)
-        elif cls is PendingWindow:
-            window = data.window
-            if not wait and not window.ready():
-                return first_events(flat, i), events_after(flat, i)
-            ready = WindowData(window.data())
-            ready.origin = data.origin
-            flat[SLOTS * i + 2] = ready
-    return flat, []
+        if cls is not DeferredData and cls is not PendingWindow:
+            continue
+        try:
+            if cls is DeferredData:
+                if not wait and not all(
+                    v.ready() for v in data.values() if v.__class__ is Deferred
+                ):
+                    return _kept(flat, i), events_after(flat, i), failed
+                flat[SLOTS * i + 2] = resolved(data)
+            else:
+                window = data.window
+                if not wait and not window.ready():
+                    return _kept(flat, i), events_after(flat, i), failed
+                ready = WindowData(window.data())
+                ready.origin = data.origin
+                flat[SLOTS * i + 2] = ready
+        except Exception as exc:  # noqa: BLE001 - a device error must not end delivery
+            failed.append((flat[SLOTS * i], exc))
+            flat[SLOTS * i + 2] = None  # left out below
+    return _kept(flat, count_events(len(flat))), [], failed
+
+
+def _kept(flat: list[Any], n: int) -> list[Any]:
+    """The first ``n`` events of ``flat`` but those whose values could not be read."""
+    head = first_events(flat, n)
+    if None not in head[2::SLOTS]:
+        return head
+    return [
+        s
+        for i in range(n)
+        if head[SLOTS * i + 2] is not None
+        for s in head[SLOTS * i : SLOTS * (i + 1)]
+    ]
 
 
 def wait_for_devices(flat: list[Any]) -> None:
     """Read every device value in ``flat``, waiting for the devices (a worker thread)."""
     for data in flat[2::SLOTS]:
-        if data.__class__ is DeferredData:
-            for v in data.values():
-                if v.__class__ is Deferred:
-                    v.wait()
-        elif data.__class__ is PendingWindow:
-            data.window.wait()
+        # A read that fails here fails again on the loop, which counts it.
+        with contextlib.suppress(Exception):
+            if data.__class__ is DeferredData:
+                for v in data.values():
+                    if v.__class__ is Deferred:
+                        v.wait()
+            elif data.__class__ is PendingWindow:
+                data.window.wait()
 
 
 def device_values(flat: Any) -> int:
@@ -262,6 +290,12 @@ class EventQueue:
     def count_dropped(self, n: int) -> None:
         """Count ``n`` events dropped on their way here (in a child process)."""
         with self.space:
+            self.dropped += n
+
+    def count_unreadable(self, n: int) -> None:
+        """Count ``n`` events taken whose device values could not be read as dropped."""
+        with self.space:
+            self.consumed -= n
             self.dropped += n
 
     def discard(self) -> int:

@@ -403,3 +403,37 @@ def test_child_processes_send_their_tensors_values(method: str, torch: Any) -> N
         (STAT_EVENT, {"w.sum": 9.0, "w.count": 3}, child.pid),
     ]
     assert [type(v) for v in seen[0].data.values()] == [int, bool]
+
+
+class BrokenDeviceArray(DeviceArray):
+    """A device array whose read fails (a device error)."""
+
+    def copy(self) -> BrokenDeviceArray:
+        return BrokenDeviceArray(self.values)
+
+    def item(self) -> float:
+        raise RuntimeError("device lost")
+
+
+def test_a_value_that_cannot_be_read_drops_its_event_counted_and_reported(
+    named_bus: EventBus, recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An event whose device value fails to read is dropped, counted and logged; the events
+    around it and later ones are delivered."""
+    named_bus.register_event_handler(recorder, name="rec")
+    named_bus.log_event(Event("a", TS, {"x": 1}))
+    named_bus.log_event(Event("broken", TS, {"x": BrokenDeviceArray([1.0])}))
+    named_bus.log_event(Event("b", TS, {"x": 2}))
+    with caplog.at_level("ERROR", logger="monitor_bus"):
+        assert named_bus.flush(10)
+    named_bus.log_event(Event("c", TS, {"x": 3}))
+    assert named_bus.flush(10)
+    assert [e.name for e in recorder.events] == ["a", "b", "c"]
+    stats = named_bus.stats()
+    [handler] = stats["handlers"]
+    assert (stats["logged"], stats["dropped"], stats["dispatcher_restarts"]) == (4, 1, 0)
+    assert (handler["logged"], handler["delivered"], handler["dropped"]) == (4, 3, 1)
+    assert [r.getMessage() for r in caplog.records] == [
+        "EventBus 'dev': 1 events dropped: a device value could not be read "
+        "(event 'broken': RuntimeError('device lost'))"
+    ]
