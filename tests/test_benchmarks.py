@@ -255,3 +255,59 @@ def test_training_loop_benchmark_delivers_every_event_and_prints_its_tables() ->
             in_file, _, windows = cell.partition(" (")
             assert in_file == f"{logged} / {logged}", (step, k, cell)
             assert windows.endswith(")")
+
+
+def test_device_values_benchmark_counts_every_sample_and_prints_its_tables() -> None:
+    """benchmarks/device_values.py, run tiny, exits 0 and prints the step-time table for the
+    three variants (no logging at 1.00x), the ns-per-call table for a float, ``.item()`` and
+    the tensor, and (a)'s and (b)'s windows counting every sample with equal sums."""
+    require(importlib.util.find_spec("torch") is not None, "torch is not installed")
+    steps, calls = 40, 500
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "device_values.py"),
+            *("--quick", "--steps", str(steps), "--rounds", "1", "--calls", str(calls)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    step, per_call, samples = _markdown_tables(out.stdout)
+    assert step[0] == [
+        "variant",
+        "wall us/step",
+        "wall / no logging",
+        "CPU us/step",
+        "CPU / no logging",
+    ]
+    assert [row[0] for row in step[1:]] == [
+        "(c) no logging",
+        "(a) `stat.add(t.item())`",
+        "(b) `stat.add(t)`",
+    ]
+    assert step[1][2] == step[1][4] == "1.00x"
+    for _, wall, wall_ratio, cpu, cpu_ratio in step[1:]:
+        assert _number(wall) > 0
+        assert _number(cpu) > 0
+        assert _number(wall_ratio.removesuffix("x")) > 0
+        assert _number(cpu_ratio.removesuffix("x")) > 0
+    assert per_call[0] == ["call", "ns/call", "vs the float"]
+    assert [row[0] for row in per_call[1:]] == [
+        "`Stat.add(0.25)`",
+        "`Stat.add(t.item())`",
+        "`Stat.add(t)`",
+        '`log_event(Event(..., {"loss": 0.25}))`',
+        '`log_event(Event(..., {"loss": t.item()}))`',
+        '`log_event(Event(..., {"loss": t}))`',
+    ]
+    assert per_call[1][2] == per_call[4][2] == "1.00x"
+    assert all(_number(row[1]) > 0 for row in per_call[1:])
+    all_steps = f"{steps:,} / {steps:,}"
+    assert samples == [
+        ["Stat", "(a) `t.item()`", "(b) `t`", "(b)'s SUM = (a)'s"],
+        ["loss", all_steps, all_steps, "yes"],
+        ["grad_norm", all_steps, all_steps, "yes"],
+        ["accuracy", all_steps, all_steps, "yes"],
+    ]
