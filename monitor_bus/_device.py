@@ -121,6 +121,13 @@ def capture(name: str, value: object) -> Any:
     device = getattr(value, "__dlpack_device__", None)
     if device is not None and device()[0] not in _HOST_DEVICES:
         return _capture_array(name, value)
+    if getattr(value, "ndim", None) is None and (
+        device is not None or getattr(value, "__array__", None) is not None
+    ):
+        # Known only through a protocol: numpy reads it (host memory; imported only here).
+        import numpy
+
+        value = numpy.from_dlpack(value) if device is not None else numpy.asarray(value)
     return one_value(name, value)
 
 

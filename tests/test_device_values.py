@@ -292,6 +292,54 @@ class DeviceArray:
         return self.values[0]
 
 
+class OnlyDlpack:
+    """A host array known only through ``__dlpack__`` (no ``ndim``, no ``item``)."""
+
+    def __init__(self, value: int) -> None:
+        self.array = np.array([value], dtype=np.int64)
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)
+
+
+class OnlyArray:
+    """A value known only through ``__array__``."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        return np.array([[self.value]], dtype=dtype)
+
+
+def test_protocol_only_objects_are_taken_through_numpy(
+    named_bus: EventBus, recorder: Recorder
+) -> None:
+    """Objects with only ``__dlpack__`` or only ``__array__`` give the value they hold; more
+    than one element is refused naming the key."""
+    named_bus.register_event_handler(recorder)
+    stat = Stat("p", [Aggregation.SUM], timedelta(hours=1), bus=named_bus)
+    stat.add(OnlyDlpack(4))
+    stat.add(OnlyArray(0.5))
+    named_bus.log_event(Event("e", TS, {"d": OnlyDlpack(3), "a": OnlyArray(1.25)}))
+    with pytest.raises(
+        TypeError, match=r"^data\['a'\] must hold one value, not a numpy.ndarray of 2 elements$"
+    ):
+        Event("e", TS, {"a": _Two()})
+    stat._close()
+    assert named_bus.flush(10)
+    assert [e.data for e in recorder.events] == [{"d": 3, "a": 1.25}, {"p.sum": 4.5}]
+    assert [type(v) for v in recorder.events[0].data.values()] == [int, float]
+
+
+class _Two:
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        return np.array([1.0, 2.0], dtype=dtype)
+
+
 def test_dlpack_objects_on_host_and_on_a_device(named_bus: EventBus, recorder: Recorder) -> None:
     """A host DLPack array is taken at the call; a device one is copied at the call and read
     off the caller's thread; either logs the value it held at the call."""
