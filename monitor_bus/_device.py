@@ -127,7 +127,7 @@ def capture(name: str, value: object) -> Any:
         # Known only through a protocol: numpy reads it (host memory; imported only here).
         import numpy
 
-        value = numpy.from_dlpack(value) if device is not None else numpy.asarray(value)
+        value = numpy.from_dlpack(value) if device is not None else numpy.asarray(value)  # type: ignore[arg-type]
     return one_value(name, value)
 
 
