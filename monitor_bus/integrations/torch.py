@@ -13,6 +13,9 @@ What passes through, as torch hands it out:
   timestamp (keeping its clock reading) and returns naive local time.
 - ``data`` values as torch stores them: ``bool`` comes back as ``float`` (``True`` is ``1.0``),
   and a torch ``Stat``'s aggregates, ``count`` included, are ``float``.
+
+``merge_stats_across_ranks`` (in ``_merge``) merges the Stat windows of every
+``torch.distributed`` rank into one stream on one rank.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .._event import Event
+from ._merge import RankMerge as RankMerge
+from ._merge import merge_stats_across_ranks as merge_stats_across_ranks
 
 if TYPE_CHECKING:
     from .._bus import EventBus

@@ -1,0 +1,643 @@
+"""Stat windows of every ``torch.distributed`` rank merged into one stream on ``dst``.
+
+Guarantees
+----------
+- Off the training thread: a closed window reaches ``RankMerge._tap`` on the thread that
+  closed it (a ``Stat.add``, the dispatcher's timer), which only appends it to a deque. All
+  reading of device values, encoding and I/O run on the merge's own daemon threads.
+- Own group: the windows travel over a gloo group made by ``merge_stats_across_ranks`` (a
+  collective), never the training's group. Each rank sends to ``dst`` point to point; ``dst``
+  takes whatever any rank sends with one receive from any source, so a dead or hung rank
+  holds up no other rank's messages.
+- Bounded: a send waits at most ``timeout``; past it (or on an error, as gloo reports at once
+  when ``dst`` died) ``dst`` is gone for good and the rank logs its own windows locally,
+  marked ``"<name>.rank"`` and counted in ``local``. ``dst`` merges a window once every rank
+  it still expects has said it is past the window's end, or ``timeout`` after the end; a rank
+  silent for ``timeout`` is lost (warned, rate-limited) and no longer waited for.
+- Exact and once: counts and sums add, max of maxes, min of mins, mean is sum over count,
+  value is the one of the rank whose window closed last. Each window of each rank is merged
+  once; one arriving after its window was merged is logged on its own, counted in ``late``.
+- Windows line up: the bus's windows are moved to wall-clock multiples of their size
+  (``bus._clock_offset``); a rank whose clock is off by ``d`` puts its samples ``d`` late.
+- Exit: ``close()`` closes the bus's open windows, sends them, and (on ``dst``) waits for
+  every rank's last message, all within its timeout; it runs at interpreter exit (``atexit``,
+  before the buses close) for a merge left open. ``dst``'s receiving thread may stay blocked
+  on a rank that never said goodbye: it is a daemon and does not hold up exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import math
+import struct
+import threading
+import time
+from collections import deque
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any
+
+from .. import _stat
+from .._check import check_int, check_timeout, wrong_type
+from .._ratelimit import LOG_INTERVAL, Throttle
+from .._stat import STAT_EVENT, ClosedWindow
+
+if TYPE_CHECKING:
+    from .._bus import EventBus
+
+logger = logging.getLogger("monitor_bus")
+
+# Every message is one frame of this many bytes: a 4-byte length, then JSON. One fixed size
+# lets dst take a frame from any rank with a single receive (gloo needs sizes to match).
+_FRAME = 16384
+_TAG = 7301
+# How often a rank says how far its clock is, when it has nothing else to send.
+_HEARTBEAT = 1.0
+# Shortest pause between two rounds of a rank's thread (windows shorter than this are sent
+# in batches).
+_MIN_TICK = 0.02
+# A window is past on a rank once its clock is this far beyond the end (float slack).
+_EPSILON = 1e-3
+
+# Record fields: name, aggregation values, window size, window index, count, sum, max, min,
+# value, close time (wall seconds).
+_Record = list[Any]
+
+
+def _record(window: ClosedWindow) -> _Record:
+    stat = window.stat
+    size = stat._window
+    return [
+        stat._name,
+        [agg.value for agg in stat._aggregations],
+        size,
+        round(window.end / size),
+        window.count,
+        window.total,
+        window.high,
+        window.low,
+        window.value,
+        window.stamp.timestamp(),
+    ]
+
+
+class _Bucket:
+    """The windows of one (stat, window) from the ranks that reported it so far."""
+
+    __slots__ = ("count", "high", "last", "low", "ranks", "total", "value")
+
+    def __init__(self) -> None:
+        self.ranks: set[int] = set()
+        self.count = 0
+        self.total = 0.0
+        self.high = -math.inf
+        self.low = math.inf
+        self.value: float = math.nan
+        self.last = -math.inf  # close time of the window whose value is kept
+
+    def add(self, rank: int, record: _Record) -> None:
+        count, total, high, low, value, closed = record[4:10]
+        self.ranks.add(rank)
+        self.count += count
+        self.total += total
+        self.high = max(self.high, high)
+        self.low = min(self.low, low)
+        if closed >= self.last:
+            self.last, self.value = closed, value
+
+
+class RankMerge:
+    """A running merge of Stat windows across ranks; see ``merge_stats_across_ranks``.
+
+    The counters are plain ints, read from any thread. ``close()`` and the context manager
+    end the merge; ``close()`` is idempotent and thread-safe.
+    """
+
+    def __init__(
+        self, bus: EventBus, dist: Any, group: Any, dst: int, timeout: float, keep_local: bool
+    ) -> None:
+        self.bus = bus
+        self.rank: int = dist.get_rank()
+        self.world_size: int = dist.get_world_size()
+        self.dst = dst
+        self.timeout = timeout
+        self.keep_local = keep_local
+        #: Windows this rank handed to dst (dst counts its own here too).
+        self.sent = 0
+        #: Merged windows dst logged (dst only).
+        self.merged = 0
+        #: Windows dst received from the other ranks (dst only).
+        self.received = 0
+        #: Merged windows logged without a rank dst still expected (dst only).
+        self.missing = 0
+        #: Windows that reached dst after their window was merged, logged on their own.
+        self.late = 0
+        #: Windows this rank logged itself because dst was gone (marked ``"<name>.rank"``).
+        self.local = 0
+        self._dist = dist
+        self._group = group
+        self._windows: deque[ClosedWindow] = deque()
+        self._inbox: deque[tuple[int, dict[str, Any]]] = deque()
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._done = threading.Event()
+        self._close_lock = threading.Lock()
+        self._tap_lock = threading.Lock()
+        self._sealed = False
+        self._heartbeat = min(_HEARTBEAT, timeout / 4)
+        self._closed = False
+        self._dst_gone = False
+        self._lost: set[int] = set()
+        self._throttle = Throttle(LOG_INTERVAL)
+        # dst's view of each rank: how far its clock is, when it was last heard of, and
+        # whether it said goodbye.
+        now = time.monotonic()
+        self._mark = {r: -math.inf for r in range(self.world_size)}
+        self._heard = dict.fromkeys(range(self.world_size), now)
+        self._finished: set[int] = set()
+        self._buckets: dict[tuple[Any, ...], _Bucket] = {}
+        self._merged_keys: dict[tuple[Any, ...], float] = {}
+        self._names: dict[tuple[Any, ...], list[int]] = {}
+        self._thread = threading.Thread(
+            target=self._run_dst if self.rank == dst else self._run_sender,
+            name=f"monitor_bus-merge-{self.rank}",
+            daemon=True,
+        )
+
+    @property
+    def lost_ranks(self) -> frozenset[int]:
+        """The ranks dst stopped waiting for: silent for ``timeout`` (dst only)."""
+        return frozenset(self._lost)
+
+    # -- the Stat's side: never blocks --
+
+    def _tap(self, window: ClosedWindow) -> bool:
+        with self._tap_lock:  # held only by _finish, briefly: the caller never waits long
+            if self._sealed:
+                return False
+            self._windows.append(window)
+        return not self.keep_local
+
+    def _finish(self) -> None:
+        """The merge's thread, last: later windows are logged as without the merge."""
+        with self._tap_lock:
+            self._sealed = True
+            if self.bus._window_tap == self._tap:
+                self.bus._window_tap = None
+            late = list(self._windows)  # closed after the last round
+            self._windows.clear()
+            inbox = list(self._inbox)
+            self._inbox.clear()
+        for window in late:
+            self.bus._window_closed(window)
+        for source, message in inbox:
+            self._log_late(source, message)
+        self._done.set()
+
+    def _log_late(self, source: int, message: dict[str, Any]) -> None:
+        """dst, after its close: what a rank still sends is logged window by window."""
+        for record in message["windows"]:
+            self.received += 1
+            self.late += 1
+            bucket = _Bucket()
+            bucket.add(source, record)
+            self.bus._log_window((STAT_EVENT, _stamp(bucket.last), self._data(record, bucket)))
+
+    def _start(self) -> None:
+        bus = self.bus
+        for stat in bus._stats():  # their open windows end on the old clock: logged here
+            stat._close()
+        bus._clock_offset = time.time() - _stat._clock()
+        bus._window_tap = self._tap
+        if self.rank == self.dst:
+            threading.Thread(
+                target=self._receive, name="monitor_bus-merge-receive", daemon=True
+            ).start()
+        self._thread.start()
+        atexit.register(self._close_at_exit)
+
+    # -- every rank: close the due windows, take what was closed --
+
+    def _now(self) -> float:
+        return _stat._clock() + self.bus._clock_offset
+
+    def _collect(self) -> tuple[list[_Record], float]:
+        """Close the windows that are over; return what was closed and how far this rank is."""
+        mark = self._now() - _EPSILON
+        for stat in self.bus._stats():
+            stat.count  # noqa: B018 - reading it closes the window if its end has passed
+        records = []
+        windows = self._windows
+        while windows:
+            window = windows.popleft()
+            window.wait()
+            window.resolve()
+            records.append(_record(window))
+        return records, mark
+
+    def _next_round(self, last_sent: float) -> float:
+        """Seconds until the next window end of this bus's Stats, or the next heartbeat."""
+        now = self._now()
+        wake = last_sent + self._heartbeat
+        for size in {stat._window for stat in self.bus._stats()}:
+            wake = min(wake, (math.floor(now / size) + 1) * size)
+        return max(wake - now + _EPSILON, _MIN_TICK)
+
+    # -- a rank other than dst --
+
+    def _run_sender(self) -> None:
+        last_sent = -math.inf
+        while True:
+            closing = self._closing.is_set()
+            if not closing:
+                self._wake.wait(self._next_round(last_sent))
+                self._wake.clear()
+                closing = self._closing.is_set()
+            try:
+                records, mark = self._collect()
+                if closing:
+                    mark = math.inf
+                if self._dst_gone:
+                    self._log_local(records)
+                else:
+                    self._send(records, mark, bye=closing)
+                    last_sent = self._now()
+            except Exception:
+                logger.exception("merge_stats_across_ranks: rank %d failed a round", self.rank)
+            if closing:
+                self._finish()
+                return
+
+    def _send(self, records: list[_Record], mark: float, *, bye: bool) -> None:
+        for frame, sent in self._frames(records, mark, bye):
+            if self._dst_gone:
+                self._log_local(sent)
+                continue
+            try:
+                work = self._dist.isend(
+                    self._tensor(frame), dst=self.dst, group=self._group, tag=_TAG
+                )
+                work.wait(timeout=timedelta(seconds=self.timeout))
+            except Exception as exc:
+                self._dst_gone = True
+                logger.warning(
+                    "merge_stats_across_ranks: rank %d cannot reach dst rank %d (%s); from now "
+                    "on it logs its own Stat windows, marked %r",
+                    self.rank,
+                    self.dst,
+                    str(exc).splitlines()[0][:200],
+                    "<name>.rank",
+                )
+                self._log_local(sent)
+                continue
+            self.sent += len(sent)
+
+    def _frames(
+        self, records: list[_Record], mark: float, bye: bool
+    ) -> list[tuple[bytes, list[_Record]]]:
+        """The frames carrying ``records``; only the last one says how far this rank is."""
+        frames: list[tuple[bytes, list[_Record]]] = []
+        batch: list[str] = []
+        batch_records: list[_Record] = []
+        size = 0
+        room = _FRAME - 4 - 64  # the envelope
+        for record in records:
+            text = json.dumps(record)
+            if len(text.encode()) + 1 > room:
+                self._log_local([record])  # a name too long to send
+                continue
+            if size + len(text) + 1 > room:
+                frames.append((self._encode(batch, None, False), batch_records))
+                batch, batch_records, size = [], [], 0
+            batch.append(text)
+            batch_records.append(record)
+            size += len(text.encode()) + 1
+        frames.append((self._encode(batch, mark, bye), batch_records))
+        return frames
+
+    @staticmethod
+    def _encode(batch: list[str], mark: float | None, bye: bool) -> bytes:
+        windows = ",".join(batch)
+        body = f'{{"mark":{json.dumps(mark)},"bye":{json.dumps(bye)},"windows":[{windows}]}}'
+        data = body.encode()
+        return struct.pack("<I", len(data)) + data
+
+    def _tensor(self, frame: bytes) -> Any:
+        import torch
+
+        buf = torch.zeros(_FRAME, dtype=torch.uint8)
+        buf[: len(frame)] = torch.frombuffer(bytearray(frame), dtype=torch.uint8)
+        return buf
+
+    def _log_local(self, records: list[_Record]) -> None:
+        for record in records:
+            bucket = _Bucket()
+            bucket.add(self.rank, record)
+            data = self._data(record, bucket)
+            data[f"{record[0]}.rank"] = self.rank
+            self.bus._log_window((STAT_EVENT, _stamp(bucket.last), data))
+            self.local += 1
+
+    # -- dst --
+
+    def _receive(self) -> None:
+        """dst's receiving thread: one receive from any rank at a time, never timed (a timed
+        out gloo receive fails every pair of the group)."""
+        import torch
+
+        buf = torch.zeros(_FRAME, dtype=torch.uint8)
+        waiting = set(range(self.world_size)) - {self.dst}
+        while waiting:
+            work = self._dist.irecv(buf, src=None, group=self._group, tag=_TAG)
+            try:
+                work.wait()
+            except Exception:
+                logger.exception("merge_stats_across_ranks: dst rank %d: receive failed", self.dst)
+                return
+            raw = buf.numpy().tobytes()
+            (length,) = struct.unpack_from("<I", raw)
+            source = work._source_rank()  # source_rank() warns: deprecated
+            message = json.loads(raw[4 : 4 + length])
+            bye = message["bye"]
+            with self._tap_lock:
+                if not self._sealed:
+                    self._inbox.append((source, message))
+                    self._wake.set()
+                    message = None
+            if message is not None:  # after dst's close: logged on their own
+                self._log_late(source, message)
+            if bye:
+                waiting.discard(source)
+
+    def _run_dst(self) -> None:
+        last_round = -math.inf
+        closed_round = False  # the round that takes this rank's last windows
+        while True:
+            closing = self._closing.is_set()
+            if not closing:
+                wait = self._next_dst_round(last_round)
+            else:
+                wait = 0.0 if not closed_round else min(_MIN_TICK * 5, self._left())
+            if wait:
+                self._wake.wait(wait)
+                self._wake.clear()
+            final = False
+            try:
+                now = self._now()
+                if (closing and not closed_round) or (
+                    not closing and now - last_round >= _MIN_TICK
+                ):
+                    records, mark = self._collect()
+                    last_round = now
+                    if closing:
+                        mark, closed_round = math.inf, True
+                    for record in records:
+                        self._take(self.rank, record)
+                    self.sent += len(records)
+                    self._mark[self.rank] = mark
+                    self._heard[self.rank] = time.monotonic()
+                self._read_inbox()
+                final = closing and (self._everyone_done() or not self._left())
+                self._merge_due(final=final)
+            except Exception:
+                logger.exception("merge_stats_across_ranks: dst rank %d failed a round", self.rank)
+                final = closing and not self._left()
+            if final:
+                self._finish()
+                return
+
+    def _left(self) -> float:
+        """Seconds left to close in."""
+        return max(self._close_deadline - time.monotonic(), 0.0)
+
+    def _next_dst_round(self, last_round: float) -> float:
+        wait = self._next_round(last_round)
+        if self._buckets:  # the earliest deadline of a window not yet merged
+            now = self._now()
+            first = min(key[2] * key[3] for key in self._buckets)
+            wait = min(wait, max(first + self.timeout - now, _MIN_TICK))
+        return min(wait, max(self.timeout / 4, _MIN_TICK))  # notice a silent rank in time
+
+    def _read_inbox(self) -> None:
+        inbox = self._inbox
+        while inbox:
+            source, message = inbox.popleft()
+            self._heard[source] = time.monotonic()
+            if source in self._lost:
+                self._lost.discard(source)
+                logger.warning("merge_stats_across_ranks: rank %d is heard from again", source)
+            for record in message["windows"]:
+                self._take(source, record)
+                self.received += 1
+            if message["mark"] is not None:
+                self._mark[source] = max(self._mark[source], message["mark"])
+            if message["bye"]:
+                self._finished.add(source)
+
+    def _take(self, rank: int, record: _Record) -> None:
+        key = (record[0], tuple(record[1]), record[2], record[3])
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket()
+        if key in self._merged_keys:
+            self.late += 1
+        bucket.add(rank, record)
+
+    def _expected(self) -> set[int]:
+        return set(range(self.world_size)) - self._finished - self._lost
+
+    def _everyone_done(self) -> bool:
+        return not (set(range(self.world_size)) - self._finished - self._lost - {self.rank})
+
+    def _merge_due(self, *, final: bool) -> None:
+        now = self._now()
+        clock = time.monotonic()
+        for rank in self._expected() - {self.rank}:
+            if clock - self._heard[rank] >= self.timeout:
+                self._lost.add(rank)
+                logger.warning(
+                    "merge_stats_across_ranks: rank %d silent for %.1f s; windows are merged "
+                    "without it from now on",
+                    rank,
+                    clock - self._heard[rank],
+                )
+        expected = self._expected()
+        for key in sorted(self._buckets, key=lambda k: k[2] * k[3]):
+            end = key[2] * key[3]
+            behind = [r for r in expected if self._mark[r] < end]
+            late = key in self._merged_keys
+            if behind and not late and not final and now < end + self.timeout:
+                continue
+            bucket = self._buckets.pop(key)
+            if behind and not late:
+                self.missing += 1
+                if self._throttle.ready(("missing", tuple(behind))):
+                    logger.warning(
+                        "merge_stats_across_ranks: window %r ending %s merged without rank(s) "
+                        "%s (no word from them within timeout=%s s)",
+                        key[0],
+                        _stamp(end).isoformat(),
+                        ", ".join(map(str, sorted(behind))),
+                        self.timeout,
+                    )
+            record: _Record = [key[0], list(key[1])]
+            data = self._data(record, bucket)
+            self.bus._log_window((STAT_EVENT, _stamp(bucket.last), data))
+            self.merged += 1
+            self._merged_keys[key] = end
+        # A window merged long ago cannot come back but as a late one: forget it.
+        horizon = now - 4 * self.timeout - 60.0
+        for key, end in list(self._merged_keys.items()):
+            if end < horizon:
+                del self._merged_keys[key]
+
+    @staticmethod
+    def _data(record: _Record, bucket: _Bucket) -> dict[str, float | int]:
+        name, aggs = record[0], record[1]
+        count = bucket.count
+        values = (bucket.value, bucket.total / count, count, bucket.total, bucket.high, bucket.low)
+        data: dict[str, float | int] = {}
+        for agg in aggs:
+            data[f"{name}.{_AGG_NAMES[agg]}"] = values[agg - 1]
+        data[f"{name}.ranks"] = len(bucket.ranks)
+        return data
+
+    # -- ending --
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Close this bus's open Stat windows, send them (dst: merge every rank's last ones),
+        and stop. Idempotent and thread-safe; a later Stat window is logged locally as usual.
+
+        Args:
+            timeout: seconds to wait; None waits the merge's ``timeout``.
+
+        Returns:
+            Whether the exchange finished in time (on dst: every rank's last windows arrived
+            or the rank was already lost).
+        """
+        limit = check_timeout("timeout", timeout)
+        if limit is None:
+            limit = self.timeout
+        with self._close_lock:
+            if not self._closed:
+                self._closed = True
+                self._close_deadline = time.monotonic() + limit
+                for stat in self.bus._stats():
+                    stat._close()  # into the tap: this rank's last windows
+                self._closing.set()
+                self._wake.set()
+                atexit.unregister(self._close_at_exit)
+        finished = self._done.wait(limit)
+        return finished and (self.rank != self.dst or self._everyone_done())
+
+    def _close_at_exit(self) -> None:
+        if not self.close():
+            logger.warning(
+                "merge_stats_across_ranks: rank %d did not finish within timeout=%s s at exit",
+                self.rank,
+                self.timeout,
+            )
+
+    def __enter__(self) -> RankMerge:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "active"
+        return (
+            f"<RankMerge rank {self.rank}/{self.world_size} to dst {self.dst} ({state}): "
+            f"sent={self.sent} merged={self.merged} received={self.received} "
+            f"missing={self.missing} lost={sorted(self._lost)} local={self.local} late={self.late}>"
+        )
+
+    _close_deadline = math.inf
+
+
+_AGG_NAMES = {agg.value: agg.name.lower() for agg in _stat.Aggregation}
+
+
+def _stamp(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, timezone.utc)
+
+
+def merge_stats_across_ranks(
+    *,
+    bus: EventBus | None = None,
+    dst: int = 0,
+    timeout: float = 30.0,
+    keep_local: bool = False,
+) -> RankMerge:
+    """Merge the Stat windows of every ``torch.distributed`` rank into one stream on ``dst``.
+
+    Call it on every rank, after ``torch.distributed.init_process_group`` (any backend): it
+    makes a gloo group of its own (a collective), moves the bus's Stat windows to wall-clock
+    multiples of their size, and from then on each closed window goes to ``dst`` on a thread
+    of the merge, never the caller's. ``dst`` logs one ``"torch.monitor.Stat"`` event per
+    (Stat name, window) with the usual keys (``"loss.mean"``) plus ``"<name>.ranks"``, the
+    number of ranks that contributed. COUNT and SUM add up, MAX and MIN are the max of maxes
+    and min of mins, MEAN is SUM / COUNT, VALUE is the one of the rank whose window closed
+    last. The event's timestamp is when that window closed. Plain events are not merged.
+
+    The other ranks do not log their Stat windows (``keep_local=True`` logs them too). A rank
+    that dies or hangs costs only what it had not sent: ``dst`` waits ``timeout`` past a
+    window's end at most, merges the window among the ranks that reported it and logs a
+    warning naming the others. If ``dst`` is gone, each rank logs its own windows with
+    ``"<name>.rank"`` (its rank) added, and counts them in ``local``.
+
+    Args:
+        bus: the bus whose Stats are merged; the default bus if omitted.
+        dst: the rank that logs the merged windows.
+        timeout: seconds any wait of the exchange may take: a send, how long past a window's
+            end dst waits for a rank, how long a rank may stay silent before dst stops
+            waiting for it, and ``close()``'s default.
+        keep_local: also log each rank's own windows on its bus, as without the merge.
+
+    Returns:
+        The running merge: ``close()`` it (or use it as a context manager) before the
+        process group is destroyed; it is closed at interpreter exit otherwise.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        ValueError: ``dst`` is not a rank of the job or ``timeout`` is not positive.
+        RuntimeError: ``torch.distributed`` is not initialized, or the bus is merged already.
+        ImportError: torch is not installed.
+
+    Examples:
+        >>> from monitor_bus.integrations.torch import merge_stats_across_ranks
+        >>> with merge_stats_across_ranks(timeout=10.0):  # doctest: +SKIP
+        ...     train()
+    """
+    from .._bus import EventBus
+
+    if bus is None:
+        from .._default import get_default_bus
+
+        bus = get_default_bus()
+    elif not isinstance(bus, EventBus):
+        raise wrong_type("bus", "a monitor_bus.EventBus or None", bus)
+    check_int("dst", dst, 0)
+    seconds = check_timeout("timeout", timeout, allow_none=False)
+    if seconds is None or seconds <= 0:
+        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout}")
+    if not isinstance(keep_local, bool):
+        raise wrong_type("keep_local", "a bool", keep_local)
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "merge_stats_across_ranks needs torch.distributed.init_process_group() first"
+        )
+    if dst >= dist.get_world_size():
+        raise ValueError(
+            f"dst must be a rank below the world size {dist.get_world_size()}, got {dst}"
+        )
+    if bus._window_tap is not None:
+        raise RuntimeError(f"bus {bus._name!r} is merged across ranks already")
+    # Its receives are never timed: a timed-out gloo receive fails the whole group.
+    group = dist.new_group(backend="gloo", timeout=timedelta(days=365))
+    merge = RankMerge(bus, dist, group, dst, seconds, keep_local)
+    merge._start()
+    return merge

@@ -1,0 +1,93 @@
+"""One rank of a torchrun job for tests/test_merge_ranks.py (CPU, gloo).
+
+    torchrun --nproc_per_node=3 tests/merge_ranks_job.py OUT_DIR SCENARIO
+
+Every rank adds known samples to two Stats on its own bus, with its windows merged to rank 0;
+its bus writes what it logs to ``OUT_DIR/rank<r>.jsonl`` and the rank writes what it added,
+every window its Stats closed (seen through the bus's window tap) and the merge's counters to
+``OUT_DIR/rank<r>.json``. Scenarios: ``normal``; ``peer_dies`` (rank 2 ends with ``os._exit(0)``
+halfway: a zero exit, as a non-zero one makes torchrun stop every rank); ``dst_dies`` (rank 0
+does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+import monitor_bus as monitor
+from monitor_bus.integrations.torch import merge_stats_across_ranks
+
+WINDOW = 0.25
+STEPS = 120
+ALL = list(monitor.Aggregation)
+
+
+def main() -> None:
+    out, scenario = Path(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    bus = monitor.EventBus(name="merge")
+    bus.register_event_handler(monitor.JsonlEventHandler(out / f"rank{rank}.jsonl"))
+    timeout = 2.0 if scenario != "normal" else 10.0
+    merge = merge_stats_across_ranks(bus=bus, timeout=timeout)
+    closed: list[list[Any]] = []
+    tap = bus._window_tap
+    assert tap is not None
+
+    def record(window: Any) -> bool:
+        closed.append(
+            [
+                window.stat.name,
+                round(window.end / window.stat._window),
+                window.count,
+                window.total,
+                window.high,
+                window.low,
+                window.value,
+                window.stamp.timestamp(),
+            ]
+        )
+        return tap(window)
+
+    bus._window_tap = record
+    loss = monitor.Stat("loss", ALL, timedelta(seconds=WINDOW), bus=bus)
+    grad = monitor.Stat("grad", [monitor.Aggregation.MEAN], timedelta(seconds=WINDOW), bus=bus)
+    added: dict[str, list[float]] = {"loss": [], "grad": []}
+    dies = {"peer_dies": 2, "dst_dies": 0}.get(scenario)
+
+    def report(**extra: Any) -> None:
+        counters = {
+            k: getattr(merge, k) for k in ("sent", "merged", "received", "missing", "late", "local")
+        }
+        result = {"added": added, "closed": closed, "counters": counters, **extra}
+        (out / f"rank{rank}.json").write_text(json.dumps(result))
+
+    for step in range(STEPS):
+        if step == STEPS // 2 and rank == dies:
+            report()
+            os._exit(0)
+        value = (rank * 1000 + step) * 0.25  # sums of these are exact in floating point
+        loss.add(value)
+        added["loss"].append(value)
+        if rank != 1:
+            grad.add(-value)
+            added["grad"].append(-value)
+        time.sleep(0.01)  # the training step
+    # The last window is open: close() merges it.
+    started = time.monotonic()
+    finished = merge.close()
+    took = time.monotonic() - started
+    assert bus.close(timeout=10)
+    report(finished=finished, close_seconds=took, lost=sorted(merge.lost_ranks))
+
+
+if __name__ == "__main__":
+    main()

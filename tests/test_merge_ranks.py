@@ -1,0 +1,199 @@
+"""merge_stats_across_ranks in real torchrun jobs of three CPU ranks on gloo (tests/merge_ranks_job.py).
+
+Each job's ranks write what they added, every window their Stats closed, the merge's counters,
+and (through a JsonlEventHandler on their bus) what they logged; the tests compare them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import monitor_bus as monitor
+from tests.conftest import require
+
+JOB = Path(__file__).resolve().parent / "merge_ranks_job.py"
+ROOT = JOB.parent.parent
+
+
+def torchrun_available() -> bool:
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    return (
+        dist.is_available()
+        and shutil.which("torchrun", path=os.path.dirname(sys.executable)) is not None
+    )
+
+
+def run_job(
+    tmp_path: Path, scenario: str, *args: str, script: Path = JOB
+) -> subprocess.CompletedProcess[str]:
+    require(torchrun_available(), "torch with torch.distributed is not installed")
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [
+            torchrun,
+            "--nproc_per_node=3",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=localhost:0",
+            str(script),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=50,  # well over a job's few seconds plus the merge's 2 s timeout
+        env=env,
+        cwd=tmp_path,
+    )
+
+
+def load(tmp_path: Path, rank: int) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    return result
+
+
+def events(tmp_path: Path, rank: int) -> list[dict[str, Any]]:
+    return [dict(e.data) for e in monitor.read_jsonl(tmp_path / f"rank{rank}.jsonl")]
+
+
+AGGS = {"loss": ["value", "mean", "count", "sum", "max", "min"], "grad": ["mean"]}
+
+
+def expected_events(windows: list[tuple[int, list[Any]]]) -> Counter[str]:
+    """The merged events the ranks' closed windows make: (rank, window) pairs in, as JSON."""
+    groups: dict[tuple[str, int], list[tuple[int, list[Any]]]] = {}
+    for rank, w in windows:
+        groups.setdefault((w[0], w[1]), []).append((rank, w))
+    out: Counter[str] = Counter()
+    for (name, _), members in groups.items():
+        count = sum(w[2] for _, w in members)
+        total = sum(w[3] for _, w in members)
+        last = max(members, key=lambda m: m[1][7])[1]
+        values = {
+            "value": last[6],
+            "mean": total / count,
+            "count": count,
+            "sum": total,
+            "max": max(w[4] for _, w in members),
+            "min": min(w[5] for _, w in members),
+        }
+        data: dict[str, Any] = {f"{name}.{agg}": values[agg] for agg in AGGS[name]}
+        data[f"{name}.ranks"] = len({rank for rank, _ in members})
+        out[json.dumps(data, sort_keys=True)] += 1
+    return out
+
+
+def as_counter(data: list[dict[str, Any]]) -> Counter[str]:
+    return Counter(json.dumps(d, sort_keys=True) for d in data)
+
+
+def test_every_window_of_every_rank_is_merged_exactly_once(tmp_path: Path) -> None:
+    """dst logs one event per (Stat, window) equal to the merge of every rank's windows, whose counts and sums are every sample added, the last ones included (close() flushes them); the other ranks log nothing."""
+    proc = run_job(tmp_path, "normal", str(tmp_path), "normal")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [load(tmp_path, r) for r in range(3)]
+    merged = events(tmp_path, 0)
+    for rank, result in enumerate(results):
+        assert result["finished"] is True
+        for name in ("loss", "grad"):
+            own = [w for w in result["closed"] if w[0] == name]
+            assert sum(w[2] for w in own) == len(result["added"][name])
+            assert sum(w[3] for w in own) == sum(result["added"][name])
+        if rank:
+            assert events(tmp_path, rank) == []
+            assert result["counters"]["sent"] == len(result["closed"])
+    windows = [(rank, w) for rank, result in enumerate(results) for w in result["closed"]]
+    assert as_counter(merged) == expected_events(windows)
+    loss = [d for d in merged if "loss.count" in d]
+    assert len(loss) == len({w[1] for _, w in windows if w[0] == "loss"})  # one per window
+    added = [v for result in results for v in result["added"]["loss"]]
+    assert sum(d["loss.count"] for d in loss) == len(added)
+    assert sum(d["loss.sum"] for d in loss) == sum(added)
+    assert max(d["loss.max"] for d in loss) == max(added)
+    assert min(d["loss.min"] for d in loss) == min(added)
+    assert {d["grad.ranks"] for d in merged if "grad.mean" in d} <= {1, 2}  # rank 1 adds none
+    counters = results[0]["counters"]
+    assert counters["merged"] == len(merged)
+    assert counters["received"] == len(results[1]["closed"]) + len(results[2]["closed"])
+    assert (counters["missing"], counters["late"], counters["local"]) == (0, 0, 0)
+
+
+def test_a_rank_that_exits_costs_only_what_it_had_not_sent(tmp_path: Path) -> None:
+    """With rank 2 gone halfway, ranks 0 and 1 finish, dst names rank 2 lost and merges every window of 0 and 1 with a prefix of rank 2's."""
+    proc = run_job(tmp_path, "peer_dies", str(tmp_path), "peer_dies")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [load(tmp_path, r) for r in range(3)]
+    assert results[0]["finished"] is True
+    assert results[1]["finished"] is True
+    assert results[0]["lost"] == [2]
+    assert "rank 2 silent for" in proc.stderr
+    merged = as_counter(events(tmp_path, 0))
+    live = [(rank, w) for rank in (0, 1) for w in results[rank]["closed"]]
+    dead = results[2]["closed"]
+    matches = [
+        n
+        for n in range(len(dead) + 1)
+        if merged == expected_events(live + [(2, w) for w in dead[:n]])
+    ]
+    # Rank 2 sent its windows in order: what dst merged is the live ranks' windows and the
+    # first of rank 2's, one cut-off only.
+    assert len(matches) == 1
+    assert matches[0] >= 1
+    assert results[0]["counters"]["late"] == 0
+
+
+def test_when_dst_is_gone_each_rank_logs_its_own_windows_marked(tmp_path: Path) -> None:
+    """With dst gone halfway, ranks 1 and 2 log the windows they could not send on their own bus, marked with their rank, and every window is either sent or logged."""
+    proc = run_job(tmp_path, "dst_dies", str(tmp_path), "dst_dies")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "cannot reach dst rank 0" in proc.stderr
+    for rank in (1, 2):
+        result = load(tmp_path, rank)
+        assert result["finished"] is True
+        counters = result["counters"]
+        closed = result["closed"]
+        local = events(tmp_path, rank)
+        assert counters["local"] == len(local) >= 1
+        assert counters["sent"] + counters["local"] == len(closed)
+        # The windows sent first, then the rest logged here, each marked: nothing lost.
+        unsent = [(rank, w) for w in closed[counters["sent"] :]]
+        expected: Counter[str] = Counter()
+        for _, w in unsent:
+            one = json.loads(next(iter(expected_events([(rank, w)]))))
+            one[f"{w[0]}.rank"] = rank
+            expected[json.dumps(one, sort_keys=True)] += 1
+        assert as_counter(local) == expected
+        assert sum(w[2] for w in closed if w[0] == "loss") == len(result["added"]["loss"])
+
+
+def test_arguments_are_checked_before_anything_starts() -> None:
+    """Bad arguments and a missing process group raise clear errors naming what is wrong."""
+    require(torchrun_available(), "torch with torch.distributed is not installed")
+    from monitor_bus.integrations.torch import merge_stats_across_ranks
+
+    with pytest.raises(TypeError, match="bus must be"):
+        merge_stats_across_ranks(bus="bus")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="dst must be an int"):
+        merge_stats_across_ranks(dst=1.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="dst must be at least 0"):
+        merge_stats_across_ranks(dst=-1)
+    with pytest.raises(ValueError, match="timeout must be a positive"):
+        merge_stats_across_ranks(timeout=0)
+    with pytest.raises(ValueError, match="timeout must be >= 0"):
+        merge_stats_across_ranks(timeout=math.nan)
+    with pytest.raises(TypeError, match="keep_local must be a bool"):
+        merge_stats_across_ranks(keep_local=1)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        merge_stats_across_ranks()
