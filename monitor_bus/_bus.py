@@ -33,6 +33,7 @@ import anyio
 
 from . import _device
 from ._check import check_int, check_timeout, wrong_type
+from ._device import Deferred
 from ._dispatcher import Dispatcher, _deadline, _remaining, _TimedOut
 from ._event import Event, EventOrigin
 from ._handler import EventHandler, EventHandlerHandle, _Handler
@@ -490,8 +491,10 @@ class EventBus(Dispatcher):
         """Device values logged on this bus and not read yet."""
         if not _device.used:
             return 0  # none was ever captured: no scan of the queue
+        stats = self._stats()
         return (
-            sum(len(stat._pending) for stat in self._stats())
+            sum(len(stat._pending) for stat in stats)
+            + sum([v.__class__ for v in list(stat._buf)].count(Deferred) for stat in stats)
             + device_values(list(self._queue.slots)[2::SLOTS])
             + device_values(self._held[2::SLOTS])
         )

@@ -7,9 +7,8 @@ Guarantees
   (``non_blocking`` from an accelerator, with a stream event recorded after it), so a later
   in-place update of the caller's tensor cannot change what was logged, and no autograd graph
   is kept. The value is read later, on a thread of the bus (``Deferred.value``).
-- One path for every device: a CPU tensor takes the same steps as a CUDA one; only
-  ``_mark_copy`` differs, and on the CPU it returns None (the copy is done when ``to``
-  returns).
+- One path for every device: a CPU tensor takes the same steps as a CUDA one; its copy is a
+  ``clone()``, done when it returns, so ``_mark_copy`` returns None for it.
 - Nothing here imports torch or numpy: a value is a torch tensor only if torch is already in
   ``sys.modules`` (whoever made the tensor imported it).
 - Host arrays (numpy, or a ``__dlpack__`` object in CPU memory) are read at the call: their
@@ -43,7 +42,7 @@ class Deferred:
         self._copy = copy  # the caller's value as it was at the call: a copy of its own
         self._mark = mark  # a stream event recorded after the copy, or None (nothing to wait)
         self._read = read  # the copy's Python scalar; called once, off the caller's thread
-        self._value: Any = _UNREAD
+        self._value: Any = UNREAD
 
     def ready(self) -> bool:
         """Whether reading the value now waits for no device (the loop asks this)."""
@@ -52,7 +51,7 @@ class Deferred:
 
     def wait(self) -> None:
         """Read the value, waiting for the device: only on a worker thread, never the loop."""
-        if self._value is _UNREAD:
+        if self._value is UNREAD:
             mark = self._mark
             if mark is not None:
                 mark.synchronize()
@@ -60,7 +59,7 @@ class Deferred:
 
     def value(self) -> float | int | bool:
         """The Python scalar (after ``ready()`` or ``wait()``). Frees the copy."""
-        if self._value is _UNREAD:
+        if self._value is UNREAD:
             self._resolve()
         return self._value  # type: ignore[no-any-return]
 
@@ -100,7 +99,7 @@ class Deferred:
         return (_identity, (self._value,))
 
 
-_UNREAD = object()
+UNREAD = object()  # a Deferred's value before it is read
 
 
 def _identity(value: Any) -> Any:
@@ -140,15 +139,15 @@ def _capture_tensor(name: str, value: Any, torch: Any) -> Deferred:
         raise TypeError(f"{name} must hold one value, not a {type_name(value)} of {n} elements")
     if tensor.is_complex():
         raise TypeError(f"{name} must be a real number, not a complex tensor")
-    # Host memory of its own: from an accelerator the copy is queued on the current stream
-    # (non_blocking copies to pinned memory); on the CPU it is a plain clone.
-    copy = tensor.to("cpu", non_blocking=True, copy=True)
+    # Host memory of its own: a clone on the CPU; from an accelerator a copy queued on the
+    # current stream (non_blocking copies to pinned memory).
+    copy = tensor.clone() if tensor.is_cpu else tensor.to("cpu", non_blocking=True, copy=True)
     return Deferred(copy, _mark_copy(tensor, torch), _read_tensor)
 
 
 def _mark_copy(tensor: Any, torch: Any) -> Any:
     """A stream event recorded after the copy, or None where the copy is already done."""
-    if tensor.device.type == "cpu":
+    if tensor.is_cpu:  # 0.05 us, against 0.3 us for device.type
         return None
     event = torch.cuda.Event() if tensor.device.type == "cuda" else _Unmarked()
     event.record()

@@ -301,6 +301,27 @@ class Stat:
                 self._buf = deque(maxlen=0)
             else:
                 self._fold_at = min(_CHUNK, self._max_samples - self._count)
+        if len(self._pending) >= _CHUNK:
+            # Device values hold memory until read: the dispatcher reads those that are ready
+            # now rather than at the window's end.
+            self._bus._call_soon(self._read_pending)
+
+    def _read_pending(self) -> None:
+        """Fold the open window's device values that are ready into its aggregates (on the
+        dispatcher's thread)."""
+        with self._lock:
+            pending = self._pending
+            ready = [v for v in pending if v.ready()]
+            if not ready:
+                return
+            total, high, low = _fold(
+                [float(v.value()) for v in ready],
+                self._count - len(pending),
+                (self._sum, self._max, self._min),
+                (self._want_sum, self._want_max, self._want_min),
+            )
+            self._pending = [v for v in pending if v._value is _device.UNREAD]
+            self._sum, self._max, self._min = total, high, low
 
     def _close(self) -> None:
         """Log the open window now (at exit and on collection) if it holds data."""

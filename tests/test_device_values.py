@@ -485,3 +485,25 @@ def test_a_value_that_cannot_be_read_drops_its_event_counted_and_reported(
         "EventBus 'dev': 1 events dropped: a device value could not be read "
         "(event 'broken': RuntimeError('device lost'))"
     ]
+
+
+def test_an_open_window_reads_its_device_values_as_they_pile_up(
+    named_bus: EventBus, recorder: Recorder, torch: Any
+) -> None:
+    """Past 4,096 unread samples, the dispatcher reads an open window's device values, so
+    they do not all wait for the window's end; the window's aggregates stay exact."""
+    named_bus.register_event_handler(recorder)
+    stat = Stat(
+        "m",
+        [Aggregation.SUM, Aggregation.COUNT, Aggregation.MAX],
+        timedelta(hours=1),
+        bus=named_bus,
+    )
+    for i in range(5000):
+        stat.add(torch.tensor(float(i)))
+    named_bus._in_loop(lambda: None, timeout=10)  # the loop has run what the adds asked of it
+    # 1 + 4,096 samples were folded and read on the loop; the last 903 wait in the buffer.
+    assert (len(stat._pending), named_bus.stats()["device_values"]) == (0, 903)
+    stat._close()
+    assert named_bus.flush(10)
+    assert stat_data(recorder.events) == [{"m.sum": 12497500.0, "m.count": 5000, "m.max": 4999.0}]
