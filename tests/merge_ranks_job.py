@@ -37,6 +37,8 @@ def main() -> None:
     bus = monitor.EventBus(name="merge")
     bus.register_event_handler(monitor.JsonlEventHandler(out / f"rank{rank}.jsonl"))
     timeout = 2.0 if scenario != "normal" else 10.0
+    # Made before the merge: its open window must move to the wall-clock alignment too.
+    loss = monitor.Stat("loss", ALL, timedelta(seconds=WINDOW), bus=bus)
     merge = merge_stats_across_ranks(bus=bus, timeout=timeout)
     closed: list[list[Any]] = []
     tap = bus._window_tap
@@ -58,7 +60,6 @@ def main() -> None:
         return tap(window)
 
     bus._window_tap = record
-    loss = monitor.Stat("loss", ALL, timedelta(seconds=WINDOW), bus=bus)
     grad = monitor.Stat("grad", [monitor.Aggregation.MEAN], timedelta(seconds=WINDOW), bus=bus)
     added: dict[str, list[float]] = {"loss": [], "grad": []}
     dies = {"peer_dies": 2, "dst_dies": 0}.get(scenario)

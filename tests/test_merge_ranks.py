@@ -36,9 +36,7 @@ def torchrun_available() -> bool:
     )
 
 
-def run_job(
-    tmp_path: Path, scenario: str, *args: str, script: Path = JOB
-) -> subprocess.CompletedProcess[str]:
+def run_job(tmp_path: Path, *args: str, script: Path = JOB) -> subprocess.CompletedProcess[str]:
     require(torchrun_available(), "torch with torch.distributed is not installed")
     torchrun = str(Path(sys.executable).parent / "torchrun")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -68,6 +66,7 @@ def events(tmp_path: Path, rank: int) -> list[dict[str, Any]]:
     return [dict(e.data) for e in monitor.read_jsonl(tmp_path / f"rank{rank}.jsonl")]
 
 
+WINDOW = 0.25  # as in merge_ranks_job.py
 AGGS = {"loss": ["value", "mean", "count", "sum", "max", "min"], "grad": ["mean"]}
 
 
@@ -101,7 +100,7 @@ def as_counter(data: list[dict[str, Any]]) -> Counter[str]:
 
 def test_every_window_of_every_rank_is_merged_exactly_once(tmp_path: Path) -> None:
     """dst logs one event per (Stat, window) equal to the merge of every rank's windows, whose counts and sums are every sample added, the last ones included (close() flushes them); the other ranks log nothing."""
-    proc = run_job(tmp_path, "normal", str(tmp_path), "normal")
+    proc = run_job(tmp_path, str(tmp_path), "normal")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [load(tmp_path, r) for r in range(3)]
     merged = events(tmp_path, 0)
@@ -115,6 +114,9 @@ def test_every_window_of_every_rank_is_merged_exactly_once(tmp_path: Path) -> No
             assert events(tmp_path, rank) == []
             assert result["counters"]["sent"] == len(result["closed"])
     windows = [(rank, w) for rank, result in enumerate(results) for w in result["closed"]]
+    for _, w in windows:  # on the wall clock: open when it closed (close() ends one early)
+        end = w[1] * WINDOW
+        assert end - WINDOW <= w[7] < end + 30
     assert as_counter(merged) == expected_events(windows)
     loss = [d for d in merged if "loss.count" in d]
     assert len(loss) == len({w[1] for _, w in windows if w[0] == "loss"})  # one per window
@@ -132,7 +134,7 @@ def test_every_window_of_every_rank_is_merged_exactly_once(tmp_path: Path) -> No
 
 def test_a_rank_that_exits_costs_only_what_it_had_not_sent(tmp_path: Path) -> None:
     """With rank 2 gone halfway, ranks 0 and 1 finish, dst names rank 2 lost and merges every window of 0 and 1 with a prefix of rank 2's."""
-    proc = run_job(tmp_path, "peer_dies", str(tmp_path), "peer_dies")
+    proc = run_job(tmp_path, str(tmp_path), "peer_dies")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [load(tmp_path, r) for r in range(3)]
     assert results[0]["finished"] is True
@@ -156,7 +158,7 @@ def test_a_rank_that_exits_costs_only_what_it_had_not_sent(tmp_path: Path) -> No
 
 def test_when_dst_is_gone_each_rank_logs_its_own_windows_marked(tmp_path: Path) -> None:
     """With dst gone halfway, ranks 1 and 2 log the windows they could not send on their own bus, marked with their rank, and every window is either sent or logged."""
-    proc = run_job(tmp_path, "dst_dies", str(tmp_path), "dst_dies")
+    proc = run_job(tmp_path, str(tmp_path), "dst_dies")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "cannot reach dst rank 0" in proc.stderr
     for rank in (1, 2):
@@ -197,3 +199,13 @@ def test_arguments_are_checked_before_anything_starts() -> None:
         merge_stats_across_ranks(keep_local=1)  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="init_process_group"):
         merge_stats_across_ranks()
+
+
+def test_the_torchrun_example_merges_every_rank_s_samples(tmp_path: Path) -> None:
+    """examples/torchrun_merge.py under torchrun: rank 0 prints merged windows holding every sample of the three ranks."""
+    example = ROOT / "examples" / "torchrun_merge.py"
+    proc = run_job(tmp_path, "--steps", "150", script=example)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[-1].endswith(" merged windows; 450 loss samples of 450 added"), proc.stdout
+    assert any(line.endswith(" from 3 ranks") for line in lines[:-1])

@@ -206,9 +206,9 @@ class RankMerge:
 
     def _start(self) -> None:
         bus = self.bus
+        bus._clock_offset = time.time() - _stat._clock()
         for stat in bus._stats():  # their open windows end on the old clock: logged here
             stat._close()
-        bus._clock_offset = time.time() - _stat._clock()
         bus._window_tap = self._tap
         if self.rank == self.dst:
             threading.Thread(
