@@ -1,0 +1,251 @@
+"""What merging Stat windows across ranks costs a training loop, how late the merged windows
+arrive, and what a rank that dies mid-run does to the others.
+
+    torchrun --nproc_per_node=4 --rdzv-backend=c10d --rdzv-endpoint=localhost:0 \\
+        benchmarks/merge_ranks.py [--rounds 12] [--steps 300]
+
+Three parts, every rank on CPU with gloo:
+
+1. Step time: a CPU-bound step (a numpy MLP forward + backward + SGD update, as in
+   training_loop.py) and an add to each of 3 Stats (windows of 250 ms). Each round runs
+   ``--steps`` steps with the Stats on a bus merged across ranks (``merge_stats_across_ranks``)
+   and ``--steps`` with them on a bus that is not, in alternating order; both buses have a no-op
+   handler. Reported: per rank, the ratio of the median step times (on / off).
+2. Delay on dst: for every merged window of part 1, the wall time at which the merged event
+   reached dst's handler minus the window's end (p50, p99).
+3. A rank dies: a fresh bus merged with ``timeout=2``; all ranks add samples for 4 s, and the
+   last rank ends with ``os._exit(0)`` (a zero exit: torchrun stops every rank on a non-zero
+   one) at 1.5 s. Reported: when dst named it lost, after its death; whether the others' close()
+   finished and how long it took; the samples each rank added against what dst merged.
+
+Rank 0 prints a markdown table. The ranks share results through files in a temporary
+directory named after the torchrun job.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from datetime import timedelta  # noqa: E402
+from importlib.metadata import version  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from _machine import cpu_model, positive  # noqa: E402
+
+import monitor_bus as monitor  # noqa: E402
+from monitor_bus.integrations.torch import merge_stats_across_ranks  # noqa: E402
+
+WINDOW = 0.25
+AGGS = [monitor.Aggregation.MEAN, monitor.Aggregation.MAX]
+
+
+def make_step() -> Any:
+    """A two-layer tanh MLP, forward + backward + SGD update on one minibatch."""
+    rng = np.random.default_rng(0)
+    batch, d_in, hidden, d_out = 128, 96, 256, 10
+    x = rng.standard_normal((batch, d_in)).astype(np.float32)
+    y = rng.standard_normal((batch, d_out)).astype(np.float32)
+    w1 = (rng.standard_normal((d_in, hidden)) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((hidden, d_out)) * 0.1).astype(np.float32)
+
+    def step() -> tuple[float, float]:
+        nonlocal w1, w2
+        h = np.tanh(x @ w1)
+        err = h @ w2 - y
+        loss = float((err * err).mean())
+        g_out = err * np.float32(2.0 / err.size)
+        g_w2 = h.T @ g_out
+        g_w1 = x.T @ ((g_out @ w2.T) * (1 - h * h))
+        w1 -= np.float32(0.01) * g_w1
+        w2 -= np.float32(0.01) * g_w2
+        return loss, math.sqrt(float((g_w1 * g_w1).sum() + (g_w2 * g_w2).sum()))
+
+    return step
+
+
+def stats(bus: monitor.EventBus) -> list[monitor.Stat]:
+    window = timedelta(seconds=WINDOW)
+    return [monitor.Stat(name, AGGS, window, bus=bus) for name in ("step_time", "loss", "grad")]
+
+
+def run_phase(step: Any, trio: list[monitor.Stat], steps: int) -> float:
+    """Median seconds per step of ``steps`` steps, each adding to the three Stats."""
+    times = []
+    step_time, loss_stat, grad_stat = trio
+    for _ in range(steps):
+        start = time.perf_counter()
+        loss, grad = step()
+        step_time.add(time.perf_counter() - start)
+        loss_stat.add(loss)
+        grad_stat.add(grad)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def step_cost(rank: int, rounds: int, steps: int) -> tuple[list[float], list[float]]:
+    """Part 1 and 2: (on/off ratio per round on this rank, dst's delays)."""
+    delays: list[float] = []
+
+    def on_dst(event: monitor.Event) -> None:
+        if any(key.endswith(".ranks") for key in event.data):
+            end = math.floor(event.timestamp.timestamp() / WINDOW) * WINDOW
+            delays.append(time.time() - end)
+
+    merged_bus = monitor.EventBus(name="merged")
+    plain_bus = monitor.EventBus(name="plain")
+    merged_bus.register_event_handler(on_dst if rank == 0 else (lambda event: None))
+    plain_bus.register_event_handler(lambda event: None)
+    merge = merge_stats_across_ranks(bus=merged_bus, timeout=30.0)
+    merged_stats, plain_stats = stats(merged_bus), stats(plain_bus)
+    step = make_step()
+    run_phase(step, plain_stats, steps)  # warm-up
+    on: list[float] = []
+    off: list[float] = []
+    for i in range(rounds):
+        for merged in (i % 2 == 0, i % 2 == 1):
+            (on if merged else off).append(
+                run_phase(step, merged_stats if merged else plain_stats, steps)
+            )
+    assert merge.close()
+    merged_bus.flush()
+    merged_bus.close()
+    plain_bus.close()
+    return [statistics.median(on) / statistics.median(off)], delays
+
+
+class Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost_at: float | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "silent for" in record.getMessage() and self.lost_at is None:
+            self.lost_at = time.time()
+
+
+def a_rank_dies(rank: int, world: int, out: Path) -> None:
+    """Part 3: every rank but the last runs 4 s; the last exits at 1.5 s."""
+    merged: list[dict[str, Any]] = []
+    bus = monitor.EventBus(name="dies")
+    if rank == 0:
+        bus.register_event_handler(lambda event: merged.append(dict(event.data)))
+    warnings = Warnings()
+    logging.getLogger("monitor_bus").addHandler(warnings)
+    merge = merge_stats_across_ranks(bus=bus, timeout=2.0)
+    loss = monitor.Stat("loss", [monitor.Aggregation.COUNT], timedelta(seconds=WINDOW), bus=bus)
+    start = torch.tensor([time.time()], dtype=torch.float64)
+    dist.broadcast(start, 0)  # the last collective of the default group: a rank dies next
+    t0 = float(start.item())
+    dies_at = t0 + 1.5
+    added = 0
+    step = make_step()
+    while time.time() < t0 + 4.0:
+        if rank == world - 1 and time.time() >= dies_at:
+            (out / f"rank{rank}.json").write_text(json.dumps({"added": added}))
+            os._exit(0)
+        loss.add(step()[0])
+        added += 1
+    started = time.monotonic()
+    finished = merge.close()
+    took = time.monotonic() - started
+    bus.close()
+    result = {
+        "added": added,
+        "finished": finished,
+        "close": took,
+        "lost": sorted(merge.lost_ranks),
+        "noticed": None if warnings.lost_at is None else warnings.lost_at - dies_at,
+        "merged": sum(d["loss.count"] for d in merged),
+        "windows": [d["loss.ranks"] for d in merged],
+        "missing": merge.missing,
+    }
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=positive, default=12)
+    parser.add_argument("--steps", type=positive, default=300)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    job = os.environ.get("TORCHELASTIC_RUN_ID", "") + os.environ.get("MASTER_PORT", "")
+    out = Path(tempfile.gettempdir()) / f"merge_ranks_{job}"
+    out.mkdir(exist_ok=True)
+
+    ratios, delays = step_cost(rank, args.rounds, args.steps)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, ratios)
+    a_rank_dies(rank, world, out)
+    if rank != 0:
+        return
+    deadline = time.monotonic() + 30
+    results = {}
+    while len(results) < world and time.monotonic() < deadline:
+        for r in range(world):
+            path = out / f"rank{r}.json"
+            if r not in results and path.exists():
+                results[r] = json.loads(path.read_text())
+        time.sleep(0.1)
+    dst = results[0]
+    live_added = sum(results[r]["added"] for r in range(world - 1))
+    dead_added = results[world - 1]["added"]
+    ms = [d * 1000 for d in delays]
+    print(
+        f"{world} ranks on one host, gloo, CPU: {cpu_model()}, {os.cpu_count()} cores; "
+        f"Python {platform.python_version()}, torch {torch.__version__}, "
+        f"monitor_bus {version('monitor_bus')}; {args.rounds} rounds of {args.steps} steps"
+    )
+    print()
+    print("| measure | result |")
+    print("|---|---|")
+    ratio_text = ", ".join(f"{g[0]:.3f}" for g in gathered)
+    print(
+        f"| step time, merged / not merged (median of rounds), ranks 0-{world - 1} | {ratio_text} |"
+    )
+    print(
+        f"| delay from window end to merged event on dst, p50 / p99 ({len(ms)} windows) "
+        f"| {percentile(ms, 0.5):.1f} ms / {percentile(ms, 0.99):.1f} ms |"
+    )
+    noticed = dst["noticed"]
+    noticed_text = "not named" if noticed is None else f"{noticed:.2f} s"
+    print(
+        f"| rank {world - 1} exits at 1.5 s (timeout 2 s): dst names it lost after | {noticed_text} |"
+    )
+    closes = ", ".join(
+        f"{results[r]['close'] * 1000:.0f} ms ({'finished' if results[r]['finished'] else 'timed out'})"
+        for r in range(world - 1)
+    )
+    print(f"| ... close() on ranks 0-{world - 2} | {closes} |")
+    print(
+        f"| ... samples: added by ranks 0-{world - 2} / by rank {world - 1} before it died / "
+        f"merged on dst | {live_added} / {dead_added} / {dst['merged']} "
+        f"({dst['merged'] - live_added} beyond the live ranks' samples) |"
+    )
+    windows = dst["windows"]
+    by_ranks = ", ".join(f"{n} ranks: {windows.count(n)}" for n in sorted(set(windows)))
+    print(f"| ... merged windows by contributing ranks | {by_ranks} |")
+
+
+if __name__ == "__main__":
+    main()
