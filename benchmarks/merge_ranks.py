@@ -212,7 +212,9 @@ def main() -> None:
     dead_added = results[world - 1]["added"]
     ms = [d * 1000 for d in delays]
     print(
-        f"{world} ranks on one host, gloo, CPU: {cpu_model()}, {os.cpu_count()} cores; "
+        f"Measured on {time.strftime('%Y-%m-%d')}: {world} ranks on one host, gloo, CPU: "
+        f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
+        f"load average (1 min) {os.getloadavg()[0]:.2f}; "
         f"Python {platform.python_version()}, torch {torch.__version__}, "
         f"monitor_bus {version('monitor_bus')}; {args.rounds} rounds of {args.steps} steps"
     )
