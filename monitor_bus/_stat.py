@@ -322,6 +322,9 @@ class Stat:
             )
             self._pending = [v for v in pending if v._value is _device.UNREAD]
             self._sum, self._max, self._min = total, high, low
+            value = self._value
+            if value.__class__ is Deferred and value._value is not _device.UNREAD:
+                self._value = float(value._value)
 
     def _close(self) -> None:
         """Log the open window now (at exit and on collection) if it holds data."""

@@ -507,3 +507,20 @@ def test_an_open_window_reads_its_device_values_as_they_pile_up(
     stat._close()
     assert named_bus.flush(10)
     assert stat_data(recorder.events) == [{"m.sum": 12497500.0, "m.count": 5000, "m.max": 4999.0}]
+
+
+def test_value_read_early_is_logged_as_a_float(
+    named_bus: EventBus, recorder: Recorder, torch: Any
+) -> None:
+    """A window whose samples were all read early (the last one too) logs VALUE as a float."""
+    named_bus.register_event_handler(recorder)
+    stat = Stat("v", [Aggregation.VALUE, Aggregation.COUNT], timedelta(hours=1), bus=named_bus)
+    for i in range(4097):  # the 4,097th add folds, and the loop reads every sample
+        stat.add(torch.tensor(float(i)))
+    named_bus._in_loop(lambda: None, timeout=10)
+    assert (len(stat._buf), len(stat._pending)) == (0, 0)
+    stat._close()
+    assert named_bus.flush(10)
+    [data] = stat_data(recorder.events)
+    assert data == {"v.value": 4096.0, "v.count": 4097}
+    assert type(data["v.value"]) is float
