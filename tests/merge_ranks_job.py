@@ -5,7 +5,7 @@
 Every rank adds known samples to two Stats on its own bus, with its windows merged to rank 0;
 its bus writes what it logs to ``OUT_DIR/rank<r>.jsonl`` and the rank writes what it added,
 every window its Stats closed (seen through the bus's window tap) and the merge's counters to
-``OUT_DIR/rank<r>.json``. Scenarios: ``normal``; ``peer_dies`` (rank 2 ends with ``os._exit(0)``
+``OUT_DIR/rank<r>.json``. Scenarios: ``normal``; ``at_exit`` (no rank calls close()); ``peer_dies`` (rank 2 ends with ``os._exit(0)``
 halfway: a zero exit, as a non-zero one makes torchrun stop every rank); ``dst_dies`` (rank 0
 does).
 """
@@ -82,6 +82,9 @@ def main() -> None:
             grad.add(-value)
             added["grad"].append(-value)
         time.sleep(0.01)  # the training step
+    if scenario == "at_exit":  # no close(): interpreter exit closes the merge
+        report()
+        return
     # The last window is open: close() merges it.
     started = time.monotonic()
     finished = merge.close()

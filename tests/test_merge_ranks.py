@@ -132,6 +132,18 @@ def test_every_window_of_every_rank_is_merged_exactly_once(tmp_path: Path) -> No
     assert (counters["missing"], counters["late"], counters["local"]) == (0, 0, 0)
 
 
+def test_interpreter_exit_closes_a_merge_left_open(tmp_path: Path) -> None:
+    """With no rank calling close(), exit still merges every rank's last windows on dst."""
+    proc = run_job(tmp_path, str(tmp_path), "at_exit")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [load(tmp_path, r) for r in range(3)]
+    merged = events(tmp_path, 0)
+    added = [v for result in results for v in result["added"]["loss"]]
+    assert sum(d["loss.count"] for d in merged if "loss.count" in d) == len(added)
+    assert sum(d["loss.sum"] for d in merged if "loss.sum" in d) == sum(added)
+    assert "did not finish" not in proc.stderr
+
+
 def test_a_rank_that_exits_costs_only_what_it_had_not_sent(tmp_path: Path) -> None:
     """With rank 2 gone halfway, ranks 0 and 1 finish, dst names rank 2 lost and merges every window of 0 and 1 with a prefix of rank 2's."""
     proc = run_job(tmp_path, str(tmp_path), "peer_dies")
