@@ -19,6 +19,8 @@ Guarantees
   once; one arriving after its window was merged is logged on its own, counted in ``late``.
 - Windows line up: the bus's windows are moved to wall-clock multiples of their size
   (``bus._clock_offset``); a rank whose clock is off by ``d`` puts its samples ``d`` late.
+- Fork: in a forked child (a DataLoader worker) the tap declines, so the child's windows take
+  the bus's usual way (to its parent's bus, as events): they are not merged.
 - Exit: ``close()`` closes the bus's open windows, sends them, and (on ``dst``) waits for
   every rank's last message, all within its timeout; it runs at interpreter exit (``atexit``,
   before the buses close) for a merge left open. ``dst``'s receiving thread may stay blocked
@@ -31,6 +33,7 @@ import atexit
 import json
 import logging
 import math
+import os
 import struct
 import threading
 import time
@@ -57,6 +60,9 @@ _HEARTBEAT = 1.0
 # Shortest pause between two rounds of a rank's thread (windows shorter than this are sent
 # in batches).
 _MIN_TICK = 0.02
+# dst's receive waits this long: a timed-out gloo wait fails every peer of the group, so it
+# must not time out while the ranks are merely quiet.
+_FOREVER = timedelta(days=365)
 # A window is past on a rank once its clock is this far beyond the end (float slack).
 _EPSILON = 1e-3
 
@@ -144,6 +150,7 @@ class RankMerge:
         self._done = threading.Event()
         self._close_lock = threading.Lock()
         self._tap_lock = threading.Lock()
+        self._pid = os.getpid()
         self._sealed = False
         self._heartbeat = min(_HEARTBEAT, timeout / 4)
         self._closed = False
@@ -173,6 +180,8 @@ class RankMerge:
     # -- the Stat's side: never blocks --
 
     def _tap(self, window: ClosedWindow) -> bool:
+        if os.getpid() != self._pid:  # a forked worker's copy: its bus forwards it as usual
+            return False
         with self._tap_lock:  # held only by _finish, briefly: the caller never waits long
             if self._sealed:
                 return False
@@ -342,8 +351,8 @@ class RankMerge:
     # -- dst --
 
     def _receive(self) -> None:
-        """dst's receiving thread: one receive from any rank at a time, never timed (a timed
-        out gloo receive fails every pair of the group)."""
+        """dst's receiving thread: one receive from any rank at a time, as long as it takes (a
+        timed-out gloo receive fails every pair of the group)."""
         import torch
 
         buf = torch.zeros(_FRAME, dtype=torch.uint8)
@@ -351,7 +360,7 @@ class RankMerge:
         while waiting:
             work = self._dist.irecv(buf, src=None, group=self._group, tag=_TAG)
             try:
-                work.wait()
+                work.wait(timeout=_FOREVER)
             except Exception:
                 logger.exception("merge_stats_across_ranks: dst rank %d: receive failed", self.dst)
                 return
@@ -573,7 +582,8 @@ def merge_stats_across_ranks(
     """Merge the Stat windows of every ``torch.distributed`` rank into one stream on ``dst``.
 
     Call it on every rank, after ``torch.distributed.init_process_group`` (any backend): it
-    makes a gloo group of its own (a collective), moves the bus's Stat windows to wall-clock
+    makes a gloo group of its own (a collective: it waits up to ``timeout`` for every rank to
+    call it), moves the bus's Stat windows to wall-clock
     multiples of their size, and from then on each closed window goes to ``dst`` on a thread
     of the merge, never the caller's. ``dst`` logs one ``"torch.monitor.Stat"`` event per
     (Stat name, window) with the usual keys (``"loss.mean"``) plus ``"<name>.ranks"``, the
@@ -636,8 +646,9 @@ def merge_stats_across_ranks(
         )
     if bus._window_tap is not None:
         raise RuntimeError(f"bus {bus._name!r} is merged across ranks already")
-    # Its receives are never timed: a timed-out gloo receive fails the whole group.
-    group = dist.new_group(backend="gloo", timeout=timedelta(days=365))
+    # The group's timeout bounds its making (a rank that never calls this); dst's receives
+    # pass a timeout of their own.
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=seconds))
     merge = RankMerge(bus, dist, group, dst, seconds, keep_local)
     merge._start()
     return merge
