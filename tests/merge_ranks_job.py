@@ -7,13 +7,15 @@ its bus writes what it logs to ``OUT_DIR/rank<r>.jsonl`` and the rank writes wha
 every window its Stats closed (seen through the bus's window tap) and the merge's counters to
 ``OUT_DIR/rank<r>.json``. Scenarios: ``normal``; ``at_exit`` (no rank calls close()); ``peer_dies`` (rank 2 ends with ``os._exit(0)``
 halfway: a zero exit, as a non-zero one makes torchrun stop every rank); ``dst_dies`` (rank 0
-does).
+does); ``dst_hangs`` (rank 0 stops itself halfway with SIGSTOP; rank 1 resumes it after its
+close()).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -63,6 +65,8 @@ def main() -> None:
     grad = monitor.Stat("grad", [monitor.Aggregation.MEAN], timedelta(seconds=WINDOW), bus=bus)
     added: dict[str, list[float]] = {"loss": [], "grad": []}
     dies = {"peer_dies": 2, "dst_dies": 0}.get(scenario)
+    pids: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(pids, os.getpid())
 
     def report(**extra: Any) -> None:
         counters = {
@@ -75,6 +79,8 @@ def main() -> None:
         if step == STEPS // 2 and rank == dies:
             report()
             os._exit(0)
+        if step == STEPS // 2 and rank == 0 and scenario == "dst_hangs":
+            os.kill(os.getpid(), signal.SIGSTOP)  # every thread; rank 1 resumes it at its end
         value = (rank * 1000 + step) * 0.25  # sums of these are exact in floating point
         loss.add(value)
         added["loss"].append(value)
@@ -87,9 +93,17 @@ def main() -> None:
         return
     # The last window is open: close() merges it.
     started = time.monotonic()
-    finished = merge.close()
+    # dst_hangs: the sends waiting on the stopped dst time out within the merge's 2 s.
+    finished = merge.close(timeout=10.0 if scenario == "dst_hangs" else None)
     took = time.monotonic() - started
     assert bus.close(timeout=10)
+    if scenario == "dst_hangs" and rank == 1:
+        # Once rank 2 is done too, so that both gave dst up before it runs again.
+        other = out / "rank2.json"
+        deadline = time.monotonic() + 20
+        while not other.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(pids[0], signal.SIGCONT)
     report(finished=finished, close_seconds=took, lost=sorted(merge.lost_ranks))
 
 

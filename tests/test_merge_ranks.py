@@ -221,3 +221,23 @@ def test_the_torchrun_example_merges_every_rank_s_samples(tmp_path: Path) -> Non
     lines = proc.stdout.splitlines()
     assert lines[-1].endswith(" merged windows; 450 loss samples of 450 added"), proc.stdout
     assert any(line.endswith(" from 3 ranks") for line in lines[:-1])
+
+
+def test_a_hung_dst_is_given_up_after_timeout_and_nothing_is_delivered_twice(
+    tmp_path: Path,
+) -> None:
+    """With dst stopped past the timeout, ranks 1 and 2 log their unsent windows locally; once dst resumes, it merged exactly the windows they count as sent."""
+    proc = run_job(tmp_path, str(tmp_path), "dst_hangs")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [load(tmp_path, r) for r in range(3)]
+    sent_samples = 0
+    for rank in (1, 2):
+        counters, closed = results[rank]["counters"], results[rank]["closed"]
+        assert results[rank]["finished"] is True
+        assert counters["local"] == len(events(tmp_path, rank)) >= 1
+        assert counters["sent"] + counters["local"] == len(closed)
+        sent_samples += sum(w[2] for w in closed[: counters["sent"]] if w[0] == "loss")
+    merged = events(tmp_path, 0)
+    own = len(results[0]["added"]["loss"])
+    assert sum(d["loss.count"] for d in merged if "loss.count" in d) == own + sent_samples
+    assert results[0]["lost"] == [1, 2]
