@@ -22,6 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 import monitor_bus as monitor
@@ -42,23 +43,12 @@ def main() -> None:
     # Made before the merge: its open window must move to the wall-clock alignment too.
     loss = monitor.Stat("loss", ALL, timedelta(seconds=WINDOW), bus=bus)
     merge = merge_stats_across_ranks(bus=bus, timeout=timeout)
-    closed: list[list[Any]] = []
+    closed: list[Any] = []  # every window the Stats closed, as the tap saw them
     tap = bus._window_tap
     assert tap is not None
 
     def record(window: Any) -> bool:
-        closed.append(
-            [
-                window.stat.name,
-                round(window.end / window.stat._window),
-                window.count,
-                window.total,
-                window.high,
-                window.low,
-                window.value,
-                window.stamp.timestamp(),
-            ]
-        )
+        closed.append(window)
         return tap(window)
 
     bus._window_tap = record
@@ -70,9 +60,24 @@ def main() -> None:
 
     def report(**extra: Any) -> None:
         counters = {
-            k: getattr(merge, k) for k in ("sent", "merged", "received", "missing", "late", "local")
+            k: getattr(merge, k)
+            for k in ("sent", "merged", "received", "missing", "late", "local", "errors")
         }
-        result = {"added": added, "closed": closed, "counters": counters, **extra}
+        windows = [
+            # Read when reported: the merge's thread has read the tensors of rank 0's by then.
+            [
+                w.stat.name,
+                round(w.end / w.stat._window),
+                w.count,
+                w.total,
+                w.high,
+                w.low,
+                float(w.value),
+                w.stamp.timestamp(),
+            ]
+            for w in closed
+        ]
+        result = {"added": added, "closed": windows, "counters": counters, **extra}
         (out / f"rank{rank}.json").write_text(json.dumps(result))
 
     for step in range(STEPS):
@@ -84,7 +89,10 @@ def main() -> None:
         value = (rank * 1000 + step) * 0.25  # sums of these are exact in floating point
         loss.add(value)
         added["loss"].append(value)
-        if rank != 1:
+        if rank == 0:  # a tensor: read on the merge's thread
+            grad.add(torch.tensor(-value))
+            added["grad"].append(-value)
+        elif rank == 2:
             grad.add(-value)
             added["grad"].append(-value)
         time.sleep(0.01)  # the training step

@@ -129,7 +129,9 @@ def test_every_window_of_every_rank_is_merged_exactly_once(tmp_path: Path) -> No
     counters = results[0]["counters"]
     assert counters["merged"] == len(merged)
     assert counters["received"] == len(results[1]["closed"]) + len(results[2]["closed"])
-    assert (counters["missing"], counters["late"], counters["local"]) == (0, 0, 0)
+    assert (counters["missing"], counters["late"], counters["local"], counters["errors"]) == (
+        0,
+    ) * 4
 
 
 def test_interpreter_exit_closes_a_merge_left_open(tmp_path: Path) -> None:

@@ -141,6 +141,8 @@ class RankMerge:
         self.late = 0
         #: Windows this rank logged itself because dst was gone (marked ``"<name>.rank"``).
         self.local = 0
+        #: Windows lost because their device values could not be read (logged).
+        self.errors = 0
         self._dist = dist
         self._group = group
         self._windows: deque[ClosedWindow] = deque()
@@ -165,7 +167,6 @@ class RankMerge:
         self._finished: set[int] = set()
         self._buckets: dict[tuple[Any, ...], _Bucket] = {}
         self._merged_keys: dict[tuple[Any, ...], float] = {}
-        self._names: dict[tuple[Any, ...], list[int]] = {}
         self._thread = threading.Thread(
             target=self._run_dst if self.rank == dst else self._run_sender,
             name=f"monitor_bus-merge-{self.rank}",
@@ -240,8 +241,19 @@ class RankMerge:
         windows = self._windows
         while windows:
             window = windows.popleft()
-            window.wait()
-            window.resolve()
+            try:
+                window.wait()
+                window.resolve()
+            except Exception:  # a device value that cannot be read: the window is lost
+                self.errors += 1
+                if self._throttle.ready("errors"):
+                    logger.exception(
+                        "merge_stats_across_ranks: a window of Stat %r could not be read "
+                        "(%d windows in all)",
+                        window.stat._name,
+                        self.errors,
+                    )
+                continue
             records.append(_record(window))
         return records, mark
 
@@ -316,7 +328,7 @@ class RankMerge:
             if len(text.encode()) + 1 > room:
                 self._log_local([record])  # a name too long to send
                 continue
-            if size + len(text) + 1 > room:
+            if size + len(text) + 1 > room:  # ASCII: json.dumps escapes the rest
                 frames.append((self._encode(batch, None, False), batch_records))
                 batch, batch_records, size = [], [], 0
             batch.append(text)
@@ -559,7 +571,8 @@ class RankMerge:
         return (
             f"<RankMerge rank {self.rank}/{self.world_size} to dst {self.dst} ({state}): "
             f"sent={self.sent} merged={self.merged} received={self.received} "
-            f"missing={self.missing} lost={sorted(self._lost)} local={self.local} late={self.late}>"
+            f"missing={self.missing} lost={sorted(self._lost)} local={self.local} late={self.late} "
+            f"errors={self.errors}>"
         )
 
     _close_deadline = math.inf
@@ -589,7 +602,9 @@ def merge_stats_across_ranks(
     (Stat name, window) with the usual keys (``"loss.mean"``) plus ``"<name>.ranks"``, the
     number of ranks that contributed. COUNT and SUM add up, MAX and MIN are the max of maxes
     and min of mins, MEAN is SUM / COUNT, VALUE is the one of the rank whose window closed
-    last. The event's timestamp is when that window closed. Plain events are not merged.
+    last. The event's timestamp is when that window closed. Stats merge by name, aggregations
+    and window size (Stats of one name with other aggregations make events of their own).
+    Plain events are not merged.
 
     The other ranks do not log their Stat windows (``keep_local=True`` logs them too). A rank
     that dies or hangs costs only what it had not sent: ``dst`` waits ``timeout`` past a
