@@ -282,9 +282,26 @@ What the package promises, each backed by a scenario above:
   over the order of the adds, VALUE is the last value added (as a float), COUNT an `int`, MEAN
   `sum / count`; past `max_samples`, later adds in the window are discarded. A Ctrl-C that
   lands inside a fold loses no sample.
+- **Device values are never read by the caller.** `Stat.add(tensor)` and tensor values in
+  `Event` data copy the value (a clone on the CPU, a non-blocking copy and a stream event from
+  an accelerator) and the bus reads the copy on the dispatcher's thread, or on a worker thread
+  while the device is not done, so the loop never blocks on a device; what was logged is the
+  value at the call, whatever the caller does to its tensor afterwards, and no autograd graph is
+  kept. Events holding device values keep their order with the rest. A value that cannot be
+  read drops its event, counted in `dropped` and logged (`tests/test_device_values.py`).
+- **Merged across ranks, a dead rank costs only what it had not sent.** With
+  `merge_stats_across_ranks`, a rank that dies or hangs is named lost about `timeout` after its
+  last message (2.24 s with `timeout=2` in `benchmarks/merge_ranks.py`, 4 ranks: see
+  [Performance](performance.md#merging-across-ranks)); meanwhile its windows are merged among
+  the live ranks, and every window of the live ranks reaches `dst`, merged once
+  (`tests/test_merge_ranks.py` checks this sample by sample). If `dst` dies, a send fails at
+  once and each rank logs its own windows, marked `"<name>.rank"` and counted; if `dst` hangs,
+  sends give up after `timeout`, and once resumed it has merged exactly what the ranks count
+  as sent. `close()` and interpreter exit are bounded by `timeout`.
 - **Bad input is refused, not absorbed.** `Event` accepts plain `str` keys and
-  `str`/`int`/`float`/`bool` values (numpy scalars, and arrays or tensors of one element,
-  converted) or raises `TypeError` naming the argument or key; `Stat.add` raises `TypeError`
+  `str`/`int`/`float`/`bool` values (numpy scalars and host arrays of one element converted,
+  one-element tensors and device arrays copied and read by the bus) or raises `TypeError`
+  naming the argument or key; `Stat.add` raises `TypeError`
   for a non-real value and leaves the window as it was. Names are kept verbatim (unicode,
   control characters) by every bundled sink; a value a sink cannot represent is skipped,
   counted and reported, and the rest of the event is written.
