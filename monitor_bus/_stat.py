@@ -438,6 +438,10 @@ def _fold(
     return total, high, low
 
 
+# Held while a closed window's device values are folded in (see ClosedWindow.resolve).
+_RESOLVING = threading.Lock()
+
+
 class ClosedWindow:
     """A closed window of a Stat, with every aggregate (a merge across processes needs those
     the Stat does not report) and the device values it still has to read."""
@@ -473,20 +477,24 @@ class ClosedWindow:
 
     def resolve(self) -> None:
         """Fold its device values into the aggregates (a thread of the bus, once ready)."""
-        pending = self.pending
-        if not pending:
+        if not self.pending:
             return
-        stat = self.stat
-        values = [float(v.value()) for v in pending]
-        self.total, self.high, self.low = _fold(
-            values,
-            self.count - len(pending),
-            (self.total, self.high, self.low),
-            (stat._want_sum, stat._want_max, stat._want_min),
-        )
-        if self.value.__class__ is Deferred:
-            self.value = float(self.value.value())
-        self.pending = []
+        # A window a merge keeps locally too is resolved by the bus and by the merge: once.
+        with _RESOLVING:
+            pending = self.pending
+            if not pending:
+                return
+            stat = self.stat
+            values = [float(v.value()) for v in pending]
+            self.total, self.high, self.low = _fold(
+                values,
+                self.count - len(pending),
+                (self.total, self.high, self.low),
+                (stat._want_sum, stat._want_max, stat._want_min),
+            )
+            if self.value.__class__ is Deferred:
+                self.value = float(self.value.value())
+            self.pending = []
 
     def aggregates(self) -> tuple[float | int, ...]:
         """Every aggregate, in ``Aggregation`` order (after ``resolve``)."""
