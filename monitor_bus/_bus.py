@@ -11,7 +11,9 @@ Guarantees
 - Threads: one daemon thread per bus runs an asyncio loop under ``anyio.run``; its tasks drain
   the queue in batches, run the async handlers and close Stat windows on time. Each sync
   handler runs on a daemon thread of its own, so a slow one delays nobody else. The loop side
-  lives in ``_dispatcher.py``, with its own guarantees.
+  is a ``Dispatcher`` the bus owns (``_dispatcher.py``, with its own guarantees); the bus
+  keeps what callers touch: settings, the queue, the published handlers, the ``_idle`` flag,
+  Stat registries and the counters of ``stats()``.
 - Overflow: the queue and each handler's backlog hold at most ``capacity`` events; past that
   the policy drops the newest or the oldest or, for ``"block"``, holds the producer back. Every
   drop is counted (per handler and in ``stats()``) and reported on the ``monitor_bus`` logger
@@ -25,8 +27,10 @@ Guarantees
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
@@ -37,15 +41,23 @@ from ._device import Deferred
 from ._dispatcher import Dispatcher, _deadline, _remaining, _TimedOut
 from ._event import Event, EventOrigin
 from ._handler import EventHandler, EventHandlerHandle, _Handler
-from ._lifecycle import in_bus_thread, process
-from ._queue import SLOTS, PendingWindow, RemoteData, _Item, count_events, device_values
+from ._lifecycle import WeakRegistry, in_bus_thread, process
+from ._queue import (
+    SLOTS,
+    EventQueue,
+    PendingWindow,
+    RemoteData,
+    _Item,
+    count_events,
+    device_values,
+)
 from ._stat import STAT_EVENT
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import TracebackType
 
-    from ._stat import ClosedWindow
+    from ._stat import ClosedWindow, Stat
     from ._subscription import EventFilter, Subscription
 
 logger = logging.getLogger("monitor_bus")
@@ -57,7 +69,7 @@ _CHILDREN = ("forward", "own")
 _T = TypeVar("_T")
 
 
-class EventBus(Dispatcher):
+class EventBus:
     """A bounded queue of events and the dispatcher that fans them out to handlers.
 
     The module-level functions (``log_event``, ``register_event_handler``, ...) use a default
@@ -126,8 +138,8 @@ class EventBus(Dispatcher):
         self._children: Children = check_setting("children", children)
         self._creator = (os.getpid(), next(process.serials))  # names this bus to the relay
         self._uplink = process.uplink if children == "forward" else None
-        self._stat_groups = {}
-        self._dirty = {}
+        self._stat_groups: dict[float, WeakRegistry[Stat]] = {}
+        self._dirty: dict[float, WeakRegistry[Stat]] = {}
         # Stat windows are multiples of their size on the monotonic clock plus this offset
         # (a merge across processes sets it so they are on the wall clock).
         self._clock_offset = 0.0
@@ -136,6 +148,20 @@ class EventBus(Dispatcher):
         self._window_tap: Callable[[ClosedWindow], bool] | None = None
         self._init_runtime()
         process.buses.add(self)
+
+    def _init_runtime(self) -> None:
+        """State that a forked child starts afresh, its dispatcher included."""
+        self._queue = EventQueue(self._capacity, self._overflow, self._block_timeout)
+        self._handlers: tuple[_Handler, ...] = ()  # published snapshot; replaced, never mutated
+        self._idle = True  # True: the next log_event schedules a wake-up (or a start)
+        self._closed = False
+        self._restarts = 0  # times the dispatcher failed and was started again
+        self._errors = 0
+        self._errors_lock = threading.Lock()
+        self._from_children = 0  # events the relay queued here
+        self._to_parent = 0  # events sent to the parent process
+        self._relay_index = 0  # how this process's relay connection names this bus (0: not yet)
+        self._dispatcher = Dispatcher(self)
 
     # -- the caller's side --
 
@@ -161,7 +187,7 @@ class EventBus(Dispatcher):
         if len(queue.slots) < queue.crowded:
             queue.slots.extend(item)  # one C call: atomic with respect to other producers
             if self._idle:
-                self._wake()
+                self._dispatcher.wake()
         else:
             self._put_crowded(item)
 
@@ -171,9 +197,10 @@ class EventBus(Dispatcher):
         queue = self._queue
         if len(queue.slots) < queue.limit:
             queue.slots.extend(item)
-            self._hurry()
+            self._dispatcher.hurry()
             return
-        self._hurry()  # before waiting for room: a lingering or stopped dispatcher makes none
+        # Before waiting for room: a lingering or stopped dispatcher makes none.
+        self._dispatcher.hurry()
         queue.put_full(item)
 
     def _window_closed(self, window: ClosedWindow) -> None:
@@ -198,7 +225,7 @@ class EventBus(Dispatcher):
             return
         self._queue.put_window(item)
         if self._idle:
-            self._wake()
+            self._dispatcher.wake()
 
     def _relay_in(self, item: _Item, origin: EventOrigin | None, window: bool) -> None:
         """``log_event`` for what a child process sent (the relay's thread): the same queue,
@@ -217,7 +244,7 @@ class EventBus(Dispatcher):
             else:
                 self._put_crowded((item[0], item[1], data))
         if self._idle:
-            self._wake()
+            self._dispatcher.wake()
 
     # -- registration --
 
@@ -253,15 +280,16 @@ class EventBus(Dispatcher):
         elif not isinstance(name, str):
             raise wrong_type("name", "a str", name)
         handler = _Handler(self, callback, name, keyed=keyed)
-        with self._lock:
+        dispatcher = self._dispatcher
+        with dispatcher.lock:
             if self._closed:
                 raise RuntimeError(f"{self!r} is closed")
-            if self._loop is None:
-                self._start_locked()
+            if dispatcher.loop is None:
+                dispatcher.start_locked()
         process.ensure_listener()
         if not handler.is_async:
             handler.start_thread()
-        replaced = self._in_loop(self._publish_add, handler)
+        replaced = dispatcher.in_loop(dispatcher.publish_add, handler)
         if replaced is not None:
             replaced.stop()  # it delivers its backlog, then exits; no wait on a stuck one
         return EventHandlerHandle._new(handler)
@@ -296,8 +324,9 @@ class EventBus(Dispatcher):
         if not handler.registered:
             return True
         deadline = _deadline(timeout)
+        dispatcher = self._dispatcher
         try:
-            target = self._in_loop(self._publish_remove, handler, timeout=timeout)
+            target = dispatcher.in_loop(dispatcher.publish_remove, handler, timeout=timeout)
         except _TimedOut:
             return False
         if target is None:  # removed meanwhile by another caller
@@ -331,10 +360,11 @@ class EventBus(Dispatcher):
         deadline = _deadline(timeout)
         if not self._sweep_children(timeout):
             return False
-        if not self._ensure_running():
-            return not self._queue.slots and not self._broken
+        dispatcher = self._dispatcher
+        if not dispatcher.ensure_running():
+            return not self._queue.slots and not dispatcher.broken
         try:
-            targets = self._in_loop(self._drain_targets, timeout=_remaining(deadline))
+            targets = dispatcher.in_loop(dispatcher.drain_targets, timeout=_remaining(deadline))
         except _TimedOut:
             return False
         return all(h.wait_settled(target, _remaining(deadline)) for h, target in targets)
@@ -371,16 +401,17 @@ class EventBus(Dispatcher):
         if in_bus_thread():
             raise RuntimeError("close() cannot be called from inside an event handler")
         deadline = _deadline(timeout)
+        dispatcher = self._dispatcher
         if not self._closed:
             for stat in self._stats():
                 stat._close()
             self._sweep_children(timeout)
-            self._ensure_running()
-        with self._lock:
+            dispatcher.ensure_running()
+        with dispatcher.lock:
             self._closed = True
         self._queue.close()
         try:
-            targets = self._in_loop(self._detach_all, timeout=timeout)
+            targets = dispatcher.in_loop(dispatcher.detach_all, timeout=timeout)
         except _TimedOut:
             logger.warning(
                 "EventBus %r: close() gave up after %s s: the dispatcher did not respond",
@@ -408,15 +439,15 @@ class EventBus(Dispatcher):
                 timeout,
                 ", ".join(unfinished),
             )
-        if self._queue.slots and self._loop is None:
+        if self._queue.slots and dispatcher.loop is None:
             lost = self._queue.discard()
             logger.warning(
                 "EventBus %r closed with %d undelivered events (dispatcher not running)",
                 self._name,
                 lost,
             )
-        self._report_drops((), final=True)  # the handlers report their own as they exit
-        if not self._stop(deadline):
+        dispatcher.report_drops((), final=True)  # the handlers report their own as they exit
+        if not dispatcher.stop(deadline):
             logger.warning(
                 "EventBus %r: the dispatcher did not stop within %s s (an async handler "
                 "blocks its loop?)",
@@ -424,7 +455,7 @@ class EventBus(Dispatcher):
                 timeout,
             )
             return False
-        return all(settled) and all(stopped) and not self._broken
+        return all(settled) and all(stopped) and not dispatcher.broken
 
     def __enter__(self) -> EventBus:
         return self
@@ -470,7 +501,7 @@ class EventBus(Dispatcher):
         each handler, ``logged == delivered + dropped + pending``.
         """
         queue = self._queue
-        held = self._held  # taken from the queue, waiting for a device: still queued
+        held = self._dispatcher.held  # taken from the queue, waiting for a device: still queued
         queued = len(queue) + count_events(len(held))
         dropped = queue.dropped
         handlers = [h.snapshot(queued, dropped) for h in self._handlers]
@@ -496,19 +527,84 @@ class EventBus(Dispatcher):
             sum(len(stat._pending) for stat in stats)
             + sum([v.__class__ for v in list(stat._buf)].count(Deferred) for stat in stats)
             + device_values(list(self._queue.slots)[2::SLOTS])
-            + device_values(self._held[2::SLOTS])
+            + device_values(self._dispatcher.held[2::SLOTS])
         )
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "running" if self._loop is not None else "idle"
+        running = self._dispatcher.loop is not None
+        state = "closed" if self._closed else "running" if running else "idle"
         return f"<EventBus {self._name!r} {state}, {len(self._handlers)} handlers>"
 
     def _close_at_exit(self) -> None:
         """Close within ``exit_timeout`` (interpreter exit, a ``with`` block's end)."""
-        if self._loop is None and not self._queue.slots:
+        if self._dispatcher.loop is None and not self._queue.slots:
             self._closed = True
             return
         self.close(self._exit_timeout)  # what it could not deliver, it names in a warning
+
+    # -- Stat registries, and what Stats and handlers ask of the bus --
+
+    def _watch_stat(self, stat: Stat) -> None:
+        """Have the timer close ``stat``'s windows on time."""
+        window = stat._window
+        dispatcher = self._dispatcher
+        with dispatcher.lock:
+            group = self._stat_groups.get(window)
+            new = group is None
+            if group is None:
+                group = self._stat_groups[window] = WeakRegistry()
+            group.add(stat)
+            loop = dispatcher.loop
+        if new and loop is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(dispatcher.timers_changed_set)
+        elif loop is None and self._uplink is not None:
+            dispatcher.ensure_running()  # a child's windows close on time too
+
+    def _dirty_stats(self, window: float) -> WeakRegistry[Stat]:
+        """The Stats of this window size whose open window holds data (the timer's round)."""
+        registry = self._dirty.get(window)
+        if registry is None:
+            registry = self._dirty.setdefault(window, WeakRegistry())  # one C call: atomic
+        return registry
+
+    def _stats(self) -> list[Stat]:
+        """This bus's live Stats."""
+        groups = list(self._stat_groups.values())  # one C call: atomic, no lock needed
+        return [stat for group in groups for stat in group.snapshot()]
+
+    def _count_error(self) -> None:
+        """A handler call failed (a runner counts it here for ``stats()``)."""
+        with self._errors_lock:
+            self._errors += 1
+
+    def _after_fork_in_child(self) -> None:
+        handlers = self._handlers
+        self._init_runtime()
+        self._uplink = process.uplink if self._children == "forward" else None
+        if self._uplink is not None:
+            return  # the parent runs the handlers: the child sends it its events instead
+        for handler in handlers:
+            handler.after_fork()
+        self._handlers = handlers
+
+    # The dispatcher's calls that code outside the package's core reaches through the bus.
+
+    def _in_loop(self, func: Callable[..., _T], *args: Any, timeout: float | None = None) -> _T:
+        """``Dispatcher.in_loop``: run ``func`` on the loop and return its result."""
+        return self._dispatcher.in_loop(func, *args, timeout=timeout)
+
+    def _call_soon(self, func: Callable[[], object]) -> None:
+        """``Dispatcher.call_soon``: run ``func`` on the loop thread soon, without waiting."""
+        self._dispatcher.call_soon(func)
+
+    def _ensure_running(self) -> bool:
+        """``Dispatcher.ensure_running``: start the dispatcher if work waits for it."""
+        return self._dispatcher.ensure_running()
+
+    def _timers_changed_set(self) -> None:
+        """``Dispatcher.timers_changed_set`` (on the loop): the timer looks at the sizes again."""
+        self._dispatcher.timers_changed_set()
 
     # -- subscriptions --
 

@@ -1,4 +1,4 @@
-"""The dispatcher side of a bus: its thread, its loop's tasks, Stat timers, fork and exit.
+"""The dispatcher a bus owns: its thread, its loop's tasks, Stat timers, restarts.
 
 Guarantees
 ----------
@@ -14,13 +14,13 @@ Guarantees
   due, so a stalled producer still reports.
 - Failure: a dispatcher whose loop ends with an exception is logged at CRITICAL and replaced
   at once; after three failures within 10 s it stays down, and ``flush``/``close`` say so.
-- Fork: the child gets fresh locks, an empty queue and a stopped dispatcher. A bus whose
-  children report to the parent (``children="forward"``) keeps no handler in the child; its
-  dispatcher starts for its Stats' timers. Otherwise the child keeps the same handlers and the
-  dispatcher starts again on the first event the child logs.
-- Exit: ``_close_at_exit`` (from ``atexit``, or a multiprocessing finalizer) closes the bus
-  within ``exit_timeout``. It starts a dispatcher only where one was stopped with events or
-  windows to deliver (a forked child that logged nothing since the fork).
+- Fork: the child's bus gets an empty queue and a new, stopped dispatcher (fresh locks). A
+  bus whose children report to the parent (``children="forward"``) keeps no handler in the
+  child; its dispatcher starts for its Stats' timers. Otherwise the child keeps the same
+  handlers and the dispatcher starts again on the first event the child logs.
+- Exit: ``EventBus._close_at_exit`` (from ``atexit``, or a multiprocessing finalizer) closes
+  the bus within ``exit_timeout``. It starts a dispatcher only where one was stopped with
+  events or windows to deliver (a forked child that logged nothing since the fork).
 """
 
 from __future__ import annotations
@@ -41,14 +41,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from . import _device, _stat
-from ._handler import _Handler
-from ._lifecycle import WeakRegistry, process
-from ._queue import EventQueue, resolve_ready, wait_for_devices
+from ._lifecycle import process
+from ._queue import resolve_ready, wait_for_devices
 from ._ratelimit import LOG_INTERVAL, Throttle
 
 if TYPE_CHECKING:
-    from ._relay import Uplink
-    from ._stat import Stat
+    from ._bus import EventBus
+    from ._handler import _Handler
 
 logger = logging.getLogger("monitor_bus")
 
@@ -74,138 +73,128 @@ class _TimedOut(Exception):
 
 
 class Dispatcher:
-    """The loop-side half of ``EventBus``: what runs on, or talks to, the dispatcher thread."""
+    """The loop side of an ``EventBus``: its thread, its loop's tasks and everything that talks
+    to them. A bus owns one (a forked child gets a new one).
 
-    _capacity: int
-    _overflow: str
-    _block_timeout: float | None
-    _name: str
-    _exit_timeout: float | None
-    _linger: float
-    _stat_groups: dict[float, WeakRegistry[Stat]]
-    _dirty: dict[float, WeakRegistry[Stat]]
-    _children: str
-    _uplink: Uplink | None
-    _clock_offset: float
+    The bus keeps what its callers touch: its settings, the queue, the published handler tuple,
+    the ``_idle`` flag, its Stat registries and the counters of ``stats()``. The dispatcher
+    reads them, and on its loop publishes the handlers and sets ``_idle``.
+    """
 
-    def _init_runtime(self) -> None:
-        """State that a forked child starts afresh."""
-        self._lock = threading.Lock()  # start, stop and registration changes
-        self._queue = EventQueue(self._capacity, self._overflow, self._block_timeout)
-        self._handlers: tuple[_Handler, ...] = ()  # published snapshot; replaced, never mutated
-        self._idle = True  # True: the next log_event schedules a wake-up (or a start)
-        self._thread: threading.Thread | None = None
-        self._loop: Any = None
-        self._loop_context: contextvars.Context | None = None
-        self._task_group: anyio.abc.TaskGroup | None = None
+    def __init__(self, bus: EventBus) -> None:
+        self.bus = bus
+        self.lock = threading.Lock()  # start, stop and registration changes
+        self.thread: threading.Thread | None = None
+        self.loop: Any = None
+        self.loop_context: contextvars.Context | None = None
+        self.task_group: anyio.abc.TaskGroup | None = None
+        self.stopping = False
+        self.broken = False  # failed too often: no more restarts
+        self.unrun: set[Callable[[], None]] = set()  # in_loop calls the loop has not run
+        # Events taken from the queue whose device values are not ready (flat slots): they go
+        # to the handlers first, once read.
+        self.held: list[Any] = []
         self._wakeup: anyio.Event | None = None
         self._hurried: anyio.Event | None = None  # ends a linger early
         self._hurrying = False
         self._timers_changed: anyio.Event | None = None
         self._stopped: anyio.Event | None = None
-        self._stopping = False
-        self._closed = False
         self._waiting_for_room = False
+        self._room: anyio.Event | None = None
         self._dropped_reported = 0  # the part of the queue's drops already in a warning
         self._drop_throttle = Throttle()
         self._read_throttle = Throttle()
         self._report_lock = threading.Lock()
-        self._restarts = 0  # times the dispatcher failed and was started again
         self._failures: deque[float] = deque(maxlen=_MAX_FAILURES)  # when, monotonic
-        self._broken = False  # failed too often: no more restarts
-        self._unrun: set[Callable[[], None]] = set()  # _in_loop calls the loop has not run
-        self._errors = 0
-        self._errors_lock = threading.Lock()
-        self._room: anyio.Event | None = None
-        # Events taken from the queue whose device values are not ready (flat slots): they go
-        # to the handlers first, once read.
-        self._held: list[Any] = []
-        self._from_children = 0  # events the relay queued here
-        self._to_parent = 0  # events sent to the parent process
-        self._relay_index = 0  # how this process's relay connection names this bus (0: not yet)
 
-    def _active(self) -> bool:
+    def active(self) -> bool:
         """Whether the dispatcher has work: handlers, or Stat timers of a child that reports
         its windows to its parent."""
-        return bool(self._handlers) or self._uplink is not None
+        bus = self.bus
+        return bool(bus._handlers) or bus._uplink is not None
 
-    def _wake(self) -> None:
-        self._idle = False
-        loop = self._loop
+    def wake(self) -> None:
+        """Wake the idle distributor (a producer found ``_idle`` set), or start the dispatcher."""
+        self.bus._idle = False
+        loop = self.loop
         if loop is None:
             # After a fork (or a failed restart): the dispatcher starts on the next event. A
             # finalizer or signal handler that lands while another start is under way leaves it
             # be.
-            if self._lock.acquire(blocking=False):
+            if self.lock.acquire(blocking=False):
                 try:
-                    if self._active() and not self._closed and not self._broken:
-                        self._start_locked()
+                    if self.active() and not self.bus._closed and not self.broken:
+                        self.start_locked()
                 finally:
-                    self._lock.release()
+                    self.lock.release()
             return
         with contextlib.suppress(RuntimeError):  # the loop has closed: the bus is shutting down
             loop.call_soon_threadsafe(self._set_wakeup)
 
-    def _ensure_running(self) -> bool:
+    def ensure_running(self) -> bool:
         """Start the dispatcher if handlers wait for it (after a fork, or a failed restart);
         return whether it runs. A failure to start is logged, never raised."""
-        if self._loop is None and self._active():
-            with self._lock:
-                if self._loop is None and self._active() and not self._closed and not self._broken:
+        if self.loop is None and self.active():
+            with self.lock:
+                if self.loop is None and self.active() and not self.bus._closed and not self.broken:
                     try:
-                        self._start_locked()
+                        self.start_locked()
                     except Exception:
-                        logger.exception("EventBus %r: the dispatcher could not start", self._name)
-        return self._loop is not None
+                        logger.exception(
+                            "EventBus %r: the dispatcher could not start", self.bus._name
+                        )
+        return self.loop is not None
 
-    def _hurry(self) -> None:
+    def hurry(self) -> None:
         """End the dispatcher's linger now (the queue is filling up), or wake it if idle."""
-        if self._idle:
-            self._wake()
+        if self.bus._idle:
+            self.wake()
         elif not self._hurrying:
             self._hurrying = True  # one call per linger, however many producers
-            self._call_soon(self._set_hurried)
+            self.call_soon(self._set_hurried)
 
     def _set_hurried(self) -> None:
         if self._hurried is not None:
             self._hurried.set()
 
-    def _call_soon(self, func: Callable[[], object]) -> None:
+    def call_soon(self, func: Callable[[], object]) -> None:
         """Run ``func`` on the loop thread soon, without waiting (a no-op once it is gone)."""
-        loop = self._loop
+        loop = self.loop
         if loop is None:
             return
-        if self._thread is threading.current_thread():
+        if self.thread is threading.current_thread():
             func()
             return
         with contextlib.suppress(RuntimeError):  # the loop has closed
-            loop.call_soon_threadsafe(func, context=self._loop_context)
+            loop.call_soon_threadsafe(func, context=self.loop_context)
 
     def _set_wakeup(self) -> None:
         if self._wakeup is not None:
             self._wakeup.set()
 
-    def _stop(self, deadline: float | None) -> bool:
-        with self._lock:
-            loop, thread = self._loop, self._thread
+    def stop(self, deadline: float | None) -> bool:
+        """Have the loop deliver what is queued and end; False if its thread outlived
+        ``deadline``."""
+        with self.lock:
+            loop, thread = self.loop, self.thread
             if loop is None or thread is None:
                 return True
-            self._stopping = True
+            self.stopping = True
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._set_stopped)
         # Joined without the lock: a failing dispatcher takes it on its way out.
         thread.join(_remaining(deadline))
         if thread.is_alive():
             return False
-        with self._lock:
-            if self._thread is thread:
-                self._loop = self._thread = None
+        with self.lock:
+            if self.thread is thread:
+                self.loop = self.thread = None
         return True
 
-    def _loop_cancelled(self) -> bool:
+    def loop_cancelled(self) -> bool:
         """Whether the loop's tasks are being cancelled (the bus stops, or its loop failed)."""
-        tg = self._task_group
-        return self._stopping or tg is None or tg.cancel_scope.cancel_called
+        tg = self.task_group
+        return self.stopping or tg is None or tg.cancel_scope.cancel_called
 
     def _set_stopped(self) -> None:
         assert self._stopped is not None
@@ -213,24 +202,27 @@ class Dispatcher:
 
     # -- the dispatcher thread --
 
-    def _start_locked(self) -> None:
-        """Start the dispatcher and wait until it runs (``self._lock`` held)."""
+    def start_locked(self) -> None:
+        """Start the dispatcher and wait until it runs (``self.lock`` held)."""
         ready: Future[None] = Future()
         thread = threading.Thread(
-            target=self._thread_main, args=(ready,), name=f"monitor_bus-{self._name}", daemon=True
+            target=self._thread_main,
+            args=(ready,),
+            name=f"monitor_bus-{self.bus._name}",
+            daemon=True,
         )
         thread.start()
         ready.result()  # re-raises a failure to start
-        self._thread = thread
-        self._stopping = False
-        for handler in self._handlers:  # after a fork or a failure: runners that are gone
+        self.thread = thread
+        self.stopping = False
+        for handler in self.bus._handlers:  # after a fork or a failure: runners that are gone
             if handler.running:
                 continue
             if handler.is_async:
                 # Not waited for: this thread may hold a Stat's lock (a window logged in a
                 # forked child starts the dispatcher), which the loop's timer may need.
                 handler.running = True  # from now: flush() waits for it
-                self._schedule(self._loop, self._start_async, handler)
+                self._schedule(self.loop, self._start_async, handler)
             else:
                 handler.start_thread()
         if "multiprocessing" in sys.modules:
@@ -248,59 +240,60 @@ class Dispatcher:
                 failure = exc
         finally:
             process.bus_threads.discard(threading.get_ident())
-        ended = self._loop
+        ended = self.loop
         if failure is not None:
             self._restart_after_failure(failure)
         # Calls scheduled on the loop that it never ran: on the new loop if a failure started
         # one (so they meet the restarted handlers), else here, as nothing else runs them now.
-        loop = self._loop
-        for run in list(self._unrun):
+        loop = self.loop
+        for run in list(self.unrun):
             if loop is not None and loop is not ended:
                 with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(run, context=self._loop_context)
+                    loop.call_soon_threadsafe(run, context=self.loop_context)
                     continue
             run()
 
     def _restart_after_failure(self, failure: BaseException) -> None:
-        """Start a new dispatcher in place of this failed one, then log the failure: delivery
-        never ends quietly.
+        """Start a new dispatcher thread in place of this failed one, then log the failure:
+        delivery never ends quietly.
 
         Events queued meanwhile wait in the queue; a handler whose task died with the loop has
         its backlog counted as dropped (and reported). After ``_MAX_FAILURES`` failures within
-        ``LOG_INTERVAL``, no new dispatcher starts. Should a start itself fail, the next
+        ``LOG_INTERVAL``, no new thread starts. Should a start itself fail, the next
         ``log_event``, ``flush`` or ``close`` tries again.
         """
+        bus = self.bus
         now = time.monotonic()
-        with self._lock:
-            if self._thread is not threading.current_thread():
+        with self.lock:
+            if self.thread is not threading.current_thread():
                 return  # close() already gave up on this thread
-            self._loop = self._thread = None
-            self._idle = True
+            self.loop = self.thread = None
+            bus._idle = True
             self._failures.append(now)
-            self._broken = (
+            self.broken = (
                 len(self._failures) == _MAX_FAILURES and now - self._failures[0] < LOG_INTERVAL
             )
-            if self._broken:
-                self._queue.close()  # producers blocked for room drop instead of waiting
+            if self.broken:
+                bus._queue.close()  # producers blocked for room drop instead of waiting
             else:
-                self._restarts += 1
-                if not (self._closed or self._stopping or not self._active()):
+                bus._restarts += 1
+                if not (bus._closed or self.stopping or not self.active()):
                     try:
-                        self._start_locked()
+                        self.start_locked()
                     except Exception:
                         logger.exception(
-                            "EventBus %r: the dispatcher could not start again", self._name
+                            "EventBus %r: the dispatcher could not start again", bus._name
                         )
             # Logged once the new dispatcher runs, so what a reader of the log does next
             # meets the bus in its new state.
             logger.critical(
                 "EventBus %r: the dispatcher failed (failure %d); %s",
-                self._name,
-                self._restarts + self._broken,  # every failure so far
+                bus._name,
+                bus._restarts + self.broken,  # every failure so far
                 f"{_MAX_FAILURES} failures within {LOG_INTERVAL:g} s: it is not started "
                 "again; events wait in the queue for close(), and flush() and close() return "
                 "False"
-                if self._broken
+                if self.broken
                 else "a new one runs",
                 exc_info=failure,
             )
@@ -313,37 +306,37 @@ class Dispatcher:
         self._stopped = anyio.Event()
         try:
             async with anyio.create_task_group() as tg:
-                self._task_group = tg
+                self.task_group = tg
                 # Callbacks from other threads run in the loop's context, where anyio knows
                 # its backend.
-                self._loop_context = contextvars.copy_context()
-                self._loop = asyncio.get_running_loop()
+                self.loop_context = contextvars.copy_context()
+                self.loop = asyncio.get_running_loop()
                 tg.start_soon(self._distribute)
                 tg.start_soon(self._run_timers)
                 ready.set_result(None)
                 await self._stopped.wait()
                 self._drain(force=True)
-                for handler in self._handlers:
+                for handler in self.bus._handlers:
                     handler.stop()
                 tg.cancel_scope.cancel()
         finally:
-            self._task_group = None  # a failed loop too: nothing may start on it
+            self.task_group = None  # a failed loop too: nothing may start on it
 
-    def _in_loop(self, func: Callable[..., _T], *args: Any, timeout: float | None = None) -> _T:
+    def in_loop(self, func: Callable[..., _T], *args: Any, timeout: float | None = None) -> _T:
         """Run ``func`` on the dispatcher's loop and return its result.
 
         Scheduled with ``call_soon_threadsafe`` and awaited on a concurrent future, so the
         timeout holds even when the loop is blocked (a handler calling ``time.sleep`` in an
         ``async def``): anyio's portal waits on the loop before it honours any timeout.
         """
-        loop = self._loop
-        if self._thread is threading.current_thread():
+        loop = self.loop
+        if self.thread is threading.current_thread():
             return func(*args)  # we are on the loop
         if loop is None:
-            with self._lock:  # no dispatcher: nothing else runs these steps while we hold it
-                if self._loop is None:
+            with self.lock:  # no dispatcher: nothing else runs these steps while we hold it
+                if self.loop is None:
                     return func(*args)
-                loop = self._loop
+                loop = self.loop
         future = self._schedule(loop, func, *args)
         try:
             return future.result(timeout)
@@ -358,7 +351,7 @@ class Dispatcher:
 
         def run() -> None:
             try:
-                self._unrun.remove(run)  # claimed once: by the loop, its end, or the caller
+                self.unrun.remove(run)  # claimed once: by the loop, its end, or the caller
             except KeyError:
                 return
             if future.set_running_or_notify_cancel():
@@ -367,88 +360,101 @@ class Dispatcher:
                 except BaseException as exc:
                     future.set_exception(exc)
 
-        self._unrun.add(run)
+        self.unrun.add(run)
         try:
-            loop.call_soon_threadsafe(run, context=self._loop_context)
+            loop.call_soon_threadsafe(run, context=self.loop_context)
         except RuntimeError:  # the loop has closed: nothing else runs these steps now
             run()
         return future
 
     def _start_async(self, handler: _Handler) -> None:
-        tg = self._task_group
+        tg = self.task_group
         if tg is None:  # the loop ended first: its backlog is lost, the next start runs it
             handler._exit()
             return
         handler.running = True
         tg.start_soon(handler.run_async, name=f"monitor_bus-handler-{handler.name}")
 
-    def _publish_add(self, handler: _Handler) -> _Handler | None:
+    # -- handler publication, on the loop (through in_loop) --
+
+    def publish_add(self, handler: _Handler) -> _Handler | None:
         """Add ``handler`` (replacing a keyed one of the same name); return what it replaced."""
+        bus = self.bus
         self._drain(force=True)  # what is queued was logged before the registration returned
         replaced = None
         if handler.keyed:
-            for old in self._handlers:
+            for old in bus._handlers:
                 if old.keyed and old.name == handler.name:
                     self._retire(old)
                     replaced = old
-        handler.bus_dropped_base = self._queue.dropped
-        if handler.is_async and self._task_group is not None:
+        handler.bus_dropped_base = bus._queue.dropped
+        if handler.is_async and self.task_group is not None:
             self._start_async(handler)
-        self._handlers = (*(h for h in self._handlers if h.registered), handler)
+        bus._handlers = (*(h for h in bus._handlers if h.registered), handler)
         return replaced
 
     def _retire(self, handler: _Handler) -> int:
         """Mark ``handler`` unregistered (the caller republishes); return its delivery target."""
         handler.registered = False
-        handler.bus_dropped_end = self._queue.dropped
+        handler.bus_dropped_end = self.bus._queue.dropped
         return handler.offered
 
-    def _publish_remove(self, handler: _Handler) -> int | None:
+    def publish_remove(self, handler: _Handler) -> int | None:
+        """Remove ``handler``; return its delivery target (None: it was removed already)."""
         if not handler.registered:
             return None
+        bus = self.bus
         self._drain(force=True)
         target = self._retire(handler)
-        self._handlers = tuple(h for h in self._handlers if h is not handler)
+        bus._handlers = tuple(h for h in bus._handlers if h is not handler)
         return target
 
-    def _detach_all(self) -> list[tuple[_Handler, int]]:
+    def detach_all(self) -> list[tuple[_Handler, int]]:
+        """Remove every handler; return each with its delivery target."""
+        bus = self.bus
         self._drain(force=True)
-        handlers, self._handlers = self._handlers, ()
+        handlers, bus._handlers = bus._handlers, ()
         return [(h, self._retire(h)) for h in handlers]
 
-    def _drain_targets(self) -> list[tuple[_Handler, int]]:
+    def drain_targets(self) -> list[tuple[_Handler, int]]:
+        """Hand everything queued over; return each handler with its delivery target."""
         self._drain(force=True)
-        return [(h, h.offered) for h in self._handlers]
+        return [(h, h.offered) for h in self.bus._handlers]
+
+    # -- distribution --
 
     def _drain(self, *, force: bool = False) -> bool:
         """Move queued events to the handlers' inboxes; False if ``block`` left some queued."""
-        queue = self._queue
+        bus = self.bus
+        queue = bus._queue
         n = len(queue)
-        handlers = self._handlers
-        if n or self._held:
-            overflow: str = self._overflow
+        handlers = bus._handlers
+        if n or self.held:
+            capacity = bus._capacity
+            overflow: str = bus._overflow
             if overflow == "block":
                 if not force and handlers:
-                    n = min(n, min(self._capacity - h.backlog for h in handlers))
+                    n = min(n, min(capacity - h.backlog for h in handlers))
                 overflow = "force"  # room was made above, or a flush asks for everything
             batch = queue.take(n) if n > 0 else []
             if _device.used:
                 # Device values are read here, a thread of the bus; a flush or a close waits
                 # for the device, the distributor waits on a worker thread instead.
-                held, self._held = self._held, []
-                batch, self._held, failed = resolve_ready(
+                held, self.held = self.held, []
+                batch, self.held, failed = resolve_ready(
                     held + batch if held else batch, wait=force
                 )
                 if failed:
                     self._unreadable(failed)
             if batch:
                 for handler in handlers:
-                    handler.push(batch, self._capacity, overflow)
-        self._report_drops(handlers)
+                    handler.push(batch, capacity, overflow)
+        self.report_drops(handlers)
         return not queue.slots
 
     async def _distribute(self) -> None:
-        queue = self._queue.slots
+        bus = self.bus
+        queue = bus._queue.slots
         while True:
             moved = len(queue)
             if not self._drain():
@@ -461,16 +467,16 @@ class Dispatcher:
                     await room.wait()
                 self._waiting_for_room = False
                 continue
-            if self._held:  # a device is not done with values logged: wait off the loop
-                await anyio.to_thread.run_sync(wait_for_devices, self._held, abandon_on_cancel=True)
+            if self.held:  # a device is not done with values logged: wait off the loop
+                await anyio.to_thread.run_sync(wait_for_devices, self.held, abandon_on_cancel=True)
                 continue
             if not moved and not queue:
                 # A whole linger passed with nothing logged: sleep until an event wakes us.
                 self._wakeup = anyio.Event()
-                self._idle = True
+                bus._idle = True
                 if not queue:  # checked again: an append may have seen _idle still False
                     await self._wakeup.wait()
-                self._idle = False
+                bus._idle = False
             # Let events accumulate: one batch per linger while they keep coming, and no
             # cross-thread wake-up for the producers meanwhile (``_idle`` stays False). A
             # producer that finds the queue half full ends the linger early.
@@ -478,37 +484,33 @@ class Dispatcher:
             self._hurrying = False
             # Checked after the reset: a producer that crowds the queue from now on hurries
             # this linger; one that did before is seen here.
-            if len(queue) < self._queue.crowded:
-                with anyio.move_on_after(self._linger):
+            if len(queue) < bus._queue.crowded:
+                with anyio.move_on_after(bus._linger):
                     await self._hurried.wait()
 
     def _unreadable(self, failed: list[tuple[str, Exception]]) -> None:
         """Events whose device values could not be read: dropped, counted and reported."""
-        self._queue.count_unreadable(len(failed))
+        self.bus._queue.count_unreadable(len(failed))
         if self._read_throttle.ready():
             name, exc = failed[0]
             logger.error(
                 "EventBus %r: %d events dropped: a device value could not be read (event %r: %r)",
-                self._name,
+                self.bus._name,
                 len(failed),
                 name,
                 exc,
             )
 
-    def _handler_progressed(self) -> None:
+    def handler_progressed(self) -> None:
         """Called by a runner after a batch: wake the distributor if it waits for room."""
         if self._waiting_for_room:
             self._waiting_for_room = False
-            loop = self._loop
+            loop = self.loop
             if loop is not None and self._room is not None:
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(self._room.set)
 
-    def _count_error(self) -> None:
-        with self._errors_lock:
-            self._errors += 1
-
-    def _report_drops(self, handlers: Iterable[_Handler], *, final: bool = False) -> None:
+    def report_drops(self, handlers: Iterable[_Handler], *, final: bool = False) -> None:
         """Warn about new drops, queue-side and per handler, at most once per interval each
         (``final``: now, whatever the interval; for a bus or handler that is going away).
 
@@ -519,15 +521,15 @@ class Dispatcher:
             self._report_drops_locked(handlers, final)
 
     def _report_drops_locked(self, handlers: Iterable[_Handler], final: bool) -> None:
-        queue = self._queue
-        dropped = queue.dropped
+        bus = self.bus
+        dropped = bus._queue.dropped
         if dropped != self._dropped_reported and (final or self._drop_throttle.ready()):
             logger.warning(
                 "EventBus %r: queue full (capacity %d, policy %s): %d events dropped since the "
                 "last report, %d in all",
-                self._name,
-                self._capacity,
-                self._overflow,
+                bus._name,
+                bus._capacity,
+                bus._overflow,
                 dropped - self._dropped_reported,
                 dropped,
             )
@@ -538,10 +540,10 @@ class Dispatcher:
                 logger.warning(
                     "EventBus %r: handler %r fell behind (backlog capacity %d, policy %s): %d "
                     "events dropped since the last report, %d in all",
-                    self._name,
+                    bus._name,
                     handler.name,
-                    self._capacity,
-                    self._overflow,
+                    bus._capacity,
+                    bus._overflow,
                     lost - handler.dropped_reported,
                     lost,
                 )
@@ -549,34 +551,8 @@ class Dispatcher:
 
     # -- Stat windows on a timer --
 
-    def _watch_stat(self, stat: Stat) -> None:
-        window = stat._window
-        with self._lock:
-            group = self._stat_groups.get(window)
-            new = group is None
-            if group is None:
-                group = self._stat_groups[window] = WeakRegistry()
-            group.add(stat)
-            loop = self._loop
-        if new and loop is not None:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._timers_changed_set)
-        elif loop is None and self._uplink is not None:
-            self._ensure_running()  # a child's windows close on time too
-
-    def _dirty_stats(self, window: float) -> WeakRegistry[Stat]:
-        """The Stats of this window size whose open window holds data (the timer's round)."""
-        registry = self._dirty.get(window)
-        if registry is None:
-            registry = self._dirty.setdefault(window, WeakRegistry())  # one C call: atomic
-        return registry
-
-    def _stats(self) -> list[Stat]:
-        """This bus's live Stats."""
-        groups = list(self._stat_groups.values())  # one C call: atomic, no lock needed
-        return [stat for group in groups for stat in group.snapshot()]
-
-    def _timers_changed_set(self) -> None:
+    def timers_changed_set(self) -> None:
+        """Have the timer look at the window sizes again (a new one was added)."""
         assert self._timers_changed is not None
         self._timers_changed.set()
 
@@ -600,28 +576,17 @@ class Dispatcher:
         the window is surely over by its Stat's clock); a size seen for the first time is only
         scheduled.
         """
+        bus = self.bus
         now = _stat._clock()
-        # One C call, atomic with respect to _watch_stat; never _lock, which a thread starting
-        # the dispatcher holds while it waits on this loop.
-        for window in list(self._stat_groups):
+        # One C call, atomic with respect to _watch_stat; never the lock, which a thread
+        # starting the dispatcher holds while it waits on this loop.
+        for window in list(bus._stat_groups):
             end = next_end.get(window)
             if end is None or now >= end:
                 if end is not None:
                     stamp, clock = datetime.now(timezone.utc), _stat._clock()
                     # Only the Stats holding data: thousands of idle ones cost nothing.
-                    for stat in self._dirty_stats(window).snapshot():  # never takes a lock
+                    for stat in bus._dirty_stats(window).snapshot():  # never takes a lock
                         stat._close_on_timer(clock, stamp)
-                next_end[window] = _stat.window_end(now, window, self._clock_offset) + _TIMER_SLACK
+                next_end[window] = _stat.window_end(now, window, bus._clock_offset) + _TIMER_SLACK
         return min(next_end.values()) if next_end else None
-
-    # -- fork and exit --
-
-    def _after_fork_in_child(self) -> None:
-        handlers = self._handlers
-        self._init_runtime()
-        self._uplink = process.uplink if self._children == "forward" else None
-        if self._uplink is not None:
-            return  # the parent runs the handlers: the child sends it its events instead
-        for handler in handlers:
-            handler.after_fork()
-        self._handlers = handlers

@@ -215,7 +215,7 @@ class _Handler:
             self.stopping = True
             self.cv.notify_all()
         if self.is_async:
-            self.bus._call_soon(self._wake_task)
+            self.bus._dispatcher.call_soon(self._wake_task)
 
     def _wake_task(self) -> None:
         if self.wakeup is not None:
@@ -259,7 +259,7 @@ class _Handler:
             self.dropped += skipped
             self.settled += delivered + skipped
             self.cv.notify_all()
-        self.bus._handler_progressed()
+        self.bus._dispatcher.handler_progressed()
 
     def _events(self, batches: list[list[Any]], *, stop: bool = True) -> Iterator[Event]:
         """The events of ``batches``, each with its own copy of ``data``, until ``cut`` (if
@@ -324,7 +324,7 @@ class _Handler:
             try:
                 await call(arg)
             except cancelled as exc:
-                if self.bus._loop_cancelled():
+                if self.bus._dispatcher.loop_cancelled():
                     raise  # the bus stops or its loop failed: not the handler's doing
                 self._failed(exc)
             except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
@@ -389,7 +389,7 @@ class _Handler:
             self.cv.notify_all()
         # Its last drops (cut off by a timeout, or its task ended with a failed loop): the
         # dispatcher no longer sees it, so it reports them itself.
-        self.bus._report_drops([self], final=True)
+        self.bus._dispatcher.report_drops([self], final=True)
 
     def _batch_failed(self, exc: BaseException) -> None:
         """A failure of a call: each exception of a group counts (see ``call_each``)."""

@@ -165,7 +165,7 @@ class _Process:
         self.finalize_with_multiprocessing()
         for bus in self.buses.snapshot():
             if bus._uplink is not None and bus._stats():
-                bus._ensure_running()  # its Stats' windows close on time
+                bus._dispatcher.ensure_running()  # its Stats' windows close on time
 
     def before_fork(self) -> None:
         uplink = self.uplink

@@ -304,7 +304,7 @@ class Stat:
         if len(self._pending) >= _CHUNK:
             # Device values hold memory until read: the dispatcher reads those that are ready
             # now rather than at the window's end.
-            self._bus._call_soon(self._read_pending)
+            self._bus._dispatcher.call_soon(self._read_pending)
 
     def _read_pending(self) -> None:
         """Fold the open window's device values that are ready into its aggregates (on the

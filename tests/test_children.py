@@ -560,7 +560,7 @@ def test_a_childs_events_do_not_cut_the_parents_linger_short(
     monitor_bus.register_event_handler(recorder)
     bus._linger = 30.0
     hurries = []
-    monkeypatch.setattr(bus, "_hurry", lambda: hurries.append(1))
+    monkeypatch.setattr(bus._dispatcher, "hurry", lambda: hurries.append(1))
     proc = multiprocessing.get_context("fork").Process(
         target=child_workers.log_events, args=("l", 10)
     )

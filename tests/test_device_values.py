@@ -407,7 +407,7 @@ def test_a_device_not_done_is_waited_for_off_the_loop(
     named_bus.log_event(Event("loss", TS, {"loss": torch.tensor(0.5)}))
     named_bus.log_event(Event("after", TS, {"x": 2}))
     assert waiting.wait(10)
-    assert named_bus._in_loop(lambda: "loop answers", timeout=10) == "loop answers"
+    assert named_bus._dispatcher.in_loop(lambda: "loop answers", timeout=10) == "loop answers"
     assert [e.name for e in recorder.events] == ["before"]
     assert (named_bus.stats()["queued"], named_bus.stats()["device_values"]) == (2, 1)
     done.set()
@@ -501,7 +501,8 @@ def test_an_open_window_reads_its_device_values_as_they_pile_up(
     )
     for i in range(5000):
         stat.add(torch.tensor(float(i)))
-    named_bus._in_loop(lambda: None, timeout=10)  # the loop has run what the adds asked of it
+    # The loop has run what the adds asked of it.
+    named_bus._dispatcher.in_loop(lambda: None, timeout=10)
     # 1 + 4,096 samples were folded and read on the loop; the last 903 wait in the buffer.
     assert (len(stat._pending), named_bus.stats()["device_values"]) == (0, 903)
     stat._close()
@@ -517,7 +518,7 @@ def test_value_read_early_is_logged_as_a_float(
     stat = Stat("v", [Aggregation.VALUE, Aggregation.COUNT], timedelta(hours=1), bus=named_bus)
     for i in range(4097):  # the 4,097th add folds, and the loop reads every sample
         stat.add(torch.tensor(float(i)))
-    named_bus._in_loop(lambda: None, timeout=10)
+    named_bus._dispatcher.in_loop(lambda: None, timeout=10)
     assert (len(stat._buf), len(stat._pending)) == (0, 0)
     stat._close()
     assert named_bus.flush(10)

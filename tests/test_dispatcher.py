@@ -341,16 +341,16 @@ def test_a_call_the_dying_loop_ran_is_not_run_twice(bus: EventBus, recorder: Rec
 
     class ClosingLoop:
         def call_soon_threadsafe(self, func: object, *args: object, **kwargs: object) -> None:
-            for run in list(bus._unrun):  # what a dying dispatcher's last step does
+            for run in list(bus._dispatcher.unrun):  # what a dying dispatcher's last step does
                 run()
             raise RuntimeError("Event loop is closed")
 
-    real_loop = bus._loop
-    bus._loop = ClosingLoop()
+    real_loop = bus._dispatcher.loop
+    bus._dispatcher.loop = ClosingLoop()
     try:
-        assert bus._in_loop(lambda: calls.append(1) or "done") == "done"
+        assert bus._dispatcher.in_loop(lambda: calls.append(1) or "done") == "done"
     finally:
-        bus._loop = real_loop
+        bus._dispatcher.loop = real_loop
     assert calls == [1]
 
 
@@ -382,13 +382,13 @@ def test_drops_of_a_handler_cut_off_by_unregister_are_reported(
 def _count_wakes(bus: EventBus, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Count the producers' cross-thread wake-ups of ``bus``'s dispatcher."""
     wakes = [0]
-    wake = bus._wake
+    wake = bus._dispatcher.wake
 
     def counting() -> None:
         wakes[0] += 1
         wake()
 
-    monkeypatch.setattr(bus, "_wake", counting)
+    monkeypatch.setattr(bus._dispatcher, "wake", counting)
     return wakes
 
 

@@ -341,19 +341,19 @@ def test_timer_pass_closes_due_windows_by_the_stat_clock(
     fast = Stat("fast", [Aggregation.SUM], timedelta(seconds=10), bus=bus)
     slow = Stat("slow", [Aggregation.SUM], timedelta(seconds=60), bus=bus)
     next_end: dict[float, float] = {}
-    assert bus._timer_pass(next_end) == 1010.0 + slack  # the first pass only schedules
+    assert bus._dispatcher._timer_pass(next_end) == 1010.0 + slack  # the first pass only schedules
     fast.add(1.0)
     slow.add(2.0)
     clock.now = 1010.0  # the window is over, but not by the slack yet
-    assert bus._timer_pass(next_end) == 1010.0 + slack
+    assert bus._dispatcher._timer_pass(next_end) == 1010.0 + slack
     assert bus.flush(10)
     assert stat_events(recorder) == []
     clock.now = 1010.0 + slack
-    assert bus._timer_pass(next_end) == 1020.0 + slack
+    assert bus._dispatcher._timer_pass(next_end) == 1020.0 + slack
     assert bus.flush(10)
     assert stat_events(recorder) == [{"fast.sum": 1.0}]
     clock.now = 1060.0 + slack  # fast's window [1010, 1020) was empty: nothing to log
-    assert bus._timer_pass(next_end) == 1070.0 + slack
+    assert bus._dispatcher._timer_pass(next_end) == 1070.0 + slack
     assert bus.flush(10)
     assert stat_events(recorder) == [{"fast.sum": 1.0}, {"slow.sum": 2.0}]
 
