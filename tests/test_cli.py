@@ -309,9 +309,7 @@ def test_summary_lists_runs_with_their_end(
     run.write_text("\n".join(lines) + "\n")
     assert main(["summary", str(run)]) == 0
     assert capsys.readouterr().out.split("\n\n")[1] == (
-        "runs\n"
-        "  first   failed            12.3 s  builtins.ValueError\n"
-        "  second  no end (killed?)"
+        "runs\n  first   failed            12.3 s  builtins.ValueError\n  second  no end (killed?)"
     )
 
 
