@@ -31,7 +31,7 @@ import contextlib
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -66,7 +66,6 @@ Overflow = Literal["drop_newest", "drop_oldest", "block"]
 _OVERFLOWS = ("drop_newest", "drop_oldest", "block")
 Children = Literal["forward", "own"]
 _CHILDREN = ("forward", "own")
-_T = TypeVar("_T")
 
 
 class EventBus:
@@ -587,24 +586,6 @@ class EventBus:
         for handler in handlers:
             handler.after_fork()
         self._handlers = handlers
-
-    # The dispatcher's calls that code outside the package's core reaches through the bus.
-
-    def _in_loop(self, func: Callable[..., _T], *args: Any, timeout: float | None = None) -> _T:
-        """``Dispatcher.in_loop``: run ``func`` on the loop and return its result."""
-        return self._dispatcher.in_loop(func, *args, timeout=timeout)
-
-    def _call_soon(self, func: Callable[[], object]) -> None:
-        """``Dispatcher.call_soon``: run ``func`` on the loop thread soon, without waiting."""
-        self._dispatcher.call_soon(func)
-
-    def _ensure_running(self) -> bool:
-        """``Dispatcher.ensure_running``: start the dispatcher if work waits for it."""
-        return self._dispatcher.ensure_running()
-
-    def _timers_changed_set(self) -> None:
-        """``Dispatcher.timers_changed_set`` (on the loop): the timer looks at the sizes again."""
-        self._dispatcher.timers_changed_set()
 
     # -- subscriptions --
 
