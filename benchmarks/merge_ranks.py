@@ -42,10 +42,9 @@ from importlib.metadata import version  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from _machine import cpu_model, positive  # noqa: E402
+from _machine import cpu_model, numpy_mlp_step, positive  # noqa: E402
 
 import monitor_bus as monitor  # noqa: E402
 from monitor_bus.integrations.torch import merge_stats_across_ranks  # noqa: E402
@@ -56,26 +55,7 @@ AGGS = [monitor.Aggregation.MEAN, monitor.Aggregation.MAX]
 
 def make_step() -> Any:
     """A two-layer tanh MLP, forward + backward + SGD update on one minibatch."""
-    rng = np.random.default_rng(0)
-    batch, d_in, hidden, d_out = 128, 96, 256, 10
-    x = rng.standard_normal((batch, d_in)).astype(np.float32)
-    y = rng.standard_normal((batch, d_out)).astype(np.float32)
-    w1 = (rng.standard_normal((d_in, hidden)) * 0.1).astype(np.float32)
-    w2 = (rng.standard_normal((hidden, d_out)) * 0.1).astype(np.float32)
-
-    def step() -> tuple[float, float]:
-        nonlocal w1, w2
-        h = np.tanh(x @ w1)
-        err = h @ w2 - y
-        loss = float((err * err).mean())
-        g_out = err * np.float32(2.0 / err.size)
-        g_w2 = h.T @ g_out
-        g_w1 = x.T @ ((g_out @ w2.T) * (1 - h * h))
-        w1 -= np.float32(0.01) * g_w1
-        w2 -= np.float32(0.01) * g_w2
-        return loss, math.sqrt(float((g_w1 * g_w1).sum() + (g_w2 * g_w2).sum()))
-
-    return step
+    return numpy_mlp_step(128)
 
 
 def stats(bus: monitor.EventBus) -> list[monitor.Stat]:

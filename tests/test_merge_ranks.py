@@ -79,7 +79,7 @@ def expected_events(windows: list[tuple[int, list[Any]]]) -> Counter[str]:
     for (name, _), members in groups.items():
         count = sum(w[2] for _, w in members)
         total = sum(w[3] for _, w in members)
-        last = max(members, key=lambda m: m[1][7])[1]
+        last = max(members, key=lambda m: (m[1][7], m[0]))[1]  # a tie: the higher rank
         values = {
             "value": last[6],
             "mean": total / count,

@@ -15,8 +15,9 @@ Guarantees
   it still expects has said it is past the window's end, or ``timeout`` after the end; a rank
   silent for ``timeout`` is lost (warned, rate-limited) and no longer waited for.
 - Exact and once: counts and sums add, max of maxes, min of mins, mean is sum over count,
-  value is the one of the rank whose window closed last. Each window of each rank is merged
-  once; one arriving after its window was merged is logged on its own, counted in ``late``.
+  value is the one of the rank whose window closed last (on a tie, the higher rank). Each
+  window of each rank is merged once; one arriving after its window was merged is logged on
+  its own, counted in ``late``.
 - Windows line up: the bus's windows are moved to wall-clock multiples of their size
   (``bus._clock_offset``); a rank whose clock is off by ``d`` puts its samples ``d`` late.
 - Fork: in a forked child (a DataLoader worker) the tap declines, so the child's windows take
@@ -93,6 +94,9 @@ class _Bucket:
 
     __slots__ = ("count", "high", "last", "low", "ranks", "total", "value")
 
+    # ``last``: (close time, rank) of the window whose value is kept: two ranks' timers can
+    # close a window in the same microsecond, and the higher rank wins that tie.
+
     def __init__(self) -> None:
         self.ranks: set[int] = set()
         self.count = 0
@@ -100,7 +104,7 @@ class _Bucket:
         self.high = -math.inf
         self.low = math.inf
         self.value: float = math.nan
-        self.last = -math.inf  # close time of the window whose value is kept
+        self.last: tuple[float, int] = (-math.inf, -1)
 
     def add(self, rank: int, record: _Record) -> None:
         count, total, high, low, value, closed = record[4:10]
@@ -109,8 +113,8 @@ class _Bucket:
         self.total += total
         self.high = max(self.high, high)
         self.low = min(self.low, low)
-        if closed >= self.last:
-            self.last, self.value = closed, value
+        if (closed, rank) > self.last:
+            self.last, self.value = (closed, rank), value
 
 
 class RankMerge:
@@ -212,7 +216,7 @@ class RankMerge:
             self.late += 1
             bucket = _Bucket()
             bucket.add(source, record)
-            self.bus._log_window((STAT_EVENT, _stamp(bucket.last), self._data(record, bucket)))
+            self.bus._log_window((STAT_EVENT, _stamp(bucket.last[0]), self._data(record, bucket)))
 
     def _start(self) -> None:
         bus = self.bus
@@ -357,7 +361,7 @@ class RankMerge:
             bucket.add(self.rank, record)
             data = self._data(record, bucket)
             data[f"{record[0]}.rank"] = self.rank
-            self.bus._log_window((STAT_EVENT, _stamp(bucket.last), data))
+            self.bus._log_window((STAT_EVENT, _stamp(bucket.last[0]), data))
             self.local += 1
 
     # -- dst --
@@ -504,7 +508,7 @@ class RankMerge:
                     )
             record: _Record = [key[0], list(key[1])]
             data = self._data(record, bucket)
-            self.bus._log_window((STAT_EVENT, _stamp(bucket.last), data))
+            self.bus._log_window((STAT_EVENT, _stamp(bucket.last[0]), data))
             self.merged += 1
             self._merged_keys[key] = end
         # A window merged long ago cannot come back but as a late one: forget it.
@@ -602,8 +606,9 @@ def merge_stats_across_ranks(
     (Stat name, window) with the usual keys (``"loss.mean"``) plus ``"<name>.ranks"``, the
     number of ranks that contributed. COUNT and SUM add up, MAX and MIN are the max of maxes
     and min of mins, MEAN is SUM / COUNT, VALUE is the one of the rank whose window closed
-    last. The event's timestamp is when that window closed. Stats merge by name, aggregations
-    and window size (Stats of one name with other aggregations make events of their own).
+    last (on a tie, the higher rank). The event's timestamp is when that window closed.
+    Stats merge by name, aggregations and window size (Stats of one name with other
+    aggregations make events of their own).
     Plain events are not merged.
 
     The other ranks do not log their Stat windows (``keep_local=True`` logs them too). A rank
