@@ -64,9 +64,14 @@ class Deferred:
         return self._value  # type: ignore[no-any-return]
 
     def _resolve(self) -> None:
-        value = self._read(self._copy)
+        # Two threads may read at once (a flush on the loop while a worker waits for the
+        # device; the caller comparing its own Event): the value is stored before the copy is
+        # let go, so whoever finds the copy gone finds the value.
+        copy = self._copy
+        if copy is None:
+            return
+        self._value = self._read(copy)
         self._copy = self._mark = None  # device and host memory go as soon as the value is read
-        self._value = value
 
     # The caller's own Event holds this in its data: comparing or converting it reads the
     # value there, on the caller's thread, as the caller asked. The bus never does.

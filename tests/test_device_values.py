@@ -525,3 +525,25 @@ def test_value_read_early_is_logged_as_a_float(
     [data] = stat_data(recorder.events)
     assert data == {"v.value": 4096.0, "v.count": 4097}
     assert type(data["v.value"]) is float
+
+
+def test_a_flush_while_the_device_is_awaited_delivers_each_value_once(
+    named_bus: EventBus, recorder: Recorder, torch: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flush that comes while the distributor waits for the device on a worker thread waits
+    too; when the device is done, both read the same values and every event arrives once."""
+    done, waiting = threading.Event(), threading.Event()
+    monkeypatch.setattr(_device, "_mark_copy", lambda tensor, torch: SlowMark(done, waiting))
+    named_bus.register_event_handler(recorder)
+    for i in range(50):
+        named_bus.log_event(Event("loss", TS, {"loss": torch.tensor(float(i))}))
+    assert waiting.wait(10)  # the worker thread waits for the first value's device
+    flushed: list[bool] = []
+    flusher = threading.Thread(target=lambda: flushed.append(named_bus.flush(30)))
+    flusher.start()
+    done.set()
+    flusher.join(30)
+    assert flushed == [True]
+    assert [e.data["loss"] for e in recorder.events] == [float(i) for i in range(50)]
+    stats = named_bus.stats()
+    assert (stats["dropped"], stats["handler_dropped"], stats["device_values"]) == (0, 0, 0)
