@@ -77,6 +77,10 @@ class PendingWindow(WindowData):
         return (dict, (self.window.data(),))
 
 
+# The data classes of Stat windows, which no overflow policy drops.
+_WINDOWS = (WindowData, PendingWindow)
+
+
 def resolve_ready(
     flat: list[Any], *, wait: bool
 ) -> tuple[list[Any], list[Any], list[tuple[str, Exception]]]:
@@ -158,7 +162,8 @@ class RemoteData(dict):  # type: ignore[type-arg]
 
 def has_window(flat: list[Any]) -> bool:
     """Whether a flat slot list holds a Stat window (one C-level scan of its data slots)."""
-    return WindowData in map(type, flat[2::SLOTS])
+    kinds = list(map(type, flat[2::SLOTS]))
+    return WindowData in kinds or PendingWindow in kinds
 
 
 def drop_events(flat: list[Any], k: int, *, newest: bool) -> tuple[list[Any], int]:
@@ -175,7 +180,7 @@ def drop_events(flat: list[Any], k: int, *, newest: bool) -> tuple[list[Any], in
     for i in order:
         if dropped == k:
             break
-        if flat[SLOTS * i + 2].__class__ is not WindowData:
+        if flat[SLOTS * i + 2].__class__ not in _WINDOWS:
             keep[i] = False
             dropped += 1
     kept = [slot for i in range(n) if keep[i] for slot in flat[SLOTS * i : SLOTS * (i + 1)]]
@@ -257,14 +262,14 @@ class EventQueue:
         """Remove the oldest event that is not a Stat window (under ``space``, removing)."""
         slots = self.slots
         start = SLOTS * self._head_windows
-        if not start and slots and slots[2].__class__ is not WindowData:
+        if not start and slots and slots[2].__class__ not in _WINDOWS:
             pop = slots.popleft
             pop()
             pop()
             pop()
             return True
         for i in range(start, len(slots), SLOTS):
-            if slots[i + 2].__class__ is not WindowData:
+            if slots[i + 2].__class__ not in _WINDOWS:
                 for _ in range(SLOTS):
                     del slots[i]  # one C call each; appends happen at the other end
                 return True

@@ -547,3 +547,36 @@ def test_a_flush_while_the_device_is_awaited_delivers_each_value_once(
     assert [e.data["loss"] for e in recorder.events] == [float(i) for i in range(50)]
     stats = named_bus.stats()
     assert (stats["dropped"], stats["handler_dropped"], stats["device_values"]) == (0, 0, 0)
+
+
+def test_a_window_of_tensors_is_never_evicted(torch: Any) -> None:
+    """Under drop_oldest, a queued window whose samples are not read yet is kept like any
+    Stat window; the oldest plain events make room instead."""
+    entered, gate = threading.Event(), threading.Event()
+    seen: list[Event] = []
+
+    async def blocking(event: Event) -> None:
+        seen.append(event)
+        if event.name == "first":
+            entered.set()
+            gate.wait(30)  # holds the loop: the queue fills behind it
+
+    with EventBus(capacity=4, overflow="drop_oldest", name="evict") as bus:
+        bus.register_event_handler(blocking)
+        bus.log_event(Event("first", TS, {}))
+        assert entered.wait(10)
+        stat = Stat("loss", [Aggregation.SUM], timedelta(hours=1), bus=bus)
+        stat.add(torch.tensor(1.5))
+        stat._close()
+        for i in range(5):
+            bus.log_event(Event("plain", TS, {"i": i}))
+        gate.set()
+        assert bus.flush(10)
+        assert [(e.name, e.data) for e in seen] == [
+            ("first", {}),
+            (STAT_EVENT, {"loss.sum": 1.5}),
+            ("plain", {"i": 2}),
+            ("plain", {"i": 3}),
+            ("plain", {"i": 4}),
+        ]
+        assert bus.stats()["dropped"] == 2
