@@ -154,24 +154,34 @@ def _mark_copy(tensor: Any, torch: Any) -> Any:
     """A stream event recorded after the copy, or None where the copy is already done."""
     if tensor.is_cpu:  # 0.05 us, against 0.3 us for device.type
         return None
-    event = torch.cuda.Event() if tensor.device.type == "cuda" else _Unmarked()
-    event.record()
-    return event
+    kind = tensor.device.type
+    if kind == "cuda":
+        event = torch.cuda.Event()
+        event.record()
+        return event
+    # Another accelerator (mps, xpu): its module's synchronize() waits for the copy.
+    return _Unmarked(getattr(getattr(torch, kind, None), "synchronize", None))
 
 
 class _Unmarked:
-    """An accelerator without a stream event torch exposes: wait by synchronizing it."""
+    """A device without a stream event to poll: the value is read on a worker thread, after
+    ``sync`` (None: reading the copy waits for the device by itself)."""
 
-    __slots__ = ()
+    __slots__ = ("_done", "_sync")
 
-    def record(self) -> None:
-        pass
+    def __init__(self, sync: Any = None) -> None:
+        self._sync = sync
+        self._done = False
 
     def query(self) -> bool:
-        return False  # read on a worker thread
+        # False until a worker has waited: then the loop reads, and a read that fails there
+        # is counted (the worker's attempt is not).
+        return self._done
 
     def synchronize(self) -> None:
-        pass  # reading the copy waits for it
+        if self._sync is not None:
+            self._sync()
+        self._done = True
 
 
 def _read_tensor(copy: Any) -> float | int | bool:

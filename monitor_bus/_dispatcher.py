@@ -490,7 +490,9 @@ class Dispatcher:
 
     def _unreadable(self, failed: list[tuple[str, Exception]]) -> None:
         """Events whose device values could not be read: dropped, counted and reported."""
-        self.bus._queue.count_unreadable(len(failed))
+        with self._report_lock:
+            self.bus._queue.count_unreadable(len(failed))
+            self._dropped_reported += len(failed)  # reported here, not as a full queue
         if self._read_throttle.ready():
             name, exc = failed[0]
             logger.error(

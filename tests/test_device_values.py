@@ -466,16 +466,16 @@ class BrokenDeviceArray(DeviceArray):
 def test_a_value_that_cannot_be_read_drops_its_event_counted_and_reported(
     named_bus: EventBus, recorder: Recorder, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An event whose device value fails to read is dropped, counted and logged; the events
-    around it and later ones are delivered."""
+    """An event whose device value fails to read is dropped, counted and logged once (not as
+    a full queue); the events around it are delivered without waiting for a flush."""
     named_bus.register_event_handler(recorder, name="rec")
-    named_bus.log_event(Event("a", TS, {"x": 1}))
-    named_bus.log_event(Event("broken", TS, {"x": BrokenDeviceArray([1.0])}))
-    named_bus.log_event(Event("b", TS, {"x": 2}))
-    with caplog.at_level("ERROR", logger="monitor_bus"):
+    with caplog.at_level("WARNING", logger="monitor_bus"):
+        named_bus.log_event(Event("a", TS, {"x": 1}))
+        named_bus.log_event(Event("broken", TS, {"x": BrokenDeviceArray([1.0])}))
+        named_bus.log_event(Event("b", TS, {"x": 2}))
+        assert recorder.wait_for(2)  # the distributor alone gets past the broken value
+        named_bus.log_event(Event("c", TS, {"x": 3}))
         assert named_bus.flush(10)
-    named_bus.log_event(Event("c", TS, {"x": 3}))
-    assert named_bus.flush(10)
     assert [e.name for e in recorder.events] == ["a", "b", "c"]
     stats = named_bus.stats()
     [handler] = stats["handlers"]
