@@ -103,6 +103,7 @@ class Stat:
         "_fold_at",
         "_keys",
         "_last",
+        "_last_window",
         "_lock",
         "_marked",
         "_max",
@@ -172,6 +173,8 @@ class Stat:
         self._dirty = bus._dirty_stats(self._window)
         self._lock = threading.Lock()
         self._last: tuple[float | int, ...] = ()  # the last logged window, per aggregation
+        # The last closed window while its device values are unread: get() reads them.
+        self._last_window: ClosedWindow | None = None
         self._buf: list[float | Deferred] | deque[float] = []
         self._pending: list[Deferred] = []  # device values folded into the open window's count
         self._open_window(_clock())
@@ -215,10 +218,17 @@ class Stat:
             self._fold()
 
     def get(self) -> dict[Aggregation, float | int]:
-        """The aggregates of the last logged window (empty before the first)."""
+        """The aggregates of the last logged window (empty before the first).
+
+        If that window holds tensor samples the bus has not read yet, they are read here, on
+        the caller's thread (waiting for their device), as asked.
+        """
         if _clock() >= self._end:
             self._roll()
         with self._lock:
+            window = self._last_window
+            if window is not None:
+                window.data()  # sets _last
             return dict(zip(self._aggregations, self._last, strict=False))  # () before a window
 
     def __repr__(self) -> str:
@@ -387,8 +397,10 @@ class Stat:
                 self._value,
                 self._pending,
             )
-            if not self._pending:
-                self._last = closed.picked()
+            if self._pending:
+                self._last_window = closed
+            else:
+                self._last, self._last_window = closed.picked(), None
             bus._window_closed(closed)
             self._pending = []
             self._count = 0
@@ -400,7 +412,7 @@ class Stat:
         # Queued before the window is emptied: a Ctrl-C in between can log it twice at worst,
         # never lose it.
         self._bus._log_window((STAT_EVENT, stamp or datetime.now(timezone.utc), data))
-        self._last = last
+        self._last, self._last_window = last, None
         self._count = 0
 
     def _after_fork(self) -> None:
@@ -511,5 +523,7 @@ class ClosedWindow:
         self.wait()
         self.resolve()
         last = self.picked()
-        self.stat._last = last
-        return dict(zip(self.stat._keys, last, strict=True))
+        stat = self.stat
+        if stat._last_window is self:  # not an older window read late
+            stat._last, stat._last_window = last, None
+        return dict(zip(stat._keys, last, strict=True))

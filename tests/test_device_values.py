@@ -580,3 +580,19 @@ def test_a_window_of_tensors_is_never_evicted(torch: Any) -> None:
             ("plain", {"i": 4}),
         ]
         assert bus.stats()["dropped"] == 2
+
+
+def test_get_reports_a_window_of_tensors_with_no_handler(torch: Any) -> None:
+    """With no handler to log it, a closed window of tensor samples still reaches get() (read
+    there, as asked), and a later window of floats replaces it."""
+    with EventBus(name="quiet") as bus:
+        stat = Stat("x", [Aggregation.SUM, Aggregation.COUNT], timedelta(hours=1), bus=bus)
+        stat.add(torch.tensor(2.0))
+        stat.add(0.5)
+        stat._close()
+        assert stat.get() == {Aggregation.SUM: 2.5, Aggregation.COUNT: 2}
+        stat.add(torch.tensor(4.0))
+        stat._close()
+        stat.add(1.0)
+        stat._close()  # a window of floats after one of tensors nobody read
+        assert stat.get() == {Aggregation.SUM: 1.0, Aggregation.COUNT: 1}
