@@ -321,16 +321,21 @@ class Stat:
         dispatcher's thread)."""
         with self._lock:
             pending = self._pending
-            ready = [v for v in pending if v.ready()]
-            if not ready:
+            n = 0
+            for v in pending:  # the oldest first: stop at the first the device is not done with
+                if not v.ready():
+                    break
+                n += 1
+            if not n:
                 return
+            ready = pending[:n]
             total, high, low = _fold(
                 [float(v.value()) for v in ready],
                 self._count - len(pending),
                 (self._sum, self._max, self._min),
                 (self._want_sum, self._want_max, self._want_min),
             )
-            self._pending = [v for v in pending if v._value is _device.UNREAD]
+            self._pending = pending[n:]
             self._sum, self._max, self._min = total, high, low
             value = self._value
             if value.__class__ is Deferred and value._value is not _device.UNREAD:
