@@ -285,9 +285,10 @@ What the package promises, each backed by a scenario above:
 - **Device values are never read by the caller.** `Stat.add(tensor)` and tensor values in
   `Event` data copy the value (a clone on the CPU, a non-blocking copy and a stream event from
   an accelerator) and the bus reads the copy on the dispatcher's thread, or on a worker thread
-  while the device is not done, so the loop never blocks on a device; what was logged is the
-  value at the call, whatever the caller does to its tensor afterwards, and no autograd graph is
-  kept. Events holding device values keep their order with the rest. A value that cannot be
+  while the device is not done, so delivery does not block the loop on a device (`flush`,
+  `close` and handler registration, which deliver what is queued first, wait for it there);
+  what was logged is the value at the call, whatever the caller does to its tensor afterwards,
+  and no autograd graph is kept. Events holding device values keep their order with the rest. A value that cannot be
   read drops its event, counted in `dropped` and logged (`tests/test_device_values.py`).
 - **Merged across ranks, a dead rank costs only what it had not sent.** With
   `merge_stats_across_ranks`, a rank that dies or hangs is named lost about `timeout` after its

@@ -14,8 +14,10 @@ Guarantees
 - Host arrays (numpy, or a ``__dlpack__`` object in CPU memory) are read at the call: their
   memory is the host's, so reading them waits for no device, and the read is the copy that
   keeps what was logged.
-- The loop never blocks on a device: the dispatcher asks ``ready()`` and, for a value that is
-  not, calls ``wait()`` on a worker thread of its loop.
+- Delivery never blocks the loop on a device: the dispatcher asks ``ready()`` and, for a value
+  that is not, calls ``wait()`` on a worker thread of its loop. The calls that must deliver
+  everything queued first (``flush``, ``close``, registering or unregistering a handler) wait
+  for the device on the loop, as long as the device takes.
 """
 
 from __future__ import annotations
@@ -93,6 +95,10 @@ class Deferred:
     def __bool__(self) -> bool:
         self.wait()
         return bool(self._value)
+
+    def __format__(self, spec: str) -> str:
+        self.wait()
+        return format(self._value, spec)
 
     def __repr__(self) -> str:
         self.wait()

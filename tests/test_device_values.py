@@ -596,3 +596,20 @@ def test_get_reports_a_window_of_tensors_with_no_handler(torch: Any) -> None:
         stat.add(1.0)
         stat._close()  # a window of floats after one of tensors nobody read
         assert stat.get() == {Aggregation.SUM: 1.0, Aggregation.COUNT: 1}
+
+
+def test_the_callers_own_event_reads_its_placeholder_on_demand(torch: Any) -> None:
+    """The caller's Event holds a placeholder that compares, converts and formats as the
+    value it captured."""
+    loss = torch.tensor(0.125)
+    event = Event("e", TS, {"loss": loss, "n": torch.tensor(3)})
+    loss.fill_(9.0)
+    v, n = event.data["loss"], event.data["n"]
+    assert (v == 0.125, float(v), int(n), bool(n), f"{v:.2f}", repr(v)) == (
+        True,
+        0.125,
+        3,
+        True,
+        "0.12",
+        "0.125",
+    )
