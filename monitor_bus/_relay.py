@@ -194,7 +194,11 @@ class Uplink:
                 return  # the parent has no such bus: nothing to send it, as with no handler
         index = bus._relay_index or self._next_index
         name, timestamp, data = item
-        message = _frame((_WINDOW if window else _EVENT, index, name, *_stamp(timestamp), data))
+        try:
+            message = _frame((_WINDOW if window else _EVENT, index, name, *_stamp(timestamp), data))
+        except Exception as exc:  # noqa: BLE001 - a device value read as it is pickled failed
+            self._drop(bus, f"it could not be encoded ({exc!r})")
+            return
         if bus._relay_index and not self._unreported:
             frames = message  # the common case: nothing to say first
         else:

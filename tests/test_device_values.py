@@ -613,3 +613,34 @@ def test_the_callers_own_event_reads_its_placeholder_on_demand(torch: Any) -> No
         "0.12",
         "0.125",
     )
+
+
+def _child_logs_an_unreadable_value(out: Any) -> None:
+    import monitor_bus as monitor
+
+    monitor.log_event(Event("broken", TS, {"x": BrokenDeviceArray([1.0])}))
+    stat = monitor.Stat("w", [Aggregation.SUM], timedelta(hours=1))
+    stat.add(BrokenDeviceArray([2.0]))
+    stat._close()
+    monitor.log_event(Event("fine", TS, {"x": 1}))
+    out.put(monitor.get_default_bus().stats()["dropped"])
+
+
+def test_a_child_whose_value_cannot_be_read_counts_it_and_goes_on() -> None:
+    """In a child that sends to its parent, a value that fails to read as it is sent drops
+    that event or window, counted in the child, and never raises into its caller."""
+    import multiprocessing
+
+    import monitor_bus as monitor
+
+    seen: list[Event] = []
+    monitor.register_event_handler(seen.append)
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child_logs_an_unreadable_value, args=(out,))
+    child.start()
+    dropped = out.get(timeout=60)
+    child.join(60)
+    assert (child.exitcode, dropped) == (0, 2)
+    assert monitor.flush(10)
+    assert [(e.name, e.data) for e in seen] == [("fine", {"x": 1})]
