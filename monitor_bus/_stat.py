@@ -66,8 +66,9 @@ class Stat:
     When a window of ``window_size`` ends with at least one value in it, the Stat logs
     ``Event(STAT_EVENT, now, {"<name>.<aggregation>": value, ...})`` with one key per
     aggregation in lower case (``"step_time.mean"``). Windows are aligned to the monotonic
-    clock (to the wall clock while the bus's windows are merged across processes). A window closes on the first ``add`` after its end and, while the bus has handlers,
-    on a timer in the dispatcher, so a stalled loop still reports. The add that reaches
+    clock (to the wall clock once the bus's windows have been merged across processes). A
+    window closes on the first ``add`` after its end and, while the bus has handlers, on a
+    timer in the dispatcher, so a stalled loop still reports. The add that reaches
     ``max_samples`` logs the window at once; later adds are discarded until the next window.
 
     ``add`` is safe to call from many threads at once; no value is lost or counted twice.

@@ -212,8 +212,9 @@ class RankMerge:
     def _log_late(self, source: int, message: dict[str, Any]) -> None:
         """dst, after its close: what a rank still sends is logged window by window."""
         for record in message["windows"]:
-            self.received += 1
-            self.late += 1
+            with self._tap_lock:  # the receiving thread and the merge's may both be here
+                self.received += 1
+                self.late += 1
             bucket = _Bucket()
             bucket.add(source, record)
             self.bus._log_window((STAT_EVENT, _stamp(bucket.last[0]), self._data(record, bucket)))
