@@ -14,6 +14,10 @@ Protocol
   its thread is removing never removes (it appends, or, with the queue full, drops its own
   event and counts it), so the slots of one event are never split (which would pair one
   event's name with the next one's data).
+- Device values (``_device.py``) travel unread: an event holding some has a ``DeferredData``,
+  a window a ``PendingWindow``. The dispatcher reads them as it takes events (``resolve_ready``,
+  in order; the events from the first one whose device is not done wait for it), so handlers
+  only ever get plain values.
 - Events from child processes carry their origin in their data's class: a ``RemoteData`` (or
   a ``WindowData``) has an ``origin`` attribute, which handlers get as ``Event.origin``.
 - Stat windows are never dropped under any policy: their data is a ``WindowData``, queued past
