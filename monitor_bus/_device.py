@@ -117,6 +117,22 @@ def _identity(value: Any) -> Any:
     return value
 
 
+ARRAY_CLASSES: dict[type, bool] = {}
+
+
+def array_class(cls: type) -> bool:
+    """Whether values of ``cls`` are arrays or tensors for ``capture`` (by the protocols the
+    class has; remembered per class, for the classes ``Stat.add`` sees again and again)."""
+    known = ARRAY_CLASSES.get(cls)
+    if known is None:
+        known = getattr(cls, "__dlpack_device__", None) is not None or (
+            getattr(cls, "__array__", None) is not None and getattr(cls, "ndim", None) is None
+        )
+        if len(ARRAY_CLASSES) < 256:  # a bound, should classes be made on the fly
+            ARRAY_CLASSES[cls] = known
+    return known
+
+
 def capture(name: str, value: object) -> Any:
     """What to log for ``value``: a ``Deferred`` for a value on a device, the Python scalar
     for a host array or scalar that holds one element, ``value`` itself for anything else.

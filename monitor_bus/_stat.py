@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from . import _device
 from ._check import check_int, wrong_type
-from ._device import Deferred
+from ._device import ARRAY_CLASSES, Deferred
 from ._lifecycle import process
 
 if TYPE_CHECKING:
@@ -244,15 +244,23 @@ class Stat:
     # -- window machinery, all under self._lock except the reads in add --
 
     def _sample(self, v: object) -> float | Deferred:
-        try:
-            v = _device.capture("v", v)
-        except TypeError as exc:
-            raise TypeError(f"{exc} (Stat {self._name!r})") from None
-        if v.__class__ is Deferred:
-            return v
         cls = v.__class__
-        if getattr(cls, "__float__", None) is None or cls is complex or isinstance(v, str):
-            raise wrong_type("v", "a real number", v)
+        if cls is not int:
+            array = ARRAY_CLASSES.get(cls)
+            if array is None:
+                array = _device.array_class(cls)
+            ndim: object = getattr(v, "ndim", 0)
+            if array or ndim:
+                # An array or tensor: captured. Scalars (numpy's too) are converted below.
+                try:
+                    v = _device.capture("v", v)
+                except TypeError as exc:
+                    raise TypeError(f"{exc} (Stat {self._name!r})") from None
+                if v.__class__ is Deferred:
+                    return v
+                cls = v.__class__
+            if getattr(cls, "__float__", None) is None or cls is complex or isinstance(v, str):
+                raise wrong_type("v", "a real number", v)
         try:
             return float(v)  # type: ignore[arg-type]
         except (TypeError, ValueError, OverflowError) as exc:
