@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import NamedTuple, Union
 
-from . import _device
 from ._check import type_name, wrong_type
+from ._device import ARRAY_CLASSES, Deferred, array_class, capture, one_value
 
 data_value_t = Union[str, float, int, bool]  # noqa: UP007 - a runtime alias, as in torch
 """A value an event's ``data`` may hold: ``str``, ``float``, ``int`` or ``bool``."""
@@ -118,7 +118,7 @@ def _check_str(name: object) -> str:
 
 
 class DeferredData(dict):  # type: ignore[type-arg]
-    """The data of an event holding device values (``_device.Deferred``): the dispatcher reads
+    """The data of an event holding device values (``Deferred``): the dispatcher reads
     them and hands handlers a plain ``dict``; pickled (to a parent process) as one."""
 
     __slots__ = ()
@@ -131,7 +131,7 @@ def resolved(data: dict[str, object]) -> dict[str, object]:
     """``data`` with each device value read (waiting for its device)."""
     out = {}
     for key, value in data.items():
-        if value.__class__ is _device.Deferred:
+        if value.__class__ is Deferred:
             value.wait()
             value = value.value()
         out[key] = value
@@ -150,16 +150,24 @@ def _normalize(data: dict[str, data_value_t]) -> dict[str, data_value_t]:
             key = str(key)
         value: object = _plain_value(key, data[key])
         data[key] = value  # type: ignore[assignment]
-        deferred = deferred or value.__class__ is _device.Deferred
+        deferred = deferred or value.__class__ is Deferred
     return DeferredData(data) if deferred else data
 
 
 def _plain_value(key: str, value: object) -> data_value_t:
     if value.__class__ in _PLAIN:
         return value  # type: ignore[return-value]
-    value = _device.capture(f"data[{key!r}]", value)
     cls = value.__class__
-    if cls in _PLAIN or cls is _device.Deferred:
+    array = ARRAY_CLASSES.get(cls)
+    if array is None:
+        array = array_class(cls)
+    ndim: object = getattr(value, "ndim", 0)
+    if array or ndim:  # an array or tensor
+        value = capture(f"data[{key!r}]", value)
+    else:  # a scalar (numpy's): as it is, or the Python value it holds
+        value = one_value(f"data[{key!r}]", value)
+    cls = value.__class__
+    if cls in _PLAIN or cls is Deferred:
         return value  # type: ignore[return-value]
     if isinstance(value, bool):
         return bool(value)
