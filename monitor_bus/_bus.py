@@ -152,6 +152,9 @@ class EventBus:
         """State that a forked child starts afresh, its dispatcher included."""
         self._queue = EventQueue(self._capacity, self._overflow, self._block_timeout)
         self._handlers: tuple[_Handler, ...] = ()  # published snapshot; replaced, never mutated
+        # Detached handlers whose runner has not exited yet (unregistered or replaced): close()
+        # waits for them too. A runner leaves this set as it exits.
+        self._leaving: set[_Handler] = set()
         self._idle = True  # True: the next log_event schedules a wake-up (or a start)
         self._closed = False
         self._restarts = 0  # times the dispatcher failed and was started again
@@ -290,6 +293,7 @@ class EventBus:
             handler.start_thread()
         replaced = dispatcher.in_loop(dispatcher.publish_add, handler)
         if replaced is not None:
+            self._leaving.add(replaced)
             replaced.stop()  # it delivers its backlog, then exits; no wait on a stuck one
         return EventHandlerHandle._new(handler)
 
@@ -327,9 +331,15 @@ class EventBus:
         try:
             target = dispatcher.in_loop(dispatcher.publish_remove, handler, timeout=timeout)
         except _TimedOut:
+            # The loop did not answer (busy or blocked): no call starts from now on, and the
+            # loop detaches the handler when it gets there; what it misses counts as dropped.
+            handler.cut = True
+            self._leaving.add(handler)
+            dispatcher.submit(dispatcher.remove_cut, handler)
             return False
         if target is None:  # removed meanwhile by another caller
             return True
+        self._leaving.add(handler)
         if in_bus_thread():
             handler.stop()
             return True
@@ -418,6 +428,7 @@ class EventBus:
                 timeout,
             )
             return False
+        targets += [(h, h.offered) for h in tuple(self._leaving) if not h.registered]
         # The handlers settle concurrently: one stuck handler does not eat the others' time.
         settled = [h.wait_settled(target, _remaining(deadline)) for h, target in targets]
         unfinished = []
@@ -445,7 +456,8 @@ class EventBus:
                 self._name,
                 lost,
             )
-        dispatcher.report_drops((), final=True)  # the handlers report their own as they exit
+        # Each handler also reports its own as it exits; the lock has each drop reported once.
+        dispatcher.report_drops([h for h, _ in targets], final=True)
         if not dispatcher.stop(deadline):
             logger.warning(
                 "EventBus %r: the dispatcher did not stop within %s s (an async handler "

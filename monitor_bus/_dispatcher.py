@@ -68,6 +68,20 @@ def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
+def _run_into(future: Future[_T], func: Callable[..., _T], *args: Any) -> None:
+    try:
+        future.set_result(func(*args))
+    except BaseException as exc:  # noqa: BLE001 - the waiter gets it
+        future.set_exception(exc)
+
+
+def _ran(func: Callable[..., _T], *args: Any) -> Future[_T]:
+    future: Future[_T] = Future()
+    future.set_running_or_notify_cancel()
+    _run_into(future, func, *args)
+    return future
+
+
 class _TimedOut(Exception):
     pass
 
@@ -327,22 +341,27 @@ class Dispatcher:
 
         Scheduled with ``call_soon_threadsafe`` and awaited on a concurrent future, so the
         timeout holds even when the loop is blocked (a handler calling ``time.sleep`` in an
-        ``async def``): anyio's portal waits on the loop before it honours any timeout.
+        ``async def``): anyio's portal waits on the loop before it honours any timeout. On
+        timeout ``func`` runs in full or not at all.
         """
-        loop = self.loop
-        if self.thread is threading.current_thread():
-            return func(*args)  # we are on the loop
-        if loop is None:
-            with self.lock:  # no dispatcher: nothing else runs these steps while we hold it
-                if self.loop is None:
-                    return func(*args)
-                loop = self.loop
-        future = self._schedule(loop, func, *args)
+        future = self.submit(func, *args)
         try:
             return future.result(timeout)
         except FutureTimeout:
             future.cancel()
             raise _TimedOut from None
+
+    def submit(self, func: Callable[..., _T], *args: Any) -> Future[_T]:
+        """Have ``func`` run on the loop exactly once (here, if there is no loop), no wait."""
+        if self.thread is threading.current_thread():
+            return _ran(func, *args)  # we are on the loop
+        loop = self.loop
+        if loop is None:
+            with self.lock:  # no dispatcher: nothing else runs these steps while we hold it
+                if self.loop is None:
+                    return _ran(func, *args)
+                loop = self.loop
+        return self._schedule(loop, func, *args)
 
     def _schedule(self, loop: Any, func: Callable[..., _T], *args: Any) -> Future[_T]:
         """Have ``func`` run on ``loop`` soon, or by the loop's thread as it ends, or here if
@@ -355,10 +374,7 @@ class Dispatcher:
             except KeyError:
                 return
             if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(func(*args))
-                except BaseException as exc:
-                    future.set_exception(exc)
+                _run_into(future, func, *args)
 
         self.unrun.add(run)
         try:
@@ -408,6 +424,11 @@ class Dispatcher:
         target = self._retire(handler)
         bus._handlers = tuple(h for h in bus._handlers if h is not handler)
         return target
+
+    def remove_cut(self, handler: _Handler) -> None:
+        """Remove ``handler``, already cut off by a caller that gave up waiting, and stop it."""
+        self.publish_remove(handler)
+        handler.stop()
 
     def detach_all(self) -> list[tuple[_Handler, int]]:
         """Remove every handler; return each with its delivery target."""

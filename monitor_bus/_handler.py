@@ -387,6 +387,7 @@ class _Handler:
             self.inbox = []
             self.backlog = 0
             self.cv.notify_all()
+        self.bus._leaving.discard(self)
         # Its last drops (cut off by a timeout, or its task ended with a failed loop): the
         # dispatcher no longer sees it, so it reports them itself.
         self.bus._dispatcher.report_drops([self], final=True)

@@ -379,6 +379,134 @@ def test_drops_of_a_handler_cut_off_by_unregister_are_reported(
     ]
 
 
+def test_unregister_the_loop_does_not_answer_in_time_still_detaches(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """When the loop does not answer unregister_event_handler(timeout) in time, the call
+    returns False and still keeps its promise: no call of the handler starts after it, the
+    loop detaches it when it gets there, and what it did not get is counted and reported."""
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    got: list[str] = []
+    saw_gate = threading.Event()
+
+    def rec(event: Event) -> None:
+        got.append(event.name)
+        if event.name == "gate":
+            saw_gate.set()
+
+    bus = EventBus(name="busy")
+    handle = bus.register_event_handler(rec, name="rec")
+    gate = Gate()
+    bus.register_event_handler(gate, name="gate")
+    gate.hold(bus)  # the loop is blocked from here on; rec, on its own thread, gets the gate
+    assert saw_gate.wait(10)
+    bus.log_event(ev(1))
+    bus.log_event(ev(2))
+    assert bus.unregister_event_handler(handle, timeout=0.05) is False
+    gate.release.set()
+    assert bus.flush(10)
+    runner = handle._handler.thread
+    assert runner is not None
+    runner.join(10)
+    assert not runner.is_alive()
+    assert got == ["gate"]
+    assert "unregistered" in repr(handle)
+    assert drop_warnings(caplog, "fell behind") == [
+        "EventBus 'busy': handler 'rec' fell behind (backlog capacity 65536, policy "
+        "drop_newest): 2 events dropped since the last report, 2 in all"
+    ]
+    assert bus.close(10)
+
+
+def test_close_waits_for_a_handler_unregister_gave_up_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A handler that unregister_event_handler(timeout) cut off is still running its last
+    call: close() waits for it within its own timeout, and says False when it is still busy."""
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(event: Event) -> None:
+        entered.set()
+        release.wait()
+
+    bus = EventBus(name="cut")
+    handle = bus.register_event_handler(stuck, name="stuck")
+    for i in range(4):
+        bus.log_event(ev(i))
+    assert entered.wait(10)
+    assert bus.unregister_event_handler(handle, timeout=0.05) is False
+    assert bus.close(0.2) is False
+    assert drop_warnings(caplog, "still busy") == [
+        "EventBus 'cut': 1 handler(s) still busy after 0.2 s, cut off: 'stuck' (4 undelivered)"
+    ]
+    release.set()
+    runner = handle._handler.thread
+    assert runner is not None
+    runner.join(10)
+    assert not runner.is_alive()
+    assert drop_warnings(caplog, "fell behind") == [
+        "EventBus 'cut': handler 'stuck' fell behind (backlog capacity 65536, policy "
+        "drop_newest): 3 events dropped since the last report, 3 in all"
+    ]
+
+
+def test_close_cuts_off_a_replaced_handler_still_busy(caplog: pytest.LogCaptureFixture) -> None:
+    """A keyed handler replaced by another of its name still owes what was logged before:
+    close() counts it among the handlers it waits for, and cuts it off past its timeout."""
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    entered, release = threading.Event(), threading.Event()
+    got: list[int] = []
+
+    def slow(event: Event) -> None:
+        entered.set()
+        release.wait()
+        got.append(event.data["i"])
+
+    bus = EventBus(name="keyed")
+    first = bus.register_event_handler(slow, name="sink")
+    for i in range(3):
+        bus.log_event(ev(i))
+    assert entered.wait(10)
+    bus.register_event_handler(lambda event: None, name="sink")
+    assert bus.close(0.2) is False
+    assert drop_warnings(caplog, "still busy") == [
+        "EventBus 'keyed': 1 handler(s) still busy after 0.2 s, cut off: 'sink' (3 undelivered)"
+    ]
+    release.set()
+    runner = first._handler.thread
+    assert runner is not None
+    runner.join(10)
+    assert not runner.is_alive()
+    assert got == [0]
+    assert drop_warnings(caplog, "fell behind") == [
+        "EventBus 'keyed': handler 'sink' fell behind (backlog capacity 65536, policy "
+        "drop_newest): 2 events dropped since the last report, 2 in all"
+    ]
+
+
+def test_close_waits_until_a_replaced_handler_has_its_backlog() -> None:
+    """close() with time enough returns once the replaced handler has every event logged
+    before its replacement."""
+    entered, release = threading.Event(), threading.Event()
+    got: list[int] = []
+
+    def slow(event: Event) -> None:
+        entered.set()
+        release.wait()
+        got.append(event.data["i"])
+
+    bus = EventBus(name="keyed")
+    bus.register_event_handler(slow, name="sink")
+    for i in range(3):
+        bus.log_event(ev(i))
+    assert entered.wait(10)
+    bus.register_event_handler(lambda event: None, name="sink")
+    release.set()
+    assert bus.close(10) is True
+    assert got == [0, 1, 2]
+
+
 def _count_wakes(bus: EventBus, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Count the producers' cross-thread wake-ups of ``bus``'s dispatcher."""
     wakes = [0]
