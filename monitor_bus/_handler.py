@@ -122,6 +122,10 @@ class _Handler:
         self.keyed = keyed
         batch = getattr(callback, "handle_batch", None)
         self.batch_call: Callable[[list[Event]], Any] | None = batch if callable(batch) else None
+        # A handler that forwards the events elsewhere (ProcessHandler) takes each batch as it
+        # was queued (see _queue): no Event built or copied per event. Not public API.
+        slots = getattr(callback, "_monitor_bus_handle_slots", None)
+        self.slots_call: Callable[[list[Any]], Any] | None = slots if callable(slots) else None
         self.is_async = is_async_callable(self.batch_call or callback)
         # A sink that buffers writes exposes flush(); it runs after each delivered batch.
         flush = getattr(callback, "flush", None)
@@ -289,6 +293,17 @@ class _Handler:
 
     def _deliver_sync(self, batches: list[list[Any]]) -> int:
         """Call the handler with the events of ``batches``; return how many it got."""
+        if self.slots_call is not None:
+            done = 0
+            for batch in batches:
+                if self.cut:
+                    break
+                try:
+                    self.slots_call(batch)
+                except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
+                    self._failed(exc)
+                done += count_events(len(batch))
+            return done
         if self.batch_call is not None:
             done = 0
             for chunk in self._chunks(batches):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from monitor_bus import Event, JsonlEventHandler
+from monitor_bus._handler import call_each
 
 # Long enough never to be reached in a passing test; bounds a child left behind by a failing one.
 NEVER = 60.0
@@ -48,6 +50,24 @@ class FailingSink:
 
     def flush(self) -> None:
         self.inner.flush()
+
+
+class FailingBatchSink(FailingSink):
+    """FailingSink taking whole batches, as the built-in sinks do; it counts its batch calls
+    in ``<path>.batches`` at each flush."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+        self.batches = 0
+
+    def handle_batch(self, events: list[Event]) -> None:
+        self.batches += 1
+        call_each(events, self)
+
+    def flush(self) -> None:
+        super().flush()
+        Path(self.path + ".batches").write_text(str(self.batches))
 
 
 class LineSink:

@@ -21,7 +21,7 @@ import pytest
 import monitor_bus
 from monitor_bus import Event, EventOrigin, JsonlEventHandler, ProcessHandler
 
-from . import process_sinks
+from . import child_workers, process_sinks
 
 SPAWN = multiprocessing.get_context("spawn")
 T0 = datetime(2026, 3, 29, 0, 30, tzinfo=timezone.utc)
@@ -369,3 +369,106 @@ def test_child_flushes_its_sink_and_exits_when_the_parent_dies(tmp_path: Path) -
     finally:
         os.close(pidfd)
     assert [e.data["i"] for e in monitor_bus.read_jsonl(out)] == list(range(1024))
+
+
+def test_through_the_bus_the_sink_writes_what_it_writes_registered_directly(
+    tmp_path: Path, closing: Any
+) -> None:
+    """Delivered by a bus (its batches as queued, no Event built per event), the sink in the
+    child writes the same bytes as the same sink registered directly: plain events, Stat
+    windows, and a child process's events and windows with their origin."""
+    direct = JsonlEventHandler(tmp_path / "direct.jsonl")
+    remote = jsonl(tmp_path / "remote.jsonl")
+    closing(remote)
+    monitor_bus.register_event_handler(direct, name="direct")
+    monitor_bus.register_event_handler(remote, name="remote")
+    for e in varied_events()[:4] + [event(i) for i in range(2000)]:
+        monitor_bus.log_event(e)
+    stat = monitor_bus.Stat("parent.x", [monitor_bus.Aggregation.MEAN], timedelta(hours=1))
+    stat.add(1.5)
+    stat.add(2.5)
+    fork = multiprocessing.get_context("fork")
+    for target, args in ((child_workers.log_events, ("j", 3)), (child_workers.add_only, (5,))):
+        proc = fork.Process(target=target, args=args)
+        proc.start()
+        proc.join(60)
+        assert proc.exitcode == 0
+    assert monitor_bus.get_default_bus().close(10)
+    assert remote.close(10)
+    direct.close()
+    expected = (tmp_path / "direct.jsonl").read_bytes()
+    assert expected.count(b"\n") == 2004 + 3 + 2
+    assert expected.count(b'"origin":{"pid":') == 4
+    assert expected.count(b'"name":"torch.monitor.Stat"') == 2
+    assert (tmp_path / "remote.jsonl").read_bytes() == expected
+    assert remote.stats()["handled"] == 2009
+
+
+def test_a_batch_sink_gets_each_message_in_one_call_and_its_failures_counted(
+    tmp_path: Path, closing: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sink with ``handle_batch`` gets each message's events in one call in the child; one
+    bad event costs no other, and each failure of the group is counted."""
+    path = str(tmp_path / "f.jsonl")
+    remote = ProcessHandler(functools.partial(process_sinks.FailingBatchSink, path))
+    closing(remote)
+    with caplog.at_level(logging.ERROR, logger="monitor_bus"):
+        for i in range(6):
+            remote(event(i, "bad" if i % 2 else "good"))
+        assert remote.flush() is True
+    stats = remote.stats()
+    assert (stats["handled"], stats["errors"], stats["dropped"]) == (6, 3, 0)
+    assert [e.data["i"] for e in monitor_bus.read_jsonl(path)] == [0, 2, 4]
+    assert Path(path + ".batches").read_text() == "1"
+    errors = [r for r in caplog.records if "raised ValueError in the child" in r.getMessage()]
+    assert len(errors) == 1
+    assert "bad event 1" in errors[0].getMessage()
+
+
+def test_close_is_true_when_the_child_exits_right_after_its_last_acknowledgement(
+    tmp_path: Path, closing: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child acknowledges the close and exits: a parent that reads the acknowledgement and
+    the end of the stream together (descheduled meanwhile, as on a busy machine) still
+    reports a clean close."""
+    from monitor_bus import _process_handler
+
+    remote = jsonl(tmp_path / "remote.jsonl")
+    closing(remote)
+    for i in range(3):
+        remote(event(i))
+    real = _process_handler._wait_ready
+
+    def descheduled(objects: list[Any], timeout: float | None) -> list[Any]:
+        real(objects, timeout)
+        remote._proc.join(10)  # the parent looks again only once the child has exited
+        return real(objects, 0)
+
+    monkeypatch.setattr(_process_handler, "_wait_ready", descheduled)
+    assert remote.close(timeout=30) is True
+    assert remote.stats()["handled"] == 3
+    assert remote.stats()["dropped"] == 0
+    assert len(monitor_bus.read_jsonl(tmp_path / "remote.jsonl")) == 3
+
+
+class _OnlyEven(ProcessHandler):
+    def __call__(self, event: Event) -> None:
+        if event.data["i"] % 2 == 0:
+            super().__call__(event)
+
+
+def test_a_subclass_that_changes_how_events_are_taken_is_called_by_the_bus(
+    tmp_path: Path, closing: Any
+) -> None:
+    """The bus hands its batches over as queued only to ProcessHandler's own way of taking
+    them: a subclass's ``__call__`` still decides."""
+    path = tmp_path / "even.jsonl"
+    remote = _OnlyEven(functools.partial(JsonlEventHandler, str(path)))
+    closing(remote)
+    bus = monitor_bus.EventBus(name="even")
+    bus.register_event_handler(remote, name="even")
+    for i in range(6):
+        bus.log_event(event(i))
+    assert bus.close(10)
+    assert remote.close(10)
+    assert [e.data["i"] for e in monitor_bus.read_jsonl(path)] == [0, 2, 4]
