@@ -86,7 +86,9 @@ TITLES = {
 }
 PROCESS_TARGET = 4.0  # issue 14: K=100 with the sink process
 TARGETS = {1: 1.1, 10: 1.5, 100: 6.0}  # issue 14: CPU per step against no logging
-TORCH_TARGET = 0.7  # and at most this fraction of torch.monitor's
+# And at most this fraction of what torch.monitor adds to a step (its ratio minus 1). Read as a
+# fraction of the total, it could not be met at K=1 even by logging that cost nothing.
+TORCH_TARGET = 0.7
 
 Step = Callable[[], tuple[float, float]]
 
@@ -477,11 +479,12 @@ def tables(args: argparse.Namespace, loop_runs: dict[Key, list[Run]], rates: dic
         f"torch.monitor's handler flushes the sinks every {args.torch_flush_every} events.",
         "",
         "Process CPU per step (every thread, the backlog's delivery included), as a ratio to "
-        "the same loop without logging:",
+        "the same loop without logging. The added CPU compares what each adds to a step "
+        "(its ratio minus 1):",
         "",
         "| step | events per step | no logging, CPU us/step | monitor_bus | "
         "torch.monitor, sinks inline | QueueHandler + QueueListener | "
-        "monitor_bus / torch.monitor | target | met |",
+        "added CPU, monitor_bus / torch.monitor | target | met |",
         "|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for step in STEPS:
@@ -491,7 +494,8 @@ def tables(args: argparse.Namespace, loop_runs: dict[Key, list[Run]], rates: dic
             met = ours <= TARGETS[k]
             vs_torch = "n/a"
             if has_torch:
-                theirs = ours / ratio(loop_runs, step, k, "torch.monitor", 0)
+                torch_added = ratio(loop_runs, step, k, "torch.monitor", 0) - 1
+                theirs = (ours - 1) / torch_added if torch_added > 0 else math.inf
                 vs_torch = f"{theirs:.2f}"
                 met = met and theirs <= TORCH_TARGET
             lines.append(

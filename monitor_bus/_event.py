@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping
 from datetime import datetime
-from typing import NamedTuple, Union
+from typing import Any, NamedTuple, Union
 
 from ._check import type_name, wrong_type
 from ._device import ARRAY_CLASSES, Deferred, array_class, capture, one_value
@@ -109,6 +109,18 @@ class Event:
         origin = self.origin
         extra = "" if origin is None else f", origin={origin!r}"
         return f"Event(name={self.name!r}, timestamp={self.timestamp!r}, data={self.data!r}{extra})"
+
+
+def from_slots(name: str, timestamp: datetime, data: dict[str, Any]) -> Event:
+    """The ``Event`` of one queued event's slots (see ``_queue``), its ``data`` not copied: a
+    plain dict as it is, a window's or a child process's as a plain dict, with its origin."""
+    event = Event.__new__(Event)
+    event.name, event.timestamp = name, timestamp
+    if data.__class__ is dict:
+        event.data, event._origin = data, None
+    else:
+        event.data, event._origin = dict(data), data.origin  # type: ignore[attr-defined]
+    return event
 
 
 def _check_str(name: object) -> str:

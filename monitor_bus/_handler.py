@@ -69,6 +69,40 @@ def call_each(events: Sequence[Event], call: Callable[[Event], object]) -> None:
         raise ExceptionGroup(f"{len(errors)} of {len(events)} events failed", errors)
 
 
+def handler_calls(
+    callback: object,
+) -> tuple[Callable[[list[Any]], Any] | None, Callable[[list[Event]], Any] | None]:
+    """How the bus calls ``callback``: its slots call and its batch call, None for each it
+    does not take (then it calls ``callback`` once per event).
+
+    The batch call is ``handle_batch``, unless a subclass redefined ``__call__`` below it: it
+    would not know of that ``__call__``. The slots call (``_monitor_bus_take_slots``, a
+    bundled sink's, not public) takes a batch as it was queued (see ``_queue``), building no
+    ``Event`` and copying no ``data`` for the events the sink ignores or only reads; likewise
+    taken only where nothing below it redefined ``__call__`` or ``handle_batch``.
+    """
+    cls = type(callback)
+    call = _owner(cls, "__call__")
+    batch = getattr(callback, "handle_batch", None)
+    batch_owner = _owner(cls, "handle_batch")
+    if not callable(batch) or not _knows(batch_owner, call):
+        batch = None
+    slots_owner = _owner(cls, "_monitor_bus_take_slots")
+    if slots_owner is None or not (_knows(slots_owner, call) and _knows(slots_owner, batch_owner)):
+        return None, batch
+    return callback._monitor_bus_take_slots, batch  # type: ignore[attr-defined]
+
+
+def _owner(cls: type, name: str) -> type | None:
+    """The class whose own attribute ``name`` is (None: none in ``cls``'s MRO)."""
+    return next((c for c in cls.__mro__ if name in c.__dict__), None)
+
+
+def _knows(owner: type | None, other: type | None) -> bool:
+    """Whether a method defined on ``owner`` is at or below ``other``'s definition."""
+    return owner is None or other is None or issubclass(owner, other)
+
+
 def _count(batches: list[list[Any]]) -> int:
     """Events in a list of batches."""
     return count_events(sum(map(len, batches)))
@@ -120,12 +154,7 @@ class _Handler:
         self.callback = callback
         self.name = name
         self.keyed = keyed
-        batch = getattr(callback, "handle_batch", None)
-        self.batch_call: Callable[[list[Event]], Any] | None = batch if callable(batch) else None
-        # A handler that forwards the events elsewhere (ProcessHandler) takes each batch as it
-        # was queued (see _queue): no Event built or copied per event. Not public API.
-        slots = getattr(callback, "_monitor_bus_handle_slots", None)
-        self.slots_call: Callable[[list[Any]], Any] | None = slots if callable(slots) else None
+        self.slots_call, self.batch_call = handler_calls(callback)
         self.is_async = is_async_callable(self.batch_call or callback)
         # A sink that buffers writes exposes flush(); it runs after each delivered batch.
         flush = getattr(callback, "flush", None)
@@ -301,7 +330,7 @@ class _Handler:
                 try:
                     self.slots_call(batch)
                 except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
-                    self._failed(exc)
+                    self._batch_failed(exc)
                 done += count_events(len(batch))
             return done
         if self.batch_call is not None:

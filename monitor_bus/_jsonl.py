@@ -159,55 +159,68 @@ class JsonlEventHandler:
         return self._written
 
     def __call__(self, event: Event) -> None:
-        line = self._line(event)
-        with self._lock:
-            if self._file.closed:
-                raise ValueError(f"JsonlEventHandler({self._path!r}) is closed")
-            self._pending.append(line)
+        self._add([self._line(event.name, event.timestamp, event.data, event.origin)])
 
     def handle_batch(self, events: Iterable[Event]) -> None:
-        """Encode a batch of events (the bus's batch call); ``flush()`` writes them."""
-        lines = [self._line(event) for event in events]
+        """Encode a batch of events; ``flush()`` writes them."""
+        line = self._line
+        self._add([line(e.name, e.timestamp, e.data, e.origin) for e in events])
+
+    def _monitor_bus_take_slots(self, slots: list[Any]) -> None:
+        """The bus's call (see ``_handler.handler_calls``): encode a batch as it was queued."""
+        line = self._line
+        it = iter(slots)
+        self._add(
+            [
+                line(name, ts, data, None)
+                if data.__class__ is dict
+                else line(name, ts, dict(data), data.origin)  # a window, or from a child
+                for name, ts, data in zip(it, it, it, strict=True)
+            ]
+        )
+
+    def _add(self, lines: list[str]) -> None:
         with self._lock:
             if self._file.closed:
                 raise ValueError(f"JsonlEventHandler({self._path!r}) is closed")
             self._pending += lines
 
-    def _line(self, event: Event) -> str:
+    def _line(
+        self, name: str, timestamp: datetime, data: dict[str, Any], origin: EventOrigin | None
+    ) -> str:
         # The line is put together by hand, in the key order and separators ``_encode`` would
         # use for {"name", "timestamp", "data"[, "origin"]}: the same bytes at about half the
         # cost. A timestamp is digits and ``-:.T+`` only, so it needs no escaping.
         try:
-            data = _encode_data(event.data)
+            text = _encode_data(data)
         except ValueError:  # a non-finite float, or an int over the digit limit
-            data = self._data_text(event)
-        name = _encode_str(event.name)
-        stamp = _timestamp(event.timestamp)
-        origin = event.origin
+            text = self._data_text(name, data)
+        name = _encode_str(name)
+        stamp = _timestamp(timestamp)
         if origin is None:
-            return f'{{"name":{name},"timestamp":"{stamp}","data":{data}}}'
+            return f'{{"name":{name},"timestamp":"{stamp}","data":{text}}}'
         # An event from a child process: which one.
         where = _encode({"pid": origin.pid, "worker": origin.worker})
-        return f'{{"name":{name},"timestamp":"{stamp}","data":{data},"origin":{where}}}'
+        return f'{{"name":{name},"timestamp":"{stamp}","data":{text},"origin":{where}}}'
 
     def flush(self) -> None:
         """Write the buffered events to the file in one write. A no-op once closed."""
         with self._lock:
             self._flush_locked()
 
-    def _data_text(self, event: Event) -> str:
+    def _data_text(self, name: str, data: dict[str, Any]) -> str:
         """The event's data as JSON, non-finite floats written as objects, values that cannot
         be written skipped and counted."""
         try:
-            return _encode_data({k: _value(v) for k, v in event.data.items()})
+            return _encode_data({k: _value(v) for k, v in data.items()})
         except ValueError:  # an int over the digit limit of int-to-text conversion
-            return _encode_data(self._writable(event))
+            return _encode_data(self._writable(name, data))
 
-    def _writable(self, event: Event) -> dict[str, Any]:
+    def _writable(self, name: str, data: dict[str, Any]) -> dict[str, Any]:
         """The event's data without the values that cannot be encoded, each counted."""
         kept = {}
         limit = sys.get_int_max_str_digits()
-        for key, value in event.data.items():
+        for key, value in data.items():
             value = _value(value)
             try:
                 _encode(value)
@@ -215,8 +228,8 @@ class JsonlEventHandler:
                 self.skipped_values += 1
                 self._skips.report(
                     "out_of_range",
-                    (event.name, key),
-                    f"data[{key!r}] of event {event.name!r} is an int too long to write as "
+                    (name, key),
+                    f"data[{key!r}] of event {name!r} is an int too long to write as "
                     f"decimal text (sys.get_int_max_str_digits() is {limit})",
                     self.skipped_values,
                 )

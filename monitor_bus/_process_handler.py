@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._check import check_int, check_timeout
-from ._event import Event
+from ._event import Event, from_slots
 from ._handler import call_each, is_async_callable
 from ._lifecycle import process
 from ._queue import SLOTS, RemoteData, count_events
@@ -71,7 +71,7 @@ _EXIT_PRIORITY = 10
 
 # Events travel as the bus queues them: three slots each (name, timestamp, data; see _queue),
 # the data a plain dict, or a RemoteData carrying the event's origin. The bus hands its batches
-# over as they are (``_monitor_bus_handle_slots``): no Event is built or copied for the pickle,
+# over as they are (``_handler.handler_calls``): no Event is built or copied for the pickle,
 # which copies anyway. Per event: 141 ns to pickle the slots, against 566 ns to build the
 # Events, pass them and pickle tuples of them (timeit, 1,024 four-key events).
 
@@ -241,20 +241,8 @@ class ProcessHandler:
         """Buffer a batch of events, sending every 1024 events."""
         call_each(events, self)
 
-    @property
-    def _monitor_bus_handle_slots(self) -> Callable[[list[Any]], None] | None:
-        """What the bus calls with a batch as it was queued, unless a subclass changed how
-        events are taken (then the bus calls ``handle_batch``)."""
-        cls = type(self)
-        if (
-            cls.__call__ is ProcessHandler.__call__
-            and cls.handle_batch is ProcessHandler.handle_batch
-        ):
-            return self._take_slots
-        return None
-
-    def _take_slots(self, slots: list[Any]) -> None:
-        """Buffer a batch as it was queued, without building its Events."""
+    def _monitor_bus_take_slots(self, slots: list[Any]) -> None:
+        """The bus's call (see ``_handler.handler_calls``): buffer a batch as it was queued."""
         n = count_events(len(slots))
         self._received += n
         if self._dead or self._closed:
@@ -696,7 +684,6 @@ def _serve(conn: Connection, target: Any, build: bool) -> None:
                     failed()
 
     send(_READY, os.getpid())
-    new_event = Event.__new__
     batch = getattr(sink, "handle_batch", None)
     try:
         while True:
@@ -706,16 +693,8 @@ def _serve(conn: Connection, target: Any, build: bool) -> None:
                 kind, seq, slots = pickle.loads(conn.recv_bytes())
             except EOFError:
                 break  # the parent closed its end
-            events = []
             it = iter(slots)
-            for name, timestamp, data in zip(it, it, it, strict=True):
-                event = new_event(Event)
-                event.name, event.timestamp = name, timestamp
-                if data.__class__ is dict:
-                    event.data, event._origin = data, None
-                else:
-                    event.data, event._origin = dict(data), data.origin
-                events.append(event)
+            events = list(map(from_slots, it, it, it))
             if callable(batch):
                 run(batch, events)
             else:

@@ -356,3 +356,25 @@ def test_lone_surrogates_are_written_as_escapes_and_read_back(tmp_path: Path) ->
         '"data":{"path\\ud800":"run\\udcff.bin","n":2}}'
     )
     assert read_jsonl(path) == logged
+
+
+class _LossOnly(JsonlEventHandler):
+    """Keeps the events named "loss" only: a subclass that changes ``__call__`` alone."""
+
+    def __call__(self, event: Event) -> None:
+        if event.name == "loss":
+            super().__call__(event)
+
+
+def test_the_bus_calls_a_subclass_that_redefines_call(tmp_path: Path) -> None:
+    """The bus hands batches to the writer's own batch calls only where nothing below them
+    redefined ``__call__``: a subclass's ``__call__`` still decides what is written."""
+    path = tmp_path / "loss.jsonl"
+    handler = _LossOnly(path)
+    bus = monitor_bus.EventBus(name="subclass")
+    bus.register_event_handler(handler, name="jsonl")
+    for i in range(6):
+        bus.log_event(Event("loss" if i % 2 else "lr", T0, {"i": i}))
+    assert bus.close(10)
+    handler.close()
+    assert [e.data["i"] for e in monitor_bus.read_jsonl(path)] == [1, 3, 5]

@@ -347,3 +347,46 @@ def test_fixed_cases_equal_the_old_writers() -> None:
         want = reference_bytes(events)
     assert got == want
     assert want[1] == 1
+
+
+def test_through_a_bus_the_bytes_equal_the_old_writers(tmp_path: Path) -> None:
+    """Registered on a bus (which hands it its batches as queued, no Event built per event),
+    the writer gives the old writer's bytes for the events the bus delivered: the fixed cases,
+    Stat windows, and a child process's events and window with their origin."""
+    import multiprocessing
+
+    import monitor_bus
+
+    from . import child_workers
+    from .conftest import Recorder
+
+    utc = timezone.utc
+    path = tmp_path / "run.jsonl"
+    handler = JsonlEventHandler(path)
+    recorder = Recorder()
+    with local_zone("Europe/Berlin"):
+        bus = monitor_bus.get_default_bus()
+        bus.register_event_handler(handler, name="jsonl")
+        bus.register_event_handler(recorder, name="recorder")
+        for event in [
+            Event("stat", datetime(2026, 3, 1, 12, tzinfo=utc), {"x.mean": 0.5, "x.count": 3}),
+            Event("naive", datetime(2026, 3, 1, 12), {"inf": math.inf, "ninf": -math.inf}),
+            Event("naive", datetime(2026, 3, 1, 12, 0, 0, 999999), {"big": 10**5000, "ok": 1}),
+            Event("n\ud800é", datetime(2026, 3, 1, 12), {"k\udfff": "v\udc80\u2028", "f": 1e-7}),
+            Event("sub", _Stamp(2026, 3, 1, 12), {"i": 2**64}),
+        ]:
+            bus.log_event(event)
+        stat = monitor_bus.Stat("x", [monitor_bus.Aggregation.MEAN], timedelta(hours=1))
+        stat.add(0.25)
+        fork = multiprocessing.get_context("fork")
+        for target, args in ((child_workers.log_events, ("j", 2)), (child_workers.add_only, (3,))):
+            proc = fork.Process(target=target, args=args)
+            proc.start()
+            proc.join(60)
+            assert proc.exitcode == 0
+        assert bus.close(10)
+        handler.close()
+        want = reference_bytes(recorder.events)
+    assert [e.origin is not None for e in recorder.events] == [False] * 5 + [True] * 3 + [False]
+    assert (path.read_bytes(), handler.skipped_values) == want
+    assert want[1] == 1

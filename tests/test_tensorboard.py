@@ -423,3 +423,69 @@ def test_writer_values_out_of_range_raise_naming_the_argument(
     acc = load(tmp_path)
     assert acc.Tags()["scalars"] == ["ok"]
     assert [step for step, _, _ in scalars(acc, "ok")] == [2**63 - 1]
+
+
+class _RunWriter(FakeWriter):
+    """Also records ``add_run_event`` calls, as monitor_bus's SummaryWriter takes them."""
+
+    def add_run_event(self, event: Event) -> None:
+        self.calls.append(("run", event.name, dict(event.data), event.timestamp))
+
+
+def test_through_a_bus_the_writer_gets_what_direct_calls_give(bus: monitor_bus.EventBus) -> None:
+    """Registered on a bus (which hands it batches as queued, building Events only for the
+    windows and run events), the handler makes the writer calls that calling it with each
+    delivered event makes, and none for the other events."""
+    from monitor_bus import RUN_START_EVENT
+
+    from .conftest import Recorder
+
+    writer = _RunWriter()
+    recorder = Recorder()
+    bus.register_event_handler(TensorboardEventHandler(writer), name="tb")
+    bus.register_event_handler(recorder, name="recorder")
+    for i in range(300):
+        bus.log_event(Event("train.step", T0 + timedelta(seconds=i), {"loss": 1.0 / (i + 1)}))
+        if i % 100 == 0:
+            bus.log_event(stat_event(i, {"t.mean": i / 10, "t.count": i, "step": i // 100}))
+    bus.log_event(Event(RUN_START_EVENT, T0, {"lr": 0.1}))
+    stat = monitor_bus.Stat("x", [monitor_bus.Aggregation.MAX], timedelta(hours=1), bus=bus)
+    stat.add(4.0)
+    assert bus.close(10)
+    direct = _RunWriter()
+    handler = TensorboardEventHandler(direct)
+    for event in recorder.events:
+        handler(event)
+    assert len(recorder.events) == 305
+    assert [c[0] for c in direct.calls] == ["t.mean", "t.count"] * 3 + ["run", "x.max"]
+    assert writer.calls == direct.calls
+
+
+class _StepsToo(TensorboardEventHandler):
+    """Also writes each "train.step" event's loss: a subclass that changes ``__call__``."""
+
+    def __init__(self, writer: FakeWriter) -> None:
+        super().__init__(writer)
+        self.steps_writer = writer
+
+    def __call__(self, event: Event) -> None:
+        if event.name == "train.step":
+            self.steps_writer.add_scalar("loss", event.data["loss"])
+        else:
+            super().__call__(event)
+
+
+def test_the_bus_calls_a_subclass_that_redefines_call(bus: monitor_bus.EventBus) -> None:
+    """A subclass's ``__call__`` gets every event from the bus, not only those the
+    handler's own batch call would pick."""
+    writer = FakeWriter()
+    bus.register_event_handler(_StepsToo(writer), name="tb")
+    bus.log_event(Event("train.step", T0, {"loss": 0.5}))
+    bus.log_event(stat_event(1, {"t.mean": 2.0}))
+    bus.log_event(Event("train.step", T0, {"loss": 0.25}))
+    assert bus.flush(10)
+    assert writer.calls == [
+        ("loss", 0.5, None, None),
+        ("t.mean", 2.0, 0, T0.timestamp() + 1),
+        ("loss", 0.25, None, None),
+    ]
