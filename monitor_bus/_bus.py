@@ -302,9 +302,12 @@ class EventBus:
     ) -> bool:
         """Deliver to the handler everything logged before this call, then detach it.
 
-        Once this returns, no call of the handler starts. From inside a handler (its own
-        handle included) this does not wait: the handler still gets the events logged before
-        the call, then is detached. An already-removed handle is a no-op.
+        Once this returns, True or False, no further call of the handler starts (bar one its
+        thread was starting at that very moment). From inside a handler (its own handle
+        included) this does not wait: the handler still gets the events logged before the
+        call, then is detached. The handle of a keyed handler that a later registration
+        replaced is waited for in the same way (it still delivers what it had); any other
+        already-removed handle is a no-op.
 
         Args:
             handle: what ``register_event_handler`` returned.
@@ -324,10 +327,15 @@ class EventBus:
         if handler.bus is not self:
             raise ValueError("handle was returned by another bus")
         timeout = check_timeout("timeout", timeout)
-        if not handler.registered:
-            return True
         deadline = _deadline(timeout)
+        if not handler.registered:
+            # Replaced by a keyed registration and still delivering: waited for like any other.
+            if handler in self._leaving and not in_bus_thread():
+                return self._let_go(handler, handler.offered, deadline)
+            return True
         dispatcher = self._dispatcher
+        queue = self._queue
+        logged, turned_away = queue.consumed + len(queue), queue.dropped
         try:
             target = dispatcher.in_loop(dispatcher.publish_remove, handler, timeout=timeout)
         except _TimedOut:
@@ -335,14 +343,20 @@ class EventBus:
             # loop detaches the handler when it gets there; what it misses counts as dropped.
             handler.cut = True
             self._leaving.add(handler)
-            dispatcher.submit(dispatcher.remove_cut, handler)
+            dispatcher.submit(dispatcher.remove_cut, handler, logged, turned_away)
             return False
         if target is None:  # removed meanwhile by another caller
             return True
-        self._leaving.add(handler)
         if in_bus_thread():
+            self._leaving.add(handler)
             handler.stop()
             return True
+        return self._let_go(handler, target, deadline)
+
+    def _let_go(self, handler: _Handler, target: int, deadline: float | None) -> bool:
+        """Wait until detached ``handler`` has settled ``target`` events, cut it off past
+        ``deadline``, and stop it; True if it got them all and stopped in time."""
+        self._leaving.add(handler)
         done = handler.wait_settled(target, _remaining(deadline))
         if not done:
             handler.cut = True
@@ -591,6 +605,10 @@ class EventBus:
 
     def _after_fork_in_child(self) -> None:
         handlers = self._handlers
+        for handler in handlers:
+            if handler.cut:  # unregistered (timed out) before the loop detached it
+                handler.registered = False
+        handlers = tuple(h for h in handlers if h.registered)
         self._init_runtime()
         self._uplink = process.uplink if self._children == "forward" else None
         if self._uplink is not None:

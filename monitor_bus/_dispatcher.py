@@ -425,9 +425,17 @@ class Dispatcher:
         bus._handlers = tuple(h for h in bus._handlers if h is not handler)
         return target
 
-    def remove_cut(self, handler: _Handler) -> None:
-        """Remove ``handler``, already cut off by a caller that gave up waiting, and stop it."""
-        self.publish_remove(handler)
+    def remove_cut(self, handler: _Handler, logged: int, turned_away: int) -> None:
+        """Remove ``handler``, cut off by an unregister that gave up waiting for the loop, and
+        stop it. ``logged`` (events taken or queued) and ``turned_away`` (events the queue
+        dropped) are the queue's counts at that call: what was logged before it and is still
+        queued counts as dropped for the handler, and nothing logged after it does."""
+        if handler.registered:
+            bus = self.bus
+            handler.miss(max(0, logged - bus._queue.consumed))
+            self._retire(handler)
+            handler.bus_dropped_end = turned_away
+            bus._handlers = tuple(h for h in bus._handlers if h is not handler)
         handler.stop()
 
     def detach_all(self) -> list[tuple[_Handler, int]]:

@@ -111,13 +111,15 @@ class Event:
         return f"Event(name={self.name!r}, timestamp={self.timestamp!r}, data={self.data!r}{extra})"
 
 
-def from_slots(name: str, timestamp: datetime, data: dict[str, Any]) -> Event:
-    """The ``Event`` of one queued event's slots (see ``_queue``), its ``data`` not copied: a
-    plain dict as it is, a window's or a child process's as a plain dict, with its origin."""
+def from_slots(
+    name: str, timestamp: datetime, data: dict[str, Any], *, copy: bool = False
+) -> Event:
+    """The ``Event`` of one queued event's slots (see ``_queue``): a plain dict as it is (a
+    copy if ``copy``), a window's or a child process's as a plain dict, with its origin."""
     event = Event.__new__(Event)
     event.name, event.timestamp = name, timestamp
     if data.__class__ is dict:
-        event.data, event._origin = data, None
+        event.data, event._origin = data.copy() if copy else data, None
     else:
         event.data, event._origin = dict(data), data.origin  # type: ignore[attr-defined]
     return event

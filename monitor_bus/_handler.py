@@ -75,32 +75,29 @@ def handler_calls(
     """How the bus calls ``callback``: its slots call and its batch call, None for each it
     does not take (then it calls ``callback`` once per event).
 
-    The batch call is ``handle_batch``, unless a subclass redefined ``__call__`` below it: it
-    would not know of that ``__call__``. The slots call (``_monitor_bus_take_slots``, a
-    bundled sink's, not public) takes a batch as it was queued (see ``_queue``), building no
-    ``Event`` and copying no ``data`` for the events the sink ignores or only reads; likewise
-    taken only where nothing below it redefined ``__call__`` or ``handle_batch``.
+    The batch call is ``handle_batch``, unless a ``__call__`` comes before it in the class's
+    MRO (a subclass redefined ``__call__``): that ``handle_batch`` would not know of it. The
+    slots call (``_monitor_bus_take_slots``, a bundled sink's, not public) takes a batch as it
+    was queued (see ``_queue``), building no ``Event`` and copying no ``data`` for the events
+    the sink only reads; likewise taken only where no ``__call__`` or ``handle_batch`` comes
+    before it, nor a ``handle_batch`` set on the instance.
     """
-    cls = type(callback)
-    call = _owner(cls, "__call__")
+    mro = type(callback).__mro__
+    call = _position(mro, "__call__")
     batch = getattr(callback, "handle_batch", None)
-    batch_owner = _owner(cls, "handle_batch")
-    if not callable(batch) or not _knows(batch_owner, call):
+    own_batch = "handle_batch" in getattr(callback, "__dict__", ())
+    batch_at = -1 if own_batch else _position(mro, "handle_batch")
+    if not callable(batch) or call < batch_at:
         batch = None
-    slots_owner = _owner(cls, "_monitor_bus_take_slots")
-    if slots_owner is None or not (_knows(slots_owner, call) and _knows(slots_owner, batch_owner)):
+    slots_at = _position(mro, "_monitor_bus_take_slots")
+    if slots_at == len(mro) or slots_at > min(call, batch_at):
         return None, batch
     return callback._monitor_bus_take_slots, batch  # type: ignore[attr-defined]
 
 
-def _owner(cls: type, name: str) -> type | None:
-    """The class whose own attribute ``name`` is (None: none in ``cls``'s MRO)."""
-    return next((c for c in cls.__mro__ if name in c.__dict__), None)
-
-
-def _knows(owner: type | None, other: type | None) -> bool:
-    """Whether a method defined on ``owner`` is at or below ``other``'s definition."""
-    return owner is None or other is None or issubclass(owner, other)
+def _position(mro: tuple[type, ...], name: str) -> int:
+    """Where in ``mro`` the class defining ``name`` is (``len(mro)``: none does)."""
+    return next((i for i, c in enumerate(mro) if name in c.__dict__), len(mro))
 
 
 def _count(batches: list[list[Any]]) -> int:
@@ -236,6 +233,13 @@ class _Handler:
             self.backlog -= lost
             self._lose(lost)
         self.inbox = [batch for batch in inbox if batch]
+
+    def miss(self, n: int) -> None:
+        """Count ``n`` events it was owed and will never be handed (cut off) as dropped."""
+        with self.cv:
+            self.offered += n
+            self._lose(n)
+            self.cv.notify_all()
 
     def _lose(self, n: int) -> None:
         """Count ``n`` events dropped by the policy (under ``cv``)."""

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._check import check_int, check_timeout
 from ._event import Event, from_slots
-from ._handler import call_each, is_async_callable
+from ._handler import call_each, handler_calls, is_async_callable
 from ._lifecycle import process
 from ._queue import SLOTS, RemoteData, count_events
 from ._ratelimit import LOG_INTERVAL, Throttle
@@ -104,8 +104,9 @@ class ProcessHandler:
     name="jsonl")``. It buffers the events it is given and sends them to the child through a
     ``multiprocessing`` Pipe in ``flush()``, which the bus calls after each delivered batch
     (and every 1024 events within a batch). The child builds the sink, calls it with the
-    events of each message (in one ``handle_batch`` call if the sink has one, else once per
-    event) and calls its ``flush()`` when this handler's ``flush()`` asks, then acknowledges. Once
+    events of each message as a bus would (one sync ``handle_batch`` call if the sink has one
+    that knows of its ``__call__``, else once per event) and calls its ``flush()`` when this
+    handler's ``flush()`` asks, then acknowledges. Once
     ``bus.flush()`` returns, the sink has handled and flushed every event delivered so far.
 
     Worth it on a machine with a spare core and a sink that costs more per event than sending
@@ -642,9 +643,13 @@ def _serve(conn: Connection, target: Any, build: bool) -> None:
 
     try:
         sink = target() if build else target
-        if not callable(sink):
+        # Called as the bus would call it (see handler_calls).
+        take_slots, batch = handler_calls(sink)
+        if batch is not None and is_async_callable(batch):
+            batch = None  # the child makes sync calls only: its __call__, if that is sync
+        if batch is None and not callable(sink):
             raise TypeError(f"the factory returned {type(sink).__qualname__}, not a handler")
-        if is_async_callable(sink):
+        if batch is None and is_async_callable(sink):
             raise TypeError(f"{sink!r} is async; ProcessHandler runs sync handlers")
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
         send(_FAILED, traceback.format_exc())
@@ -684,7 +689,6 @@ def _serve(conn: Connection, target: Any, build: bool) -> None:
                     failed()
 
     send(_READY, os.getpid())
-    batch = getattr(sink, "handle_batch", None)
     try:
         while True:
             if conn not in _wait_ready(watch, None):
@@ -693,14 +697,17 @@ def _serve(conn: Connection, target: Any, build: bool) -> None:
                 kind, seq, slots = pickle.loads(conn.recv_bytes())
             except EOFError:
                 break  # the parent closed its end
-            it = iter(slots)
-            events = list(map(from_slots, it, it, it))
-            if callable(batch):
-                run(batch, events)
+            if take_slots is not None:
+                run(take_slots, slots)
             else:
-                for event in events:
-                    run(sink, event)
-            handled += len(events)
+                it = iter(slots)
+                events = list(map(from_slots, it, it, it))
+                if batch is not None:
+                    run(batch, events)
+                else:
+                    for event in events:
+                        run(sink, event)
+            handled += count_events(len(slots))
             if kind != _BATCH:
                 finish(kind)
             send(_ACK, seq, handled, errors, {k: tuple(v) for k, v in reports.items()})

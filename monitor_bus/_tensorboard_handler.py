@@ -104,12 +104,13 @@ class TensorboardEventHandler:
 
     def _monitor_bus_take_slots(self, slots: list[Any]) -> None:
         """The bus's call (see ``_handler.handler_calls``): ``handle_batch`` on a batch as it was
-        queued, building the Events of the wanted ones only."""
+        queued, building the Events of the wanted ones only, each with its own ``data`` (the
+        writer is the user's code)."""
         names = slots[0::SLOTS]
         if _WANTED.isdisjoint(names):  # most batches: one pass in C
             return
         wanted = [
-            from_slots(*slots[i : i + SLOTS])
+            from_slots(name, slots[i + 1], slots[i + 2], copy=True)
             for i, name in zip(range(0, len(slots), SLOTS), names, strict=True)
             if name in _WANTED
         ]

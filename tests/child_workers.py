@@ -111,3 +111,16 @@ def log_on_a_bus_of_its_own(announced: object, go: object, out: str) -> None:
         bus.log_event(Event("mine", TS, {"i": i}))
     with open(out, "w", encoding="utf-8") as f:
         f.write(f"{bus.stats()['to_parent']} {bus.stats()['dropped']} {bus._uplink is None}\n")
+
+
+def events_and_a_window_from_forked_children(events: int, adds_: int) -> None:
+    """Fork one child that logs ``events`` events tagged "j", then one that adds ``adds_``
+    samples to its Stat "adds" (its window closes as it exits); both must exit with 0."""
+    import multiprocessing
+
+    fork = multiprocessing.get_context("fork")
+    for target, args in ((log_events, ("j", events)), (add_only, (adds_,))):
+        proc = fork.Process(target=target, args=args)
+        proc.start()
+        proc.join(60)
+        assert proc.exitcode == 0

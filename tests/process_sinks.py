@@ -70,6 +70,38 @@ class FailingBatchSink(FailingSink):
         Path(self.path + ".batches").write_text(str(self.batches))
 
 
+class KeepTrain(JsonlEventHandler):
+    """Keeps the "train.*" events only: a subclass that redefines ``__call__`` alone."""
+
+    def __call__(self, event: Event) -> None:
+        if event.name.startswith("train."):
+            super().__call__(event)
+
+
+class BatchOnly:
+    """A batch handler without ``__call__``: appends each event's name to a text file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def handle_batch(self, events: list[Event]) -> None:
+        with open(self.path, "a") as f:
+            f.writelines(e.name + "\n" for e in events)
+
+
+class AsyncBatch(BatchOnly):
+    """A sync ``__call__`` and an async ``handle_batch``: the child can only use the first."""
+
+    def __call__(self, event: Event) -> None:
+        self.handle_batch_sync([event])
+
+    def handle_batch_sync(self, events: list[Event]) -> None:
+        super().handle_batch(events)
+
+    async def handle_batch(self, events: list[Event]) -> None:  # type: ignore[override]
+        self.handle_batch_sync(events)
+
+
 class LineSink:
     """A picklable handler object: appends each event's name to a text file at flush()."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import types
@@ -11,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 import anyio
 import pytest
 
-from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Stat
+from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, EventHandlerHandle, Stat
 
 from .conftest import LoopGate as Gate
 from .conftest import Recorder
@@ -354,23 +355,30 @@ def test_a_call_the_dying_loop_ran_is_not_run_twice(bus: EventBus, recorder: Rec
     assert calls == [1]
 
 
-def test_drops_of_a_handler_cut_off_by_unregister_are_reported(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """A handler cut off by unregister_event_handler(timeout) reports what it did not get."""
-    caplog.set_level(logging.WARNING, logger="monitor_bus")
+def _cut_off_while_stuck(bus: EventBus) -> tuple[EventHandlerHandle, threading.Event]:
+    """Register "stuck", stuck in the first of 4 events logged until the returned event is
+    set, and unregister it with a timeout it cannot meet; return its handle and that event."""
     entered, release = threading.Event(), threading.Event()
 
     def stuck(event: Event) -> None:
         entered.set()
         release.wait()
 
-    bus = EventBus(name="cut")
     handle = bus.register_event_handler(stuck, name="stuck")
     for i in range(4):
         bus.log_event(ev(i))
     assert entered.wait(10)
     assert bus.unregister_event_handler(handle, timeout=0.05) is False
+    return handle, release
+
+
+def test_drops_of_a_handler_cut_off_by_unregister_are_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A handler cut off by unregister_event_handler(timeout) reports what it did not get."""
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    bus = EventBus(name="cut")
+    _, release = _cut_off_while_stuck(bus)
     release.set()
     assert bus.close(10)
     assert drop_warnings(caplog, "fell behind") == [
@@ -384,7 +392,8 @@ def test_unregister_the_loop_does_not_answer_in_time_still_detaches(
 ) -> None:
     """When the loop does not answer unregister_event_handler(timeout) in time, the call
     returns False and still keeps its promise: no call of the handler starts after it, the
-    loop detaches it when it gets there, and what it did not get is counted and reported."""
+    loop detaches it when it gets there, and what was logged before the call and it did not
+    get is counted and reported (what was logged after, not)."""
     caplog.set_level(logging.WARNING, logger="monitor_bus")
     got: list[str] = []
     saw_gate = threading.Event()
@@ -403,6 +412,8 @@ def test_unregister_the_loop_does_not_answer_in_time_still_detaches(
     bus.log_event(ev(1))
     bus.log_event(ev(2))
     assert bus.unregister_event_handler(handle, timeout=0.05) is False
+    for i in range(1000):  # logged after the call: none of them is owed to rec
+        bus.log_event(ev(i))
     gate.release.set()
     assert bus.flush(10)
     runner = handle._handler.thread
@@ -424,18 +435,8 @@ def test_close_waits_for_a_handler_unregister_gave_up_on(
     """A handler that unregister_event_handler(timeout) cut off is still running its last
     call: close() waits for it within its own timeout, and says False when it is still busy."""
     caplog.set_level(logging.WARNING, logger="monitor_bus")
-    entered, release = threading.Event(), threading.Event()
-
-    def stuck(event: Event) -> None:
-        entered.set()
-        release.wait()
-
     bus = EventBus(name="cut")
-    handle = bus.register_event_handler(stuck, name="stuck")
-    for i in range(4):
-        bus.log_event(ev(i))
-    assert entered.wait(10)
-    assert bus.unregister_event_handler(handle, timeout=0.05) is False
+    handle, release = _cut_off_while_stuck(bus)
     assert bus.close(0.2) is False
     assert drop_warnings(caplog, "still busy") == [
         "EventBus 'cut': 1 handler(s) still busy after 0.2 s, cut off: 'stuck' (4 undelivered)"
@@ -451,34 +452,45 @@ def test_close_waits_for_a_handler_unregister_gave_up_on(
     ]
 
 
+class _Replaced:
+    """A keyed handler "sink", stuck in its first event until ``release``, with more logged
+    behind it, then replaced by another handler of its name."""
+
+    def __init__(self, bus: EventBus, n: int) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.got: list[int] = []
+        self.handle = bus.register_event_handler(self._slow, name="sink")
+        for i in range(n):
+            bus.log_event(ev(i))
+        assert self.entered.wait(10)
+        bus.register_event_handler(lambda event: None, name="sink")
+
+    def _slow(self, event: Event) -> None:
+        self.entered.set()
+        self.release.wait()
+        self.got.append(event.data["i"])
+
+    def finish(self) -> list[int]:
+        """Release it, wait until its thread has ended, and return what it got."""
+        self.release.set()
+        runner = self.handle._handler.thread
+        assert runner is not None
+        runner.join(10)
+        assert not runner.is_alive()
+        return self.got
+
+
 def test_close_cuts_off_a_replaced_handler_still_busy(caplog: pytest.LogCaptureFixture) -> None:
     """A keyed handler replaced by another of its name still owes what was logged before:
     close() counts it among the handlers it waits for, and cuts it off past its timeout."""
     caplog.set_level(logging.WARNING, logger="monitor_bus")
-    entered, release = threading.Event(), threading.Event()
-    got: list[int] = []
-
-    def slow(event: Event) -> None:
-        entered.set()
-        release.wait()
-        got.append(event.data["i"])
-
     bus = EventBus(name="keyed")
-    first = bus.register_event_handler(slow, name="sink")
-    for i in range(3):
-        bus.log_event(ev(i))
-    assert entered.wait(10)
-    bus.register_event_handler(lambda event: None, name="sink")
+    replaced = _Replaced(bus, 3)
     assert bus.close(0.2) is False
     assert drop_warnings(caplog, "still busy") == [
         "EventBus 'keyed': 1 handler(s) still busy after 0.2 s, cut off: 'sink' (3 undelivered)"
     ]
-    release.set()
-    runner = first._handler.thread
-    assert runner is not None
-    runner.join(10)
-    assert not runner.is_alive()
-    assert got == [0]
+    assert replaced.finish() == [0]
     assert drop_warnings(caplog, "fell behind") == [
         "EventBus 'keyed': handler 'sink' fell behind (backlog capacity 65536, policy "
         "drop_newest): 2 events dropped since the last report, 2 in all"
@@ -488,23 +500,52 @@ def test_close_cuts_off_a_replaced_handler_still_busy(caplog: pytest.LogCaptureF
 def test_close_waits_until_a_replaced_handler_has_its_backlog() -> None:
     """close() with time enough returns once the replaced handler has every event logged
     before its replacement."""
-    entered, release = threading.Event(), threading.Event()
-    got: list[int] = []
-
-    def slow(event: Event) -> None:
-        entered.set()
-        release.wait()
-        got.append(event.data["i"])
-
     bus = EventBus(name="keyed")
-    bus.register_event_handler(slow, name="sink")
-    for i in range(3):
-        bus.log_event(ev(i))
-    assert entered.wait(10)
-    bus.register_event_handler(lambda event: None, name="sink")
-    release.set()
+    replaced = _Replaced(bus, 3)
+    replaced.release.set()
     assert bus.close(10) is True
-    assert got == [0, 1, 2]
+    assert replaced.got == [0, 1, 2]
+
+
+def test_unregistering_a_replaced_handler_waits_for_its_backlog_and_cuts_it_off() -> None:
+    """The handle of a keyed handler that another registration replaced: unregistering it
+    waits for the backlog it still delivers, and past the timeout cuts it off (no call starts
+    after the call returns) and says False."""
+    bus = EventBus(name="replaced")
+    replaced = _Replaced(bus, 5)
+    assert bus.unregister_event_handler(replaced.handle, timeout=0.05) is False
+    assert replaced.finish() == [0]
+    assert bus.close(10)
+
+
+def test_a_handler_unregister_cut_off_stays_detached_in_a_forked_child() -> None:
+    """A handler cut off by unregister_event_handler(timeout) before the loop detached it is
+    not run by a child forked meanwhile (children="own"), even though the child starts with
+    the parent's handlers."""
+    got: list[tuple[int, str]] = []
+
+    def rec(event: Event) -> None:
+        got.append((os.getpid(), event.name))
+
+    bus = EventBus(name="forked", children="own")
+    handle = bus.register_event_handler(rec, name="rec")
+    gate = Gate()
+    bus.register_event_handler(gate, name="gate")
+    gate.hold(bus)
+    assert bus.unregister_event_handler(handle, timeout=0.05) is False
+    pid = os.fork()
+    if pid == 0:  # the child: log, deliver, and say whether rec ran here
+        code = 3
+        try:
+            bus.log_event(ev(1, "in-child"))
+            assert bus.flush(10)
+            code = 1 if any(p == os.getpid() for p, _ in got) else 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    gate.release.set()
+    assert bus.close(10)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def _count_wakes(bus: EventBus, monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -378,3 +378,44 @@ def test_the_bus_calls_a_subclass_that_redefines_call(tmp_path: Path) -> None:
     assert bus.close(10)
     handler.close()
     assert [e.data["i"] for e in monitor_bus.read_jsonl(path)] == [1, 3, 5]
+
+
+class _TrainOnly:
+    """A mixin whose ``handle_batch`` keeps the "train.*" events, then hands them on."""
+
+    def handle_batch(self, events: list[Event]) -> None:
+        super().handle_batch([e for e in events if e.name.startswith("train.")])  # type: ignore[misc]
+
+
+class _MixedIn(_TrainOnly, JsonlEventHandler):
+    pass
+
+
+def test_the_bus_calls_a_handle_batch_mixed_in_before_the_writer(tmp_path: Path) -> None:
+    """A ``handle_batch`` that comes first in the MRO (a mixin) is what the bus calls, not the
+    writer's own way of taking batches."""
+    path = tmp_path / "mixed.jsonl"
+    handler = _MixedIn(path)
+    bus = monitor_bus.EventBus(name="mixin")
+    bus.register_event_handler(handler, name="jsonl")
+    for name in ("train.a", "eval.a", "train.b"):
+        bus.log_event(Event(name, T0, {"i": 1}))
+    assert bus.close(10)
+    handler.close()
+    assert [e.name for e in read_jsonl(path)] == ["train.a", "train.b"]
+
+
+def test_the_bus_calls_a_handle_batch_set_on_the_instance(tmp_path: Path) -> None:
+    """A ``handle_batch`` set on one writer instance is what the bus calls for it."""
+    path = tmp_path / "own.jsonl"
+    handler = JsonlEventHandler(path)
+    seen: list[int] = []
+    handler.handle_batch = lambda events: seen.append(len(events))  # type: ignore[method-assign]
+    bus = monitor_bus.EventBus(name="own")
+    bus.register_event_handler(handler, name="jsonl")
+    for i in range(3):
+        bus.log_event(Event("e", T0, {"i": i}))
+    assert bus.close(10)
+    handler.close()
+    assert seen == [3]
+    assert path.read_bytes() == b""

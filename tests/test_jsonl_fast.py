@@ -353,8 +353,6 @@ def test_through_a_bus_the_bytes_equal_the_old_writers(tmp_path: Path) -> None:
     """Registered on a bus (which hands it its batches as queued, no Event built per event),
     the writer gives the old writer's bytes for the events the bus delivered: the fixed cases,
     Stat windows, and a child process's events and window with their origin."""
-    import multiprocessing
-
     import monitor_bus
 
     from . import child_workers
@@ -378,12 +376,7 @@ def test_through_a_bus_the_bytes_equal_the_old_writers(tmp_path: Path) -> None:
             bus.log_event(event)
         stat = monitor_bus.Stat("x", [monitor_bus.Aggregation.MEAN], timedelta(hours=1))
         stat.add(0.25)
-        fork = multiprocessing.get_context("fork")
-        for target, args in ((child_workers.log_events, ("j", 2)), (child_workers.add_only, (3,))):
-            proc = fork.Process(target=target, args=args)
-            proc.start()
-            proc.join(60)
-            assert proc.exitcode == 0
+        child_workers.events_and_a_window_from_forked_children(2, 3)
         assert bus.close(10)
         handler.close()
         want = reference_bytes(recorder.events)

@@ -387,12 +387,7 @@ def test_through_the_bus_the_sink_writes_what_it_writes_registered_directly(
     stat = monitor_bus.Stat("parent.x", [monitor_bus.Aggregation.MEAN], timedelta(hours=1))
     stat.add(1.5)
     stat.add(2.5)
-    fork = multiprocessing.get_context("fork")
-    for target, args in ((child_workers.log_events, ("j", 3)), (child_workers.add_only, (5,))):
-        proc = fork.Process(target=target, args=args)
-        proc.start()
-        proc.join(60)
-        assert proc.exitcode == 0
+    child_workers.events_and_a_window_from_forked_children(3, 5)
     assert monitor_bus.get_default_bus().close(10)
     assert remote.close(10)
     direct.close()
@@ -472,3 +467,34 @@ def test_a_subclass_that_changes_how_events_are_taken_is_called_by_the_bus(
     assert bus.close(10)
     assert remote.close(10)
     assert [e.data["i"] for e in monitor_bus.read_jsonl(path)] == [0, 2, 4]
+
+
+@pytest.mark.parametrize(
+    ("sink", "expected"),
+    [
+        (process_sinks.KeepTrain, ["train.a", "train.b"]),
+        (process_sinks.BatchOnly, ["train.a", "eval.a", "train.b"]),
+        (process_sinks.AsyncBatch, ["train.a", "eval.a", "train.b"]),
+    ],
+)
+def test_the_child_calls_the_sink_as_a_bus_would(
+    tmp_path: Path, closing: Any, sink: Any, expected: list[str]
+) -> None:
+    """In the child, a subclass's own ``__call__`` still decides (no inherited
+    ``handle_batch`` bypasses it), a sink with ``handle_batch`` only is taken, and an async
+    ``handle_batch`` is not called (its sync ``__call__`` is, so nothing is lost)."""
+    path = str(tmp_path / "out")
+    remote = ProcessHandler(functools.partial(sink, path))
+    closing(remote)
+    bus = monitor_bus.EventBus(name="as-a-bus")
+    bus.register_event_handler(remote, name="remote")
+    for name in ("train.a", "eval.a", "train.b"):
+        bus.log_event(Event(name, T0, {"i": 1}))
+    assert bus.close(10)
+    assert remote.close(10)
+    if sink is process_sinks.KeepTrain:
+        names = [e.name for e in monitor_bus.read_jsonl(path)]
+    else:
+        names = Path(path).read_text().splitlines()
+    assert names == expected
+    assert (remote.stats()["handled"], remote.stats()["errors"]) == (3, 0)

@@ -489,3 +489,29 @@ def test_the_bus_calls_a_subclass_that_redefines_call(bus: monitor_bus.EventBus)
         ("t.mean", 2.0, 0, T0.timestamp() + 1),
         ("loss", 0.25, None, None),
     ]
+
+
+class _PoppingWriter(FakeWriter):
+    """A writer whose ``add_run_event`` changes the event's data, as user code may."""
+
+    def add_run_event(self, event: Event) -> None:
+        event.data.pop("lr")
+        event.data["extra"] = 1.0
+
+
+def test_a_writer_that_changes_an_events_data_changes_no_other_handlers(
+    bus: monitor_bus.EventBus,
+) -> None:
+    """The writer gets each run event with its own ``data``: what it does to it reaches no
+    other handler."""
+    from monitor_bus import RUN_START_EVENT
+
+    from .conftest import Recorder
+
+    recorder = Recorder()
+    bus.register_event_handler(TensorboardEventHandler(_PoppingWriter()), name="tb")
+    bus.register_event_handler(recorder, name="recorder")
+    for _ in range(50):
+        bus.log_event(Event(RUN_START_EVENT, T0, {"lr": 0.1}))
+    assert bus.close(10)
+    assert [e.data for e in recorder.events] == [{"lr": 0.1}] * 50
