@@ -106,13 +106,26 @@ def main() -> None:
     took = time.monotonic() - started
     assert bus.close(timeout=10)
     if scenario == "dst_hangs" and rank == 1:
-        # Once rank 2 is done too, so that both gave dst up before it runs again.
-        other = out / "rank2.json"
-        deadline = time.monotonic() + 20
-        while not other.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        os.kill(pids[0], signal.SIGCONT)
+        # Once rank 2 is done too, so that both gave dst up before it runs again. The
+        # rendezvous store is torchrun's agent's, so it answers while rank 0 is stopped.
+        try:
+            job_store().wait(["rank2_closed"], timedelta(seconds=20))
+        finally:
+            os.kill(pids[0], signal.SIGCONT)
     report(finished=finished, close_seconds=took, lost=sorted(merge.lost_ranks))
+    if scenario == "dst_hangs" and rank == 2:
+        job_store().set("rank2_closed", "1")
+
+
+def job_store() -> dist.Store:
+    """The job's rendezvous store, under a prefix of this test's own."""
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=20),
+    )
+    return dist.PrefixStore("merge_ranks_job/", store)
 
 
 if __name__ == "__main__":
