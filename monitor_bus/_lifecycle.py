@@ -88,7 +88,7 @@ class _Process:
         self.uplink: Uplink | None = None  # this process reports there
         parent = parse_environment()
         if parent is not None:
-            self.uplink = Uplink(parent[1], parent[0], linked=None)
+            self.uplink = Uplink(parent[2], parent[0], parent[1], linked=None)
             self.hook_multiprocessing()  # a spawned child: its finalizers are cleared later
 
     def ensure_listener(self) -> None:
@@ -182,10 +182,10 @@ class _Process:
         if listener is not None:
             listener.after_fork_in_child()
             self.listener = None
-            self.uplink = Uplink(listener.path, parent_pid, linked=True)
+            self.uplink = Uplink(listener.path, parent_pid, parent_pid, linked=True)
         elif uplink is not None and uplink.linked:
             uplink.after_fork_in_child()
-            self.uplink = Uplink(uplink.path, parent_pid, linked=True)
+            self.uplink = Uplink(uplink.path, parent_pid, uplink.listener_pid, linked=True)
         if self.uplink is not None:
             self.uplink.adopt()
         for bus in self.buses.snapshot():

@@ -4,17 +4,28 @@ Guarantees
 ----------
 - Who reports where: the first process of a family to register a handler (on any bus) listens
   on a Unix socket in a private directory and names it in the environment variable
-  ``MONITOR_BUS_PARENT`` (``<pid>:<path>``). Its ``multiprocessing`` children (fork, spawn and
-  forkserver: ``Process``, ``Pool``, ``ProcessPoolExecutor``, DataLoader workers) and its
-  ``os.fork`` children find it there, and so do theirs: a whole family reports to its first
-  listening process. Other programs it starts (``subprocess``) are not its children here: they
+  ``MONITOR_BUS_PARENT`` (``<parent pid>:<listener pid>:<path>``). Its ``multiprocessing``
+  children (fork, spawn and forkserver: ``Process``, ``Pool``, ``ProcessPoolExecutor``,
+  DataLoader workers) and its ``os.fork`` children find it there, and so do theirs: a whole
+  family reports to its first listening process. Other programs it starts (``subprocess``) are not its children here: they
   inherit the variable but check that ``multiprocessing`` started them. A forkserver child
   that logs before ``multiprocessing`` has set it up (while its task's module is imported)
   reports nowhere.
+- Who is heard: only a process that proves it is a child of the family (``_wire.py``: the
+  ``multiprocessing`` key, the peer's pid and uid from the kernel) before anything else; only
+  plain values are decoded. Any other connection (another program of the same user, a plain
+  ``subprocess``, a malformed or hostile message) is closed, unheard, with a warning naming
+  its pid (at most once per 10 s per pid); the relay thread never waits on it. A child checks
+  the listener's pid and uid before it sends anything, so nobody else receives its events.
+- Leftovers: the socket's directory (``monitor_bus-<pid>-*`` in the temp dir) is removed when
+  the relay closes; a new listener removes those of this user's listeners that died without
+  closing (SIGKILL), and never a symlink or another user's.
 - What a child sends: each event and each Stat window logged on a bus with
   ``children="forward"`` (the default), written to the socket by ``log_event`` itself, before
   it returns: an event whose ``log_event`` returned is in the kernel's buffer and survives the
-  child's death. The child runs none of the handlers it inherited; handlers it registers
+  child's death. A signal (Ctrl-C) interrupting ``log_event`` while it writes breaks the
+  connection (the stream may hold half a message): that event and every later one are counted
+  as dropped. The child runs none of the handlers it inherited; handlers it registers
   itself get its events too. The parent answers each bus's announcement with whether it has a
   bus to take it; a child stops sending the events of a bus its parent has none for (a bus of
   the child's own, say) as soon as it reads that answer.
@@ -38,13 +49,14 @@ Guarantees
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
-import pickle
+import re
 import selectors
 import shutil
 import socket
-import struct
+import stat
 import sys
 import tempfile
 import threading
@@ -53,11 +65,22 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
+from . import _wire
 from ._event import EventOrigin
 from ._ratelimit import Throttle
+from ._wire import BUS as _BUS
+from ._wire import DROPPED as _DROPPED
+from ._wire import EVENT as _EVENT
+from ._wire import HEADER as _HEADER
+from ._wire import HELLO as _HELLO
+from ._wire import VERDICT as _VERDICT
+from ._wire import WINDOW as _WINDOW
+from ._wire import Refused
+from ._wire import frame as _frame
+from ._wire import stamp as _stamp
+from ._wire import unstamp as _unstamp
 
 if TYPE_CHECKING:
     from ._bus import EventBus
@@ -67,42 +90,11 @@ logger = logging.getLogger("monitor_bus")
 
 ENVIRONMENT = "MONITOR_BUS_PARENT"
 
-# Messages: a 4-byte length, then a pickled tuple whose first item is its kind.
-_HEADER = struct.Struct("<I")
-_HELLO, _BUS, _EVENT, _WINDOW, _DROPPED = range(5)
-# The parent's only answer: for each bus a child announces, whether it has a bus to take it.
-_VERDICT = struct.Struct("<I?")
 # Asked of the kernel for each child's socket (it caps this at net.core.wmem_max): the room a
 # child has before the overflow policy applies.
 _SEND_BUFFER = 4 << 20
 _READ_SIZE = 1 << 16
 _CONNECT_TIMEOUT = 1.0
-
-
-def _frame(message: tuple[Any, ...]) -> bytes:
-    body = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(body)) + body
-
-
-_EPOCH = datetime(1970, 1, 1)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def _stamp(ts: datetime) -> tuple[int | None, Any]:
-    """A timestamp as microseconds since 1970 and 0 (UTC) or None (naive), or else as itself:
-    pickling an aware datetime costs ~11 us, this ~1 us."""
-    tz = ts.tzinfo
-    if ts.fold or ts.__class__ is not datetime or not (tz is None or tz is timezone.utc):
-        return None, ts
-    naive = ts if tz is None else ts.replace(tzinfo=None)
-    return (naive - _EPOCH) // _MICROSECOND, None if tz is None else 0
-
-
-def _unstamp(micros: int | None, zone: Any) -> datetime:
-    if micros is None:
-        return zone  # type: ignore[no-any-return]
-    ts = _EPOCH + micros * _MICROSECOND
-    return ts if zone is None else ts.replace(tzinfo=timezone.utc)
 
 
 def _worker_id() -> int | None:
@@ -113,13 +105,14 @@ def _worker_id() -> int | None:
     return getattr(info, "id", None)
 
 
-def parse_environment() -> tuple[int, str] | None:
-    """The parent named by ``MONITOR_BUS_PARENT``, if another process set it."""
-    text = os.environ.get(ENVIRONMENT, "")
-    pid, _, path = text.partition(":")
-    if not pid.isdigit() or not path or int(pid) == os.getpid():
+def parse_environment() -> tuple[int, int, str] | None:
+    """The parent's pid, its listener's pid and the listener's path named by
+    ``MONITOR_BUS_PARENT``, if another process set it."""
+    pid, _, rest = os.environ.get(ENVIRONMENT, "").partition(":")
+    listener, _, path = rest.partition(":")
+    if not (pid.isdigit() and listener.isdigit()) or not path or int(pid) == os.getpid():
         return None
-    return int(pid), path
+    return int(pid), int(listener), path
 
 
 class Uplink:
@@ -129,9 +122,12 @@ class Uplink:
     process that set the environment (``subprocess`` programs inherit it too).
     """
 
-    def __init__(self, path: str, parent_pid: int, *, linked: bool | None) -> None:
+    def __init__(
+        self, path: str, parent_pid: int, listener_pid: int, *, linked: bool | None
+    ) -> None:
         self.path = path
         self.parent_pid = parent_pid
+        self.listener_pid = listener_pid  # the parent's, or the process its parent reports to
         self.linked = linked
         self._sock: socket.socket | None = None
         self._broken: str | None = None  # why nothing can be sent any more
@@ -158,6 +154,10 @@ class Uplink:
             self._sending = True
             try:
                 self._send_locked(bus, item, window)
+            except BaseException:  # Ctrl-C mid-write: the stream may hold half a message
+                self._break("a signal interrupted a send (the stream lost its framing)")
+                self._drop(bus, "a signal interrupted a send (the stream lost its framing)")
+                raise
             finally:
                 self._sending = False
 
@@ -180,7 +180,7 @@ class Uplink:
 
     def adopt(self) -> None:
         """Point this process's own children at the listener this one reports to."""
-        os.environ[ENVIRONMENT] = f"{os.getpid()}:{self.path}"
+        os.environ[ENVIRONMENT] = f"{os.getpid()}:{self.listener_pid}:{self.path}"
 
     def _send_locked(self, bus: EventBus, item: _Item, window: bool) -> None:
         if self._sock is None and self._broken is None:
@@ -291,13 +291,19 @@ class Uplink:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
             sock.settimeout(_CONNECT_TIMEOUT)
             sock.connect(self.path)
+            impostor = _wire.check_listener(sock, self.listener_pid)  # before sending anything
             sock.setblocking(False)
-            self._sock = sock
         except OSError as exc:
             sock.close()
             self._broken = f"the parent is not listening ({exc.strerror or exc})"
             return
-        if not self._write(_frame((_HELLO, os.getpid(), _worker_id())), None):
+        if impostor is not None:
+            sock.close()
+            self._broken = impostor
+            return
+        self._sock = sock
+        hello = _wire.credentials(self.listener_pid) + _frame((_HELLO, os.getpid(), _worker_id()))
+        if not self._write(hello, None):
             self._break("the parent did not take this child's first message")
 
     def _break(self, why: str) -> None:
@@ -346,16 +352,65 @@ class Uplink:
                 sock.close()
 
 
+_STALE = re.compile(r"monitor_bus-(\d+)-\w+")
+
+
+def _remove_stale_dirs() -> None:
+    """Remove the socket directories of this user's listeners that died without closing."""
+    top = tempfile.gettempdir()
+    try:
+        names = os.listdir(top)
+    except OSError:
+        return
+    for name in names:
+        match = _STALE.fullmatch(name)
+        if match is None or int(match[1]) == os.getpid():
+            continue
+        path = os.path.join(top, name)
+        try:
+            info = os.lstat(path)  # a symlink is not a directory here: never followed
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            continue
+        if _stale(int(match[1]), os.path.join(path, "relay")):
+            shutil.rmtree(path, ignore_errors=True)  # does not follow symlinks inside
+
+
+def _stale(pid: int, path: str) -> bool:
+    """Whether nobody listens at ``path``, a listener of process ``pid``, nor will: its process
+    is gone, or (its pid reused) the socket is left but nobody listens on it."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.setblocking(False)
+        try:
+            probe.connect(path)
+        except OSError as exc:
+            refused = exc.errno == errno.ECONNREFUSED
+            if not refused and exc.errno != errno.ENOENT:
+                return False  # a full backlog, say: someone listens
+        else:
+            return False  # a live listener (perhaps of another pid namespace)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's process: ours, the directory's creator, is gone
+        return True
+    return refused  # alive: a listener starting up (no socket yet) is not stale
+
+
 class _Connection:
     """The parent's end of one child's socket."""
 
-    __slots__ = ("buffer", "buses", "origin", "sock")
+    __slots__ = ("buffer", "buses", "origin", "peer", "sock", "trusted")
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, peer: int | None) -> None:
         self.sock = sock
         self.buffer = bytearray()
         self.origin: EventOrigin | None = None
         self.buses: dict[int, EventBus | None] = {}
+        self.peer = peer  # its pid, as the kernel says (None: this platform cannot say)
+        self.trusted = False  # it proved it is a child (its first message)
 
 
 class Listener:
@@ -363,7 +418,9 @@ class Listener:
 
     def __init__(self, route: Callable[[tuple[int, int], str], EventBus | None]) -> None:
         self._route = route
-        self._dir = tempfile.mkdtemp(prefix="monitor_bus-")  # private: mode 0700
+        _wire.prepare()
+        _remove_stale_dirs()
+        self._dir = tempfile.mkdtemp(prefix=f"monitor_bus-{os.getpid()}-")  # private: mode 0700
         self.path = os.path.join(self._dir, "relay")
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(self.path)
@@ -380,9 +437,11 @@ class Listener:
         self._sweeps: list[Future[None]] = []
         self._closed = False
         self.received = 0
+        self.refused = 0  # connections closed unheard or cut off for a message not allowed
+        self._throttle = Throttle()
         self._thread = threading.Thread(target=self._run, name="monitor_bus.relay", daemon=True)
         self._thread.start()
-        os.environ[ENVIRONMENT] = f"{os.getpid()}:{self.path}"
+        os.environ[ENVIRONMENT] = f"{os.getpid()}:{os.getpid()}:{self.path}"
 
     def sweep(self, timeout: float | None) -> bool:
         """Read everything the children have written so far; False if ``timeout`` passed."""
@@ -451,7 +510,18 @@ class Listener:
             except OSError:  # BlockingIOError: none pending
                 return
             sock.setblocking(False)
-            self._connections[sock] = _Connection(sock)
+            connection = _Connection(sock, None)
+            try:
+                found = _wire.peer(sock)
+            except OSError:
+                found = (0, -1)
+            if found is not None:
+                connection.peer = found[0]
+                if found[1] != os.getuid():
+                    self._refuse(connection, f"it runs as uid {found[1]}, not {os.getuid()}")
+                    sock.close()
+                    continue
+            self._connections[sock] = connection
             self._selector.register(sock, selectors.EVENT_READ)
 
     def _read(self, connection: _Connection) -> None:
@@ -473,6 +543,10 @@ class Listener:
             buffer += chunk
             try:
                 self._messages(connection)
+            except Refused:  # said why (throttled); nothing more of it is read
+                buffer.clear()
+                ended = True
+                break
             except Exception:  # a message that does not decode: the stream has lost its framing
                 origin = connection.origin
                 logger.exception(
@@ -504,14 +578,45 @@ class Listener:
         try:
             while end - start >= header:
                 (size,) = _HEADER.unpack_from(buffer, start)
+                if size > _wire.MAX_FRAME or (not connection.trusted and size != _wire.AUTH_SIZE):
+                    raise self._refuse(connection, f"it sent a message of {size} bytes")
                 if end - start - header < size:
                     break
-                message = pickle.loads(view[start + header : start + header + size])
-                start += header + size
+                with view[start + header : start + header + size] as body:
+                    start += header + size
+                    if not connection.trusted:
+                        self._authenticate(connection, body)
+                        continue
+                    try:
+                        message = _wire.loads(body)
+                    except Exception as exc:  # noqa: BLE001 - whatever a bad pickle raises
+                        why = f"its message was refused ({exc!r})"
+                        raise self._refuse(connection, why) from None
                 self._dispatch(connection, message)
         finally:
             view.release()
             del buffer[:start]
+
+    def _authenticate(self, connection: _Connection, body: memoryview) -> None:
+        try:
+            _wire.check_credentials(body, connection.peer)
+        except Refused as exc:
+            raise self._refuse(connection, str(exc)) from None
+        connection.trusted = True
+
+    def _refuse(self, connection: _Connection, why: str) -> Refused:
+        """Say (throttled, per pid) that ``connection`` is closed unheard; the exception that
+        has ``_read`` close it."""
+        self.refused += 1
+        if self._throttle.ready(connection.peer):
+            logger.warning(
+                "monitor_bus: the relay refused process %s: %s; its connection is closed and "
+                "nothing more it sends is taken (%d refused in all)",
+                "?" if connection.peer is None else connection.peer,
+                why,
+                self.refused,
+            )
+        return Refused(why)
 
     def _dispatch(self, connection: _Connection, message: tuple[Any, ...]) -> None:
         kind = message[0]
