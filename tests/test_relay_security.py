@@ -1,0 +1,491 @@
+"""The relay trusts only the family: authentication, restricted unpickling, the listener's
+credentials, a signal in the middle of a message, stale socket directories, and a fuzz test."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+from datetime import datetime, timedelta, timezone, tzinfo
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import monitor_bus
+from monitor_bus import EventBus, EventOrigin
+
+from . import child_workers, relay_workers
+from .conftest import Recorder
+
+ROOT = Path(__file__).parent.parent
+HEADER = struct.Struct("<I")
+
+
+def framed(body: bytes) -> bytes:
+    return HEADER.pack(len(body)) + body
+
+
+def old_frame(message: tuple[object, ...]) -> bytes:
+    """A message as children sent it before the relay was authenticated."""
+    return framed(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+
+
+class Canary:
+    """Unpickled, it would create the file ``path``: proof that a message ran code."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (os.system, (f"touch {self.path}",))
+
+
+def forged(canary: str) -> bytes:
+    """A hostile connection's bytes: a child's greeting, a bus, an event, then code to run."""
+    return b"".join(
+        [
+            old_frame((0, 4242, None)),  # HELLO: the pid it claims
+            old_frame((1, 1, (1, 1), "target")),  # BUS 1: the parent's bus named "target"
+            old_frame((2, 1, "forged", 0, None, {"x": 1})),  # EVENT on it
+            old_frame((2, 1, "forged", 0, None, {"x": Canary(canary)})),
+        ]
+    )
+
+
+def listener_path() -> str:
+    listener = monitor_bus._lifecycle.process.listener
+    assert listener is not None
+    return listener.path
+
+
+def run_program(script: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """A program of its own (``subprocess``), as any process of this user could start."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        check=False,
+    )
+
+
+# A connecting program: sends stdin's bytes to the relay (its path taken from the environment
+# in either of its forms: the path is its last field, and absolute), then waits until the relay
+# closes the connection.
+SENDER = """
+    import os, socket, sys
+    text = os.environ["MONITOR_BUS_PARENT"]
+    path = text[text.index("/"):]
+    data = sys.stdin.buffer.read()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(60)
+        s.connect(path)
+        try:
+            s.sendall(data)
+            while s.recv(4096):
+                pass
+        except OSError:
+            pass
+    print(os.getpid())
+"""
+
+
+def test_another_program_cannot_forge_events_or_run_code_in_the_parent(
+    tmp_path: Path, recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A program of the same user that connects to the relay (a ``subprocess`` inherits its
+    path) and sends a child's messages is refused unheard: its event reaches no handler, its
+    pickle runs no code, the relay says which process it refused, and goes on serving."""
+    bus = EventBus(name="target")
+    bus.register_event_handler(recorder)
+    canary = tmp_path / "canary"
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SENDER)],
+        input=forged(str(canary)),
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    pid = int(result.stdout)
+    assert bus.flush(10)
+    assert recorder.events == []
+    assert not canary.exists()
+    assert f"the relay refused process {pid}: it sent a message of" in caplog.text
+    assert_children_still_arrive(recorder, bus)
+
+
+def assert_children_still_arrive(recorder: Recorder, bus: EventBus) -> None:
+    proc = multiprocessing.get_context("fork").Process(target=child_workers_log_on, args=(bus,))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert bus.flush(10)
+    got = [(e.name, e.data["i"], e.origin) for e in recorder.events]
+    assert got == [("child", i, EventOrigin(proc.pid, None)) for i in range(3)]  # type: ignore[arg-type]
+
+
+def child_workers_log_on(bus: EventBus) -> None:
+    for i in range(3):
+        bus.log_event(monitor_bus.Event("child", child_workers.TS, {"i": i}))
+
+
+def test_a_subprocess_cannot_prove_it_is_a_child(
+    recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``subprocess`` program speaking the protocol exactly as a child does is refused: it
+    does not have the family's key (``multiprocessing``'s authkey)."""
+    bus = EventBus(name="target")
+    bus.register_event_handler(recorder)
+    result = run_program(
+        """
+        import os, socket
+        from monitor_bus import _wire
+        from monitor_bus._relay import parse_environment
+        parent = parse_environment()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(60)
+            s.connect(parent[2])
+            s.sendall(
+                _wire.credentials(parent[1])
+                + _wire.frame((_wire.HELLO, os.getpid(), None))
+                + _wire.frame((_wire.BUS, 1, (1, 1), "target"))
+                + _wire.frame((_wire.EVENT, 1, "forged", 0, None, {"x": 1}))
+            )
+            assert s.recv(1) == b""  # closed by the relay
+        print(os.getpid())
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert bus.flush(10)
+    assert recorder.events == []
+    pid = int(result.stdout)
+    assert f"the relay refused process {pid}: it is not a child of this process" in caplog.text
+
+
+def test_an_authenticated_peer_cannot_run_code_through_pickle(
+    tmp_path: Path, recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A body that names any global beyond the relay's plain values is refused before anything
+    is made: no code runs, that connection is closed, the relay goes on."""
+    from monitor_bus import _wire
+
+    bus = EventBus(name="target")
+    bus.register_event_handler(recorder)
+    canary = tmp_path / "canary"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(60)
+        s.connect(listener_path())
+        s.sendall(
+            _wire.credentials(os.getpid())  # the listener is this process, and so is the peer
+            + _wire.frame((_wire.HELLO, os.getpid(), None))
+            + _wire.frame((_wire.BUS, 1, (1, 1), "target"))
+            + _wire.frame((_wire.EVENT, 1, "taken", 0, None, {"x": 1}))
+            + _wire.frame((_wire.EVENT, 1, "evil", 0, None, {"x": Canary(str(canary))}))
+            + _wire.frame((_wire.EVENT, 1, "after", 0, None, {"x": 1}))
+        )
+        assert s.recv(5) == _wire.VERDICT.pack(1, True)
+        assert s.recv(1) == b""  # closed by the relay
+    assert bus.flush(10)
+    assert not canary.exists()
+    assert [e.name for e in recorder.events] == ["taken"]
+    assert "posix.system is not allowed in a relay message" in caplog.text
+    assert_children_still_arrive_after(recorder, bus, ["taken"])
+
+
+def assert_children_still_arrive_after(
+    recorder: Recorder, bus: EventBus, before: list[str]
+) -> None:
+    del recorder.events[: len(before)]
+    assert_children_still_arrive(recorder, bus)
+
+
+class _Odd(tzinfo):
+    """A tzinfo of a class the relay does not unpickle (pytz's and dateutil's are such)."""
+
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        return timedelta(hours=3)
+
+    def dst(self, dt: datetime | None) -> timedelta:
+        return timedelta(0)
+
+    def tzname(self, dt: datetime | None) -> str:
+        return "ODD"
+
+
+class _Stamp(datetime):
+    """A datetime subclass (pandas' Timestamp is one)."""
+
+
+def test_timestamps_of_any_kind_cross_as_plain_values() -> None:
+    """A child sends every timestamp in a form the restricted unpickler makes: a zone by its
+    key, another tzinfo as its fixed offset and name, a subclass as a datetime; the instant
+    and the wall time are kept."""
+    from zoneinfo import ZoneInfo
+
+    from monitor_bus import _wire
+
+    for ts in [*child_workers.stamps(), datetime(2026, 5, 1, 8, tzinfo=_Odd())]:
+        wire = _wire.loads(pickle.dumps(_wire.stamp(ts), pickle.HIGHEST_PROTOCOL))
+        back = _wire.unstamp(*wire)
+        assert (back, back.isoformat(), back.fold) == (ts, ts.isoformat(), ts.fold)
+        if isinstance(ts.tzinfo, (timezone, ZoneInfo)) or ts.tzinfo is None:
+            assert back.tzinfo == ts.tzinfo
+    odd = _wire.unstamp(*_wire.stamp(datetime(2026, 5, 1, 8, tzinfo=_Odd())))
+    assert odd.tzinfo == timezone(timedelta(hours=3), "ODD")
+    sub = _wire.unstamp(*_wire.stamp(_Stamp(2026, 5, 1, 8, 0, 0, 7)))
+    assert (sub.__class__, sub) == (datetime, datetime(2026, 5, 1, 8, 0, 0, 7))
+
+
+IMPOSTOR = """
+    import os, socket, sys, time
+    import monitor_bus
+    from monitor_bus import Event
+    from monitor_bus._lifecycle import process
+
+    monitor_bus.register_event_handler(print)
+    listener = process.listener
+    path = listener.path
+    go_r, go_w = os.pipe()
+    out_r, out_w = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: logs once told to, after the listener is gone
+        os.read(go_r, 1)
+        bus = monitor_bus.get_default_bus()
+        for i in range(3):
+            monitor_bus.log_event(Event("secret", bus_ts := __import__("datetime").datetime.now(), {"i": i}))
+        stats = bus.stats()
+        os.write(out_w, f"{stats['dropped']} {stats['to_parent']}".encode())
+        os._exit(0)
+    listener.close()  # the listener's directory is gone...
+    assert not os.path.exists(os.path.dirname(path))
+    ready_r, ready_w = os.pipe()
+    got_r, got_w = os.pipe()
+    impostor = os.fork()
+    if impostor == 0:  # ... and another process makes it again and listens there
+        os.mkdir(os.path.dirname(path), 0o700)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(path)
+        server.listen()
+        os.write(ready_w, b"!")
+        conn, _ = server.accept()
+        got = b""
+        while chunk := conn.recv(65536):
+            got += chunk
+        os.write(got_w, str(len(got)).encode())
+        os._exit(0)
+    os.read(ready_r, 1)
+    os.write(go_w, b"!")
+    print("child", os.read(out_r, 100).decode())
+    print("impostor", os.read(got_r, 100).decode())
+    os.waitpid(child, 0)
+    os.waitpid(impostor, 0)
+"""
+
+
+def test_a_child_sends_nothing_to_another_process_listening_at_the_path() -> None:
+    """When the listener's directory is gone and another process listens at the same path, a
+    child checks who listens (the listener's pid, our uid) before sending anything: the
+    impostor receives nothing, and the child counts its events as dropped and says why."""
+    result = run_program(IMPOSTOR)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[-3:] == ["child 3 0", "impostor 0", ""]
+    assert "not by the parent's listener" in result.stderr
+
+
+def test_ctrl_c_in_the_middle_of_a_message_breaks_the_connection_and_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGINT that interrupts a child's ``log_event`` halfway through a message (its socket
+    full) breaks the connection: that event and every later one are counted as dropped,
+    nothing more is written after the half message, and the interruption reaches the child."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = str(tmp_path / "relay")
+    server.bind(path)
+    server.listen()
+    server.settimeout(60)
+    # This process listens (by hand: it reads only part of the big message).
+    monkeypatch.setenv("MONITOR_BUS_PARENT", f"{os.getpid()}:{os.getpid()}:{path}")
+    ctx = multiprocessing.get_context("spawn")
+    interrupted = ctx.Event()
+    out = tmp_path / "stats.txt"
+    proc = ctx.Process(target=relay_workers.interrupted_send, args=(interrupted, str(out)))
+    proc.start()
+    conn, _ = server.accept()
+    conn.settimeout(60)
+    got = bytearray()
+    while len(got) < 1 << 20:  # the big message is being written: the child is inside it
+        chunk = conn.recv(65536)
+        assert chunk
+        got += chunk
+    assert proc.pid is not None
+    os.kill(proc.pid, signal.SIGINT)
+    assert interrupted.wait(60)
+    while chunk := conn.recv(1 << 20):  # room again: what the child writes now would arrive
+        got += chunk
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert out.read_text().split() == ["4", "0"]  # dropped: the big one and the 3 after it
+    # What arrived: the credentials, the greeting, the bus, and half of the big message.
+    start = HEADER.size + HEADER.unpack_from(got)[0]
+    for _ in range(2):
+        start += HEADER.size + HEADER.unpack_from(got, start)[0]
+    (size,) = HEADER.unpack_from(got, start)
+    assert size > relay_workers.BIG
+    assert len(got) - start - HEADER.size < size
+    conn.close()
+    server.close()
+
+
+LISTEN = """
+    import os, sys
+    import monitor_bus
+    from monitor_bus._lifecycle import process
+    monitor_bus.register_event_handler(print)
+    print(os.path.dirname(process.listener.path), flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_new_listener_removes_the_directories_of_dead_ones(tmp_path: Path) -> None:
+    """A listener killed with SIGKILL leaves its socket's directory; the next listener to start
+    removes it, and leaves alone a live listener's, a symlink and another user's directory."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(ROOT)}
+
+    def listen() -> tuple[subprocess.Popen[str], Path]:
+        program = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(LISTEN)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=env,
+        )
+        assert program.stdout is not None
+        return program, Path(program.stdout.readline().strip())
+
+    killed, stale = listen()
+    live, alive = listen()
+    killed.kill()
+    assert killed.wait(60) == -signal.SIGKILL
+    for pipe in (killed.stdin, killed.stdout):
+        assert pipe is not None
+        pipe.close()
+    assert stale.is_dir()
+    assert alive.is_dir()
+    assert stale.parent == temp
+    assert stale.name.startswith(f"monitor_bus-{killed.pid}-")
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keep").touch()
+    link = temp / f"monitor_bus-{killed.pid}-link"
+    link.symlink_to(target)
+    others = temp / f"monitor_bus-{killed.pid}-other"
+    others.mkdir()
+    if os.getuid() == 0:
+        os.chown(others, 65534, 65534)
+    result = subprocess.run(
+        [sys.executable, "-c", "import monitor_bus; monitor_bus.register_event_handler(print)"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert not stale.exists()
+    assert alive.is_dir()
+    assert link.is_symlink()
+    assert (target / "keep").exists()
+    if os.getuid() == 0:
+        assert others.is_dir()
+    else:
+        assert not others.exists()  # ours, and its pid is dead: stale
+    assert live.stdin is not None
+    live.stdin.close()
+    assert live.wait(60) == 0
+    assert live.stdout is not None
+    live.stdout.close()
+    assert not alive.exists()  # removed by its own listener at exit
+    assert sorted(p.name for p in temp.iterdir()) == sorted(
+        [link.name] + ([others.name] if os.getuid() == 0 else [])
+    )
+
+
+# Fuzzing: what a hostile connection may send.
+_frames = st.one_of(
+    st.binary(max_size=200),  # random bytes
+    st.builds(framed, st.binary(max_size=100)),  # random bodies, framed
+    st.builds(lambda n: HEADER.pack(n), st.integers(0, 2**32 - 1)),  # any length, huge ones
+    st.sampled_from(
+        [
+            old_frame((0, 4242, None)),
+            old_frame((1, 1, (1, 1), "target")),
+            old_frame((2, 1, "forged", 0, None, {"x": 1})),
+            old_frame((3, 1, "forged-window", 0, None, {"x": 1})),
+        ]
+    ),
+    # Credentials of the right size with a wrong MAC (or claiming another pid).
+    st.builds(
+        lambda pid, mac: framed(struct.pack("<q32s", pid, mac)),
+        st.integers(-1, 2**31),
+        st.binary(min_size=32, max_size=32),
+    ),
+)
+
+
+def test_fuzz_the_relay_never_fails_runs_code_or_takes_a_forged_event(
+    tmp_path: Path, recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Random bytes, huge lengths, half frames, forged credentials, forged events before and
+    after a failed handshake, hostile pickles: never an exception in the parent, never code
+    run, never a forged event at a handler; a real child's events still all arrive after."""
+    bus = EventBus(name="target")
+    bus.register_event_handler(recorder)
+    listener = monitor_bus._lifecycle.process.listener
+    assert listener is not None
+    canary = tmp_path / "canary"
+    hostile = old_frame((2, 1, "evil", 0, None, {"x": Canary(str(canary))}))
+    path = listener.path
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.one_of(_frames, st.just(hostile)), max_size=8), st.booleans())
+    def attack(chunks: list[bytes], keep_open: bool) -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(10)
+            s.connect(path)
+            for chunk in chunks:
+                try:
+                    s.sendall(chunk)
+                except OSError:  # refused and closed already
+                    break
+            assert listener.sweep(10)
+            if keep_open:  # the relay reads on while it waits for the rest of a frame
+                assert listener.sweep(10)
+        assert listener.sweep(10)
+
+    with caplog.at_level(logging.WARNING, logger="monitor_bus"):
+        attack()
+    assert bus.flush(10)
+    assert not canary.exists()
+    assert recorder.events == []
+    assert listener._thread.is_alive()
+    assert [r for r in caplog.records if r.levelno > logging.WARNING or r.exc_info] == []
+    assert_children_still_arrive(recorder, bus)
+    threads = [t.name for t in threading.enumerate()]
+    assert threads.count("monitor_bus.relay") == 1
