@@ -24,3 +24,19 @@ def interrupted_send(interrupted: object, out: str) -> None:
     stats = bus.stats()
     with open(out, "w", encoding="utf-8") as f:
         f.write(f"{stats['dropped']} {stats['to_parent']}\n")
+
+
+def log_then_start_a_grandchild(method: str, out: str) -> None:
+    """Log one event, then start a child of this child that logs three; write its pid."""
+    import multiprocessing
+
+    from . import child_workers
+
+    monitor_bus.log_event(Event("child", TS, {"i": 0}))
+    grandchild = multiprocessing.get_context(method).Process(
+        target=child_workers.log_events, args=("grandchild", 3)
+    )
+    grandchild.start()
+    grandchild.join(60)
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(f"{grandchild.pid} {grandchild.exitcode}\n")

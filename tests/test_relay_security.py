@@ -349,6 +349,29 @@ def test_ctrl_c_in_the_middle_of_a_message_breaks_the_connection_and_counts(
     server.close()
 
 
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_childs_child_reports_to_the_same_listener(
+    method: str, tmp_path: Path, recorder: Recorder
+) -> None:
+    """A child's own children (whose parent is the child, not the listener) still pass the
+    listener check and prove themselves: every event arrives, from each process."""
+    monitor_bus.register_event_handler(recorder)
+    out = tmp_path / "grandchild.txt"
+    ctx = multiprocessing.get_context(method)
+    proc = ctx.Process(target=relay_workers.log_then_start_a_grandchild, args=(method, str(out)))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+    grandchild, exitcode = (int(x) for x in out.read_text().split())
+    assert exitcode == 0
+    assert monitor_bus.flush(10)
+    got = [(e.data.get("tag"), e.data["i"], e.origin) for e in recorder.events]
+    assert got == [
+        (None, 0, EventOrigin(proc.pid, None)),  # type: ignore[arg-type]
+        *[("grandchild", i, EventOrigin(grandchild, None)) for i in range(3)],
+    ]
+
+
 LISTEN = """
     import os, sys
     import monitor_bus
