@@ -275,6 +275,9 @@ IMPOSTOR = """
     got_r, got_w = os.pipe()
     impostor = os.fork()
     if impostor == 0:  # ... and another process makes it again and listens there
+        if os.environ.get("IMPOSTOR_UID"):  # another user's, even
+            os.setgid(int(os.environ["IMPOSTOR_UID"]))
+            os.setuid(int(os.environ["IMPOSTOR_UID"]))
         os.mkdir(os.path.dirname(path), 0o700)
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(path)
@@ -295,14 +298,19 @@ IMPOSTOR = """
 """
 
 
-def test_a_child_sends_nothing_to_another_process_listening_at_the_path() -> None:
-    """When the listener's directory is gone and another process listens at the same path, a
-    child checks who listens (the listener's pid, our uid) before sending anything: the
-    impostor receives nothing, and the child counts its events as dropped and says why."""
-    result = run_program(IMPOSTOR)
+@pytest.mark.parametrize("uid", [None, 65534], ids=["same user", "another user"])
+def test_a_child_sends_nothing_to_another_process_listening_at_the_path(uid: int | None) -> None:
+    """When the listener's directory is gone and another process (of this user or another)
+    listens at the same path, a child checks who listens (the listener's pid, our uid) before
+    sending anything: the impostor receives nothing, the child counts its events as dropped
+    and says why."""
+    if uid is not None and os.getuid() != 0:
+        pytest.skip("only root can listen as another user here")
+    result = run_program(IMPOSTOR, **({} if uid is None else {"IMPOSTOR_UID": str(uid)}))
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[-3:] == ["child 3 0", "impostor 0", ""]
     assert "not by the parent's listener" in result.stderr
+    assert f"of uid {os.getuid() if uid is None else uid}, not by" in result.stderr
 
 
 def test_ctrl_c_in_the_middle_of_a_message_breaks_the_connection_and_counts(
