@@ -17,9 +17,8 @@ Guarantees
   ``subprocess``, a malformed or hostile message) is closed, unheard, with a warning naming
   its pid (at most once per 10 s per pid); the relay thread never waits on it. A child checks
   the listener's pid and uid before it sends anything, so nobody else receives its events.
-- Leftovers: the socket's directory (``monitor_bus-<pid>-*`` in the temp dir) is removed when
-  the relay closes; a new listener removes those of this user's listeners that died without
-  closing (SIGKILL), and never a symlink or another user's.
+- Leftovers: the socket's directory is removed when the relay closes; a new listener removes
+  those of listeners that died without closing (``_socketdir.py``).
 - What a child sends: each event and each Stat window logged on a bus with
   ``children="forward"`` (the default), written to the socket by ``log_event`` itself, before
   it returns: an event whose ``log_event`` returned is in the kernel's buffer and survives the
@@ -49,16 +48,12 @@ Guarantees
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
-import re
 import selectors
 import shutil
 import socket
-import stat
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -67,7 +62,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
-from . import _wire
+from . import _socketdir, _wire
 from ._event import EventOrigin
 from ._ratelimit import Throttle
 from ._wire import BUS as _BUS
@@ -352,53 +347,6 @@ class Uplink:
                 sock.close()
 
 
-_STALE = re.compile(r"monitor_bus-(\d+)-\w+")
-
-
-def _remove_stale_dirs() -> None:
-    """Remove the socket directories of this user's listeners that died without closing."""
-    top = tempfile.gettempdir()
-    try:
-        names = os.listdir(top)
-    except OSError:
-        return
-    for name in names:
-        match = _STALE.fullmatch(name)
-        if match is None or int(match[1]) == os.getpid():
-            continue
-        path = os.path.join(top, name)
-        try:
-            info = os.lstat(path)  # a symlink is not a directory here: never followed
-        except OSError:
-            continue
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-            continue
-        if _stale(int(match[1]), os.path.join(path, "relay")):
-            shutil.rmtree(path, ignore_errors=True)  # does not follow symlinks inside
-
-
-def _stale(pid: int, path: str) -> bool:
-    """Whether nobody listens at ``path``, a listener of process ``pid``, nor will: its process
-    is gone, or (its pid reused) the socket is left but nobody listens on it."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.setblocking(False)
-        try:
-            probe.connect(path)
-        except OSError as exc:
-            refused = exc.errno == errno.ECONNREFUSED
-            if not refused and exc.errno != errno.ENOENT:
-                return False  # a full backlog, say: someone listens
-        else:
-            return False  # a live listener (perhaps of another pid namespace)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's process: ours, the directory's creator, is gone
-        return True
-    return refused  # alive: a listener starting up (no socket yet) is not stale
-
-
 class _Connection:
     """The parent's end of one child's socket."""
 
@@ -419,9 +367,8 @@ class Listener:
     def __init__(self, route: Callable[[tuple[int, int], str], EventBus | None]) -> None:
         self._route = route
         _wire.prepare()
-        _remove_stale_dirs()
-        self._dir = tempfile.mkdtemp(prefix=f"monitor_bus-{os.getpid()}-")  # private: mode 0700
-        self.path = os.path.join(self._dir, "relay")
+        self._dir = _socketdir.make()
+        self.path = os.path.join(self._dir, _socketdir.SOCKET)
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(self.path)
         self._server.listen(socket.SOMAXCONN)
