@@ -7,10 +7,10 @@ Guarantees
   ``MONITOR_BUS_PARENT`` (``<parent pid>:<listener pid>:<path>``). Its ``multiprocessing``
   children (fork, spawn and forkserver: ``Process``, ``Pool``, ``ProcessPoolExecutor``,
   DataLoader workers) and its ``os.fork`` children find it there, and so do theirs: a whole
-  family reports to its first listening process. Other programs it starts (``subprocess``) are not its children here: they
-  inherit the variable but check that ``multiprocessing`` started them. A forkserver child
-  that logs before ``multiprocessing`` has set it up (while its task's module is imported)
-  reports nowhere.
+  family reports to its first listening process. Other programs it starts (``subprocess``)
+  are not its children here: they inherit the variable but check that ``multiprocessing``
+  started them. A forkserver child that logs before ``multiprocessing`` has set it up (while
+  its task's module is imported) reports nowhere.
 - Who is heard: only a process that proves it is a child of the family (``_wire.py``: the
   ``multiprocessing`` key, the peer's pid and uid from the kernel) before anything else; only
   plain values are decoded. Any other connection (another program of the same user, a plain
