@@ -159,6 +159,23 @@ class Dispatcher:
                         )
         return self.loop is not None
 
+    def start_for_stats(self) -> None:
+        """A Stat's window got its first value while the dispatcher is stopped (a forked child,
+        whose Stats are the parent's): start it, so its timer closes the window on time.
+
+        Never waits for the lock: the caller may be a signal handler that interrupted a thread
+        holding it; a start under way then does the job.
+        """
+        if self.loop is not None or not self.active() or not self.lock.acquire(blocking=False):
+            return
+        try:
+            if self.loop is None and self.active() and not self.bus._closed and not self.broken:
+                self.start_locked()
+        except Exception:
+            logger.exception("EventBus %r: the dispatcher could not start", self.bus._name)
+        finally:
+            self.lock.release()
+
     def hurry(self) -> None:
         """End the dispatcher's linger now (the queue is filling up), or wake it if idle."""
         if self.bus._idle:
