@@ -472,8 +472,9 @@ def _fold(
     wanted.
 
     SUM is sequential float addition, as torch's. ``scaled`` is None until the sum overflows
-    from finite samples; from then on it is the sum times ``_SCALE``, from which MEAN is
-    computed (``_mean``): a window of two 1e308 has SUM inf and MEAN 1e308. A NaN makes MAX
+    from finite samples; from then on it is the sum times ``_SCALE`` (each chunk added with
+    ``math.fsum``), from which MEAN is computed (``_mean``): a window of two 1e308 has SUM inf
+    and MEAN 1e308. A NaN makes MAX
     and MIN NaN, wherever it is among the samples (Python's ``max`` keeps a NaN only if it
     comes first); SUM and MEAN are NaN then too. The checks run once per chunk, and their
     slow paths only for a chunk whose sum is not finite.
@@ -489,10 +490,10 @@ def _fold(
         if not math.isfinite(total):  # overflow, an infinity or a NaN: rare
             probe = total
             if scaled is not None:
-                scaled = reduce(operator.add, map(_SCALE.__mul__, values), scaled)
+                scaled = _scaled_sum(scaled, values)
             elif math.isfinite(previous) and math.isinf(total) and _all_finite(values):
                 # An overflow, not an infinite sample: MEAN goes on from the scaled sum.
-                scaled = reduce(operator.add, map(_SCALE.__mul__, values), previous * _SCALE)
+                scaled = _scaled_sum(previous * _SCALE, values)
     if not (want_max or want_min):
         return total, high, low, scaled
     if not want_sum:
@@ -509,6 +510,15 @@ def _fold(
 
 def _all_finite(values: list[float]) -> bool:
     return all(map(math.isfinite, values))
+
+
+def _scaled_sum(start: float, values: list[float]) -> float:
+    """``start`` plus the scaled ``values``, correctly rounded (a chunk of an overflowed
+    window: rare, so the exact sum)."""
+    try:
+        return math.fsum(chain((start,), map(_SCALE.__mul__, values)))
+    except ValueError:  # inf - inf
+        return math.nan
 
 
 def _mean(total: float, scaled: float | None, count: int) -> float:
