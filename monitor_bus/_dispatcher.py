@@ -17,7 +17,9 @@ Guarantees
 - Fork: the child's bus gets an empty queue and a new, stopped dispatcher (fresh locks). A
   bus whose children report to the parent (``children="forward"``) keeps no handler in the
   child; its dispatcher starts for its Stats' timers. Otherwise the child keeps the same
-  handlers and the dispatcher starts again on the first event the child logs.
+  handlers and the dispatcher starts again on the first event the child logs. Either way the
+  first value added to a Stat's window starts it too (``start_for_stats``), so the timer closes
+  the windows of Stats the child inherited.
 - Exit: ``EventBus._close_at_exit`` (from ``atexit``, or a multiprocessing finalizer) closes
   the bus within ``exit_timeout``. It starts a dispatcher only where one was stopped with
   events or windows to deliver (a forked child that logged nothing since the fork).

@@ -7,6 +7,11 @@ Stat's lock. Folding takes samples from the front of the buffer (``buf[:n]`` the
 is running stays in the buffer for the next window instead of being lost. The samples leave
 the buffer only once their aggregates are computed, in straight-line code a signal cannot
 interrupt, so a Ctrl-C landing in a fold loses nothing.
+
+The numbers' edges (an overflowing sum, a NaN) are handled once per fold, never per add
+(``_fold``). A window's first fold starts a stopped dispatcher that has work, so a forked
+child's timer closes the windows of the Stats it inherited; ``_RESOLVING`` is new in a forked
+child (``module_lock``).
 """
 
 from __future__ import annotations
@@ -70,6 +75,14 @@ class Stat:
     window closes on the first ``add`` after its end and, while the bus has handlers, on a
     timer in the dispatcher, so a stalled loop still reports. The add that reaches
     ``max_samples`` logs the window at once; later adds are discarded until the next window.
+
+    SUM is the float sum in add order (``inf`` once it overflows); MEAN is the mean even then
+    (two adds of ``1e308``: SUM ``inf``, MEAN ``1e308``). A NaN among a window's values makes
+    MAX and MIN NaN, wherever it was added (as ``numpy.max``; torch.monitor keeps it only when it
+    comes first), and SUM and MEAN NaN too.
+
+    A Stat made before ``os.fork()`` starts empty in the child, which logs its own windows: on
+    the child's timer (its first value starts it) and at its exit.
 
     ``add`` is safe to call from many threads at once; no value is lost or counted twice.
 
