@@ -279,3 +279,31 @@ def test_a_forked_child_never_waits_for_a_module_lock_a_parent_thread_held(
     assert (answer, code) == (repr(expected).encode(), 0)
     assert handler.wait(1)
     assert handler.counts == Counter({pid: 1})
+
+
+def test_every_module_lock_of_the_package_is_new_in_a_forked_child() -> None:
+    """The package's module-level locks (Stat windows' device values, torch forwarding), held
+    in the parent at the fork, are free in the child."""
+    import monitor_bus.integrations.torch as forwarding
+    from monitor_bus._lifecycle import process
+
+    names = sorted(process.module_locks)
+    assert ("monitor_bus._stat", "_RESOLVING") in names
+    assert (forwarding.__name__, "_lock") in names
+    locks = [getattr(sys.modules[module], name) for module, name in names]
+    for lock in locks:
+        lock.acquire()
+    try:
+        pid, said, go = _fork(
+            lambda said: os.write(
+                said,
+                repr(
+                    [getattr(sys.modules[m], n).acquire(blocking=False) for m, n in names]
+                ).encode(),
+            )
+        )
+    finally:
+        for lock in locks:
+            lock.release()
+    answer = _read(said)
+    assert (answer, _end(pid, said, go)) == (repr([True] * len(names)).encode(), 0)
