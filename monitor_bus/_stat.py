@@ -487,10 +487,9 @@ def _fold(
     SUM is sequential float addition, as torch's. ``scaled`` is None until the sum overflows
     from finite samples; from then on it is the sum times ``_SCALE`` (each chunk added with
     ``math.fsum``), from which MEAN is computed (``_mean``): a window of two 1e308 has SUM inf
-    and MEAN 1e308. A NaN makes MAX
-    and MIN NaN, wherever it is among the samples (Python's ``max`` keeps a NaN only if it
-    comes first); SUM and MEAN are NaN then too. The checks run once per chunk, and their
-    slow paths only for a chunk whose sum is not finite.
+    and MEAN 1e308. A NaN makes MAX and MIN NaN, wherever it is among the samples (Python's
+    ``max`` keeps a NaN only if it comes first); SUM and MEAN are NaN then too. The checks run
+    once per chunk, and their slow paths only for a chunk whose sum is not finite.
     """
     total, high, low, scaled = aggregates
     if not values:
