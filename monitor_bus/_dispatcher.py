@@ -17,7 +17,9 @@ Guarantees
 - Fork: the child's bus gets an empty queue and a new, stopped dispatcher (fresh locks). A
   bus whose children report to the parent (``children="forward"``) keeps no handler in the
   child; its dispatcher starts for its Stats' timers. Otherwise the child keeps the same
-  handlers and the dispatcher starts again on the first event the child logs.
+  handlers and the dispatcher starts again on the first event the child logs. Either way the
+  first value added to a Stat's window starts it too (``start_for_stats``), so the timer closes
+  the windows of Stats the child inherited.
 - Exit: ``EventBus._close_at_exit`` (from ``atexit``, or a multiprocessing finalizer) closes
   the bus within ``exit_timeout``. It starts a dispatcher only where one was stopped with
   events or windows to deliver (a forked child that logged nothing since the fork).
@@ -158,6 +160,23 @@ class Dispatcher:
                             "EventBus %r: the dispatcher could not start", self.bus._name
                         )
         return self.loop is not None
+
+    def start_for_stats(self) -> None:
+        """A Stat's window got its first value while the dispatcher is stopped (a forked child,
+        whose Stats are the parent's): start it, so its timer closes the window on time.
+
+        Never waits for the lock: the caller may be a signal handler that interrupted a thread
+        holding it; a start under way then does the job.
+        """
+        if self.loop is not None or not self.active() or not self.lock.acquire(blocking=False):
+            return
+        try:
+            if self.loop is None and self.active() and not self.bus._closed and not self.broken:
+                self.start_locked()
+        except Exception:
+            logger.exception("EventBus %r: the dispatcher could not start", self.bus._name)
+        finally:
+            self.lock.release()
 
     def hurry(self) -> None:
         """End the dispatcher's linger now (the queue is filling up), or wake it if idle."""

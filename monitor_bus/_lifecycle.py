@@ -9,7 +9,9 @@ Guarantees
   exit iterating Stats is never broken by other threads creating Stats meanwhile (a ``WeakSet``
   iterated in Python raises "Set changed size during iteration").
 - Fork: in the child, every bus gets a fresh, stopped dispatcher and the same handlers, every
-  Stat an empty window (the parent logs the windows it had open), and the locks are new.
+  Stat an empty window (the parent logs the windows it had open), and the locks are new: the
+  package's module-level locks too (``module_lock``), since a thread of the parent may have
+  held one at the fork, which would hang the child at its first use.
 - Children: the process's end of the relay to its child processes (``listener``) or to its
   parent (``uplink``) lives here too; ``_relay.py`` has their guarantees. A forked child of a
   listening (or linked) process reports to the same listener.
@@ -82,6 +84,7 @@ class _Process:
         self.default_bus: EventBus | None = None
         self.default_settings: dict[str, Any] = {}  # from configure_default_bus()
         self.default_lock = threading.Lock()
+        self.module_locks: list[tuple[str, str]] = []  # (module, name): see module_lock()
         self.finalizer: Any = None  # multiprocessing's Finalize running at_exit
         self.multiprocessing_hooked = False
         self.listener: Listener | None = None  # children report here
@@ -176,6 +179,8 @@ class _Process:
 
     def after_fork_in_child(self) -> None:
         self.default_lock = threading.Lock()
+        for module, name in self.module_locks:
+            setattr(sys.modules[module], name, threading.Lock())
         self.bus_threads.clear()
         parent_pid = os.getppid()
         listener, uplink = self.listener, self.uplink
@@ -195,6 +200,13 @@ class _Process:
 
 
 process = _Process()
+
+
+def module_lock(module: str, name: str) -> threading.Lock:
+    """A lock for the module-level variable ``name`` of ``module`` (``__name__``), which a
+    forked child finds replaced by a new one. Read the variable at each use."""
+    process.module_locks.append((module, name))
+    return threading.Lock()
 
 
 def in_bus_thread() -> bool:

@@ -7,6 +7,11 @@ Stat's lock. Folding takes samples from the front of the buffer (``buf[:n]`` the
 is running stays in the buffer for the next window instead of being lost. The samples leave
 the buffer only once their aggregates are computed, in straight-line code a signal cannot
 interrupt, so a Ctrl-C landing in a fold loses nothing.
+
+The numbers' edges (an overflowing sum, a NaN) are handled once per fold, never per add
+(``_fold``). A window's first fold starts a stopped dispatcher that has work, so a forked
+child's timer closes the windows of the Stats it inherited; ``_RESOLVING`` is new in a forked
+child (``module_lock``).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import TYPE_CHECKING
 from . import _device
 from ._check import check_int, wrong_type
 from ._device import ARRAY_CLASSES, Deferred
-from ._lifecycle import process
+from ._lifecycle import module_lock, process
 
 if TYPE_CHECKING:
     from ._bus import EventBus
@@ -70,6 +75,14 @@ class Stat:
     window closes on the first ``add`` after its end and, while the bus has handlers, on a
     timer in the dispatcher, so a stalled loop still reports. The add that reaches
     ``max_samples`` logs the window at once; later adds are discarded until the next window.
+
+    SUM is the float sum in add order (``inf`` once it overflows); MEAN is the mean even then
+    (two adds of ``1e308``: SUM ``inf``, MEAN ``1e308``). A NaN among a window's values makes
+    MAX and MIN NaN, wherever it was added (as ``numpy.max``; torch.monitor keeps it only when it
+    comes first), and SUM and MEAN NaN too.
+
+    A Stat made before ``os.fork()`` starts empty in the child, which logs its own windows: on
+    the child's timer (its first value starts it) and at its exit.
 
     ``add`` is safe to call from many threads at once; no value is lost or counted twice.
 
@@ -115,6 +128,7 @@ class Stat:
         "_sum",
         "_value",
         "_pick",
+        "_scaled",
         "_want_max",
         "_want_min",
         "_want_sum",
@@ -270,6 +284,7 @@ class Stat:
         self._end = window_end(now, self._window, self._bus._clock_offset)
         self._count = 0
         self._sum = 0.0
+        self._scaled: float | None = None  # see _fold
         self._max = self._min = math.nan
         self._value: float | Deferred = math.nan
         if self._buf.__class__ is deque:
@@ -311,7 +326,8 @@ class Stat:
     def _fold(self) -> None:
         with self._lock:
             self._take()
-            if not self._marked:
+            first = not self._marked  # the window's first fold
+            if first:
                 self._marked = True
                 self._dirty.add(self)
             if self._count >= self._max_samples:
@@ -324,6 +340,9 @@ class Stat:
             # Device values hold memory until read: the dispatcher reads those that are ready
             # now rather than at the window's end.
             self._bus._dispatcher.call_soon(self._read_pending)
+        if first and self._bus._dispatcher.loop is None:
+            # Stopped: a forked child's, which nothing else starts for a Stat it inherited.
+            self._bus._dispatcher.start_for_stats()
 
     def _read_pending(self) -> None:
         """Fold the open window's device values that are ready into its aggregates (on the
@@ -338,14 +357,14 @@ class Stat:
             if not n:
                 return
             ready = pending[:n]
-            total, high, low = _fold(
+            total, high, low, scaled = _fold(
                 [float(v.value()) for v in ready],
                 self._count - len(pending),
-                (self._sum, self._max, self._min),
+                (self._sum, self._max, self._min, self._scaled),
                 (self._want_sum, self._want_max, self._want_min),
             )
             self._pending = pending[n:]
-            self._sum, self._max, self._min = total, high, low
+            self._sum, self._max, self._min, self._scaled = total, high, low, scaled
             value = self._value
             if value.__class__ is Deferred and value._value is not _device.UNREAD:
                 self._value = float(value._value)
@@ -378,10 +397,10 @@ class Stat:
             values: list[float] = [v for v in chunk if v.__class__ is not Deferred]  # type: ignore[misc]
         else:
             values = chunk  # type: ignore[assignment]
-        total, high, low = _fold(
+        total, high, low, scaled = _fold(
             values,
             self._count - len(self._pending),
-            (self._sum, self._max, self._min),
+            (self._sum, self._max, self._min, self._scaled),
             (self._want_sum, self._want_max, self._want_min),
         )
         last = chunk[-1]
@@ -391,6 +410,7 @@ class Stat:
         del buf[:taken]
         self._pending = pending
         self._sum = total
+        self._scaled = scaled
         self._max = high
         self._min = low
         self._value = last
@@ -407,7 +427,7 @@ class Stat:
                 stamp or datetime.now(timezone.utc),
                 self._end + bus._clock_offset,
                 count,
-                (self._sum, self._max, self._min),
+                (self._sum, self._max, self._min, self._scaled),
                 self._value,
                 self._pending,
             )
@@ -421,7 +441,9 @@ class Stat:
             return
         # Every aggregate in Aggregation order, then the requested ones picked by position:
         # the timer closes thousands of windows per pass, so no per-window enum hashing.
-        last = self._pick((self._value, self._sum / count, count, self._sum, self._max, self._min))  # type: ignore[arg-type]  # no device value pending: a float
+        total = self._sum
+        mean = total / count if self._scaled is None else _mean(total, self._scaled, count)
+        last = self._pick((self._value, mean, count, total, self._max, self._min))  # type: ignore[arg-type]  # no device value pending: a float
         data = dict(zip(self._keys, last, strict=True))
         # Queued before the window is emptied: a Ctrl-C in between can log it twice at worst,
         # never lose it.
@@ -430,10 +452,12 @@ class Stat:
         self._count = 0
 
     def _after_fork(self) -> None:
-        """In a forked child: the parent logs the windows it had open, so start empty."""
+        """In a forked child: the parent logs the windows it had open, so start empty (and
+        unmarked: the child's first add marks the Stat and starts the child's timer)."""
         self._lock = threading.Lock()
         self._buf = []
         self._pending = []
+        self._dirty.discard(self)
         self._open_window(_clock())
 
 
@@ -444,35 +468,99 @@ def window_end(now: float, window: float, offset: float) -> float:
     return (math.floor((now + offset) / window) + 1) * window - offset
 
 
+# The sum scaled by this once it overflows: the scaled sum of 2**63 samples of at most
+# sys.float_info.max stays finite, and a power of two scales without rounding.
+_SCALE = 2.0**-64
+
+_Aggregates = tuple[float, float, float, float | None]
+
+
 def _fold(
     values: list[float],
     before: int,
-    aggregates: tuple[float, float, float],
+    aggregates: _Aggregates,
     wanted: tuple[bool, bool, bool],
-) -> tuple[float, float, float]:
-    """``(sum, max, min)`` of ``before`` samples and ``values``, for the aggregates wanted."""
-    total, high, low = aggregates
+) -> _Aggregates:
+    """``(sum, max, min, scaled)`` of ``before`` samples and ``values``, for the aggregates
+    wanted.
+
+    SUM is sequential float addition, as torch's. ``scaled`` is None until the sum overflows
+    from finite samples; from then on it is the sum times ``_SCALE`` (each chunk added with
+    ``math.fsum``), from which MEAN is computed (``_mean``): a window of two 1e308 has SUM inf
+    and MEAN 1e308. A NaN makes MAX and MIN NaN, wherever it is among the samples (Python's
+    ``max`` keeps a NaN only if it comes first); SUM and MEAN are NaN then too. The checks run
+    once per chunk, and their slow paths only for a chunk whose sum is not finite.
+    """
+    total, high, low, scaled = aggregates
     if not values:
         return aggregates
     want_sum, want_max, want_min = wanted
+    probe = 0.0  # a NaN among values makes it NaN
     if want_sum:
+        previous = total
         total = reduce(operator.add, values, total)
+        if not math.isfinite(total):  # overflow, an infinity or a NaN: rare
+            probe = total
+            if scaled is not None:
+                scaled = _scaled_sum(scaled, values)
+            elif math.isfinite(previous) and math.isinf(total) and _all_finite(values):
+                # An overflow, not an infinite sample: MEAN goes on from the scaled sum.
+                scaled = _scaled_sum(previous * _SCALE, values)
+    if not (want_max or want_min):
+        return total, high, low, scaled
+    if not want_sum:
+        probe = sum(values)  # a C loop over floats, cheaper than a NaN test per sample
+    if probe != probe and any(map(math.isnan, values)):
+        # NaN from now on: with ``before`` samples it comes first below, and max keeps it.
+        return total, math.nan, math.nan, scaled
     if want_max:
         high = max(chain((high,), values)) if before else max(values)
     if want_min:
         low = min(chain((low,), values)) if before else min(values)
-    return total, high, low
+    return total, high, low, scaled
 
 
-# Held while a closed window's device values are folded in (see ClosedWindow.resolve).
-_RESOLVING = threading.Lock()
+def _all_finite(values: list[float]) -> bool:
+    return all(map(math.isfinite, values))
+
+
+def _scaled_sum(start: float, values: list[float]) -> float:
+    """``start`` plus the scaled ``values``, correctly rounded (a chunk of an overflowed
+    window: rare, so the exact sum)."""
+    try:
+        return math.fsum(chain((start,), map(_SCALE.__mul__, values)))
+    except ValueError:  # inf - inf
+        return math.nan
+
+
+def _mean(total: float, scaled: float | None, count: int) -> float:
+    """MEAN of a window: from the scaled sum once the sum overflowed."""
+    if scaled is None:
+        return total / count
+    return scaled / count / _SCALE
+
+
+# Held while a closed window's device values are folded in (see ClosedWindow.resolve); new
+# in a forked child.
+_RESOLVING = module_lock(__name__, "_RESOLVING")
 
 
 class ClosedWindow:
     """A closed window of a Stat, with every aggregate (a merge across processes needs those
     the Stat does not report) and the device values it still has to read."""
 
-    __slots__ = ("count", "end", "high", "low", "pending", "stamp", "stat", "total", "value")
+    __slots__ = (
+        "count",
+        "end",
+        "high",
+        "low",
+        "pending",
+        "scaled",
+        "stamp",
+        "stat",
+        "total",
+        "value",
+    )
 
     def __init__(
         self,
@@ -480,7 +568,7 @@ class ClosedWindow:
         stamp: datetime,
         end: float,
         count: int,
-        aggregates: tuple[float, float, float],
+        aggregates: _Aggregates,
         value: float | Deferred,
         pending: list[Deferred],
     ) -> None:
@@ -488,7 +576,7 @@ class ClosedWindow:
         self.stamp = stamp  # when it closed: the event's timestamp
         self.end = end  # its end, in seconds on the clock its windows are aligned to
         self.count = count
-        self.total, self.high, self.low = aggregates
+        self.total, self.high, self.low, self.scaled = aggregates
         self.value = value
         self.pending = pending
 
@@ -512,10 +600,10 @@ class ClosedWindow:
                 return
             stat = self.stat
             values = [float(v.value()) for v in pending]
-            self.total, self.high, self.low = _fold(
+            self.total, self.high, self.low, self.scaled = _fold(
                 values,
                 self.count - len(pending),
-                (self.total, self.high, self.low),
+                (self.total, self.high, self.low, self.scaled),
                 (stat._want_sum, stat._want_max, stat._want_min),
             )
             if self.value.__class__ is Deferred:
@@ -525,7 +613,8 @@ class ClosedWindow:
     def aggregates(self) -> tuple[float | int, ...]:
         """Every aggregate, in ``Aggregation`` order (after ``resolve``)."""
         count = self.count
-        return (self.value, self.total / count, count, self.total, self.high, self.low)  # type: ignore[return-value]
+        mean = _mean(self.total, self.scaled, count)
+        return (self.value, mean, count, self.total, self.high, self.low)  # type: ignore[return-value]
 
     def picked(self) -> tuple[float | int, ...]:
         """The Stat's aggregates, in its order."""

@@ -6,12 +6,14 @@ import gc
 import math
 import threading
 from datetime import datetime, timedelta
+from fractions import Fraction
+from typing import Any
 
 import pytest
 
 from monitor_bus import STAT_EVENT, Aggregation, EventBus, Stat, _dispatcher, _stat
 
-from .conftest import Recorder
+from .conftest import Recorder, require
 
 ALL = list(Aggregation)
 LONG = timedelta(seconds=600)  # the real-time timer never fires within a test
@@ -167,16 +169,116 @@ def test_many_samples_fold_exactly(clock: StepClock) -> None:
     }
 
 
-def test_nan_and_infinities(clock: StepClock) -> None:
-    """MAX/MIN follow add order with NaN (as torch's sequential compare); SUM follows IEEE."""
-    stat = Stat("x", [Aggregation.SUM, Aggregation.MAX, Aggregation.MIN], LONG)
-    for v in (1.0, math.nan, 3.0, -math.inf):
+def window_of(
+    values: list[Any], aggregations: list[Aggregation], clock: StepClock
+) -> dict[Aggregation, float | int]:
+    """The aggregates a Stat logs for one window of ``values``."""
+    stat = Stat("x", aggregations, LONG)
+    for v in values:
         stat.add(v)
     clock.now += 600
-    got = stat.get()
+    return stat.get()
+
+
+NAN_AT = [0, 1, 3, _stat._CHUNK + 2]  # first, inside the first fold, last, in a later fold
+
+
+@pytest.mark.parametrize("position", NAN_AT)
+def test_a_nan_makes_max_and_min_nan_wherever_it_is(position: int, clock: StepClock) -> None:
+    """A NaN anywhere in a window makes MAX and MIN NaN, as SUM and MEAN (numpy's max, not
+    Python's, whose result depends on where the NaN is)."""
+    values = [1.0, 3.0, -math.inf] + [2.0] * _stat._CHUNK
+    values.insert(position, math.nan)
+    got = window_of(values, ALL, clock)
+    assert [math.isnan(got[agg]) for agg in ALL] == [False, True, False, True, True, True]
+    assert got[Aggregation.COUNT] == len(values)
+
+
+@pytest.mark.parametrize("position", NAN_AT)
+@pytest.mark.parametrize("aggregations", [[Aggregation.MAX], [Aggregation.MIN, Aggregation.COUNT]])
+def test_a_nan_makes_max_and_min_nan_without_sum(
+    aggregations: list[Aggregation], position: int, clock: StepClock
+) -> None:
+    """The same for a Stat that reports neither SUM nor MEAN."""
+    values = [1.0, 3.0, -math.inf] + [2.0] * _stat._CHUNK
+    values.insert(position, math.nan)
+    got = window_of(values, aggregations, clock)
+    assert math.isnan(got[aggregations[0]])
+    assert got.get(Aggregation.COUNT, len(values)) == len(values)
+
+
+def test_a_nan_stays_in_its_window(bus: EventBus, recorder: Recorder, clock: StepClock) -> None:
+    """The window after one with a NaN has its own MAX and MIN."""
+    bus.register_event_handler(recorder)
+    stat = Stat("x", [Aggregation.MAX, Aggregation.MIN], LONG, bus=bus)
+    for v in (1.0, math.nan, 3.0):
+        stat.add(v)
+    clock.now += 600
+    for v in (5.0, 4.0):
+        stat.add(v)
+    clock.now += 600
+    assert stat.get() == {Aggregation.MAX: 5.0, Aggregation.MIN: 4.0}
+    assert bus.flush()
+    first, second = stat_events(recorder)
+    assert math.isnan(first["x.max"])
+    assert math.isnan(first["x.min"])
+    assert second == {"x.max": 5.0, "x.min": 4.0}
+
+
+def test_infinities_follow_ieee(clock: StepClock) -> None:
+    """SUM and MEAN are IEEE sums of infinite samples (inf - inf is NaN); MAX/MIN see them."""
+    got = window_of(
+        [1.0, math.inf, -math.inf], [Aggregation.SUM, Aggregation.MAX, Aggregation.MIN], clock
+    )
     assert math.isnan(got[Aggregation.SUM])
-    assert got[Aggregation.MAX] == 3.0
-    assert got[Aggregation.MIN] == -math.inf
+    assert (got[Aggregation.MAX], got[Aggregation.MIN]) == (math.inf, -math.inf)
+    got = window_of([1.0, math.inf], [Aggregation.MEAN, Aggregation.SUM], clock)
+    assert got == {Aggregation.MEAN: math.inf, Aggregation.SUM: math.inf}
+
+
+@pytest.mark.parametrize(
+    ("values", "mean", "total"),
+    [
+        ([1e308, 1e308], 1e308, math.inf),
+        ([-1e308, -1e308], -1e308, -math.inf),
+        ([1e308, 1e308, -1e308], 1e308 / 3, math.inf),
+    ],
+)
+def test_mean_is_finite_when_the_sum_overflows(
+    values: list[float], mean: float, total: float, clock: StepClock
+) -> None:
+    """MEAN is the mean of the samples even when their float sum overflows; SUM is that sum."""
+    got = window_of(values, [Aggregation.MEAN, Aggregation.SUM, Aggregation.COUNT], clock)
+    assert got == {Aggregation.MEAN: mean, Aggregation.SUM: total, Aggregation.COUNT: len(values)}
+
+
+def test_mean_of_huge_samples_is_the_true_mean_to_an_ulp(clock: StepClock) -> None:
+    """Samples near the float maximum, of both signs, over several folds: MEAN is within one
+    ulp of the exact mean although the running sum overflows."""
+    mixed = [((i * 7919) % 1000 + 1) * 1.7e305 * (1 if i % 5 else -1) for i in range(9000)]
+    mixed[7] = 1e-300  # tiny samples are absorbed, as in any float sum of such magnitude
+    for values in (mixed, [1e308] * (_stat._CHUNK + 5)):
+        got = window_of(values, [Aggregation.MEAN, Aggregation.SUM], clock)
+        exact = float(sum(map(Fraction, values)) / len(values))
+        assert got[Aggregation.SUM] == math.inf
+        assert abs(got[Aggregation.MEAN] - exact) <= math.ulp(exact)
+
+
+def test_device_values_keep_the_nan_and_overflow_rules(clock: StepClock) -> None:
+    """Tensor samples, folded when the bus reads them, follow the same rules: MEAN of two
+    1e308 is 1e308, and a NaN anywhere makes MAX and MIN NaN."""
+    try:
+        import torch
+    except ImportError as exc:
+        require(False, f"torch is not installed: {exc}")
+    huge = [torch.tensor(1e308, dtype=torch.float64)] * 2
+    got = window_of(huge, [Aggregation.MEAN, Aggregation.SUM], clock)
+    assert got == {Aggregation.MEAN: 1e308, Aggregation.SUM: math.inf}
+    mixed = [1.0, torch.tensor(5.0), torch.tensor(math.nan), 3.0, torch.tensor(4.0)]
+    got = window_of(mixed, [Aggregation.MAX, Aggregation.MIN, Aggregation.COUNT], clock)
+    assert math.isnan(got[Aggregation.MAX])
+    assert math.isnan(got[Aggregation.MIN])
+    assert got[Aggregation.COUNT] == 5
 
 
 def test_timer_closes_a_window_without_another_add(bus: EventBus, recorder: Recorder) -> None:

@@ -6,6 +6,7 @@ Where the two differ on purpose (the defects monitor_bus fixes), the test says s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from types import ModuleType
@@ -112,3 +113,28 @@ def test_value_aggregation(api: ModuleType) -> None:
     api.unregister_event_handler(handle)
     expected = {"v.count": 2} if api is torch_monitor else {"v.value": 5.0, "v.count": 2}
     assert event.data == expected
+
+
+def test_numbers_at_the_edges(api: ModuleType) -> None:
+    """A NaN not added first and a sum that overflows: SUM agrees; MAX/MIN and MEAN differ on
+    purpose (monitor_bus: NaN wherever the NaN is, as torch.max; the mean despite the overflow)."""
+    sink = Collect(api)
+    handle = api.register_event_handler(sink)
+    A = api.Aggregation
+    nan_stat = api.Stat("n", [A.SUM, A.MAX, A.MIN], timedelta(hours=1), 3)
+    for v in (1.0, math.nan, 3.0):
+        nan_stat.add(v)
+    big = api.Stat("b", [A.MEAN, A.SUM], timedelta(hours=1), 2)
+    for v in (1e308, 1e308):
+        big.add(v)
+    events = sink.settled()
+    api.unregister_event_handler(handle)
+    nan_data, big_data = (e.data for e in events)
+    assert math.isnan(nan_data["n.sum"])
+    assert big_data["b.sum"] == math.inf
+    if api is torch_monitor:
+        assert (nan_data["n.max"], nan_data["n.min"], big_data["b.mean"]) == (3.0, 1.0, math.inf)
+    else:
+        assert math.isnan(nan_data["n.max"])
+        assert math.isnan(nan_data["n.min"])
+        assert big_data["b.mean"] == 1e308

@@ -21,11 +21,11 @@ What passes through, as torch hands it out:
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from .._event import Event
+from .._lifecycle import module_lock
 from ._merge import RankMerge as RankMerge
 from ._merge import merge_stats_across_ranks as merge_stats_across_ranks
 
@@ -37,7 +37,7 @@ logger = logging.getLogger("monitor_bus")
 # Failed conversions are logged at most this often (they reach torch's caller otherwise).
 _ERROR_LOG_INTERVAL = 10.0
 
-_lock = threading.Lock()
+_lock = module_lock(__name__, "_lock")  # forward/stop registrations
 _active: dict[int, TorchMonitorForwarding] = {}  # id(bus) (0: the default bus) -> forwarding
 
 
