@@ -170,12 +170,12 @@ class TensorboardEventHandler:
             return value
         scalar, reason, why = float64_or_why(key, value, "TensorBoard")
         if scalar is not None and math.isfinite(scalar) and abs(scalar) >= FLOAT32_OVERFLOW:
-            scalar = None
             reason = "out_of_range"
             why = (
                 f"Stat value {key!r} ({scalar:.4g}) is beyond the range of the 32-bit "
                 "float TensorBoard stores a scalar as (it would read back as an infinity)"
             )
+            scalar = None
         if scalar is not None and not is_utf8(key):
             scalar = None
             reason, why = "invalid_text", f"Stat key {key!r} is not valid UTF-8, so no tag"
