@@ -60,6 +60,12 @@ class TensorboardEventHandler:
     The bus calls ``flush()`` after each delivered batch, which flushes the writer (if it
     has a ``flush`` method): once ``bus.flush()`` returns, the scalars are in the event file.
 
+    An event the writer raises on (a closed writer; ours refusing records because a full disk
+    filled the bound of those it keeps for another try) is not (wholly) written: it counts
+    in ``dropped`` and, on a bus, as dropped by this handler, besides the error. A flush that
+    fails is the handler's error; ``monitor_bus.tensorboard.SummaryWriter`` keeps what it did
+    not write and writes it at its next flush, leaving the event file whole meanwhile.
+
     Tags: each key is its own tag (``"step_time.mean"``), as in ``torch.monitor``; TensorBoard
     then shows every key in a section of its own. With ``group="stats"`` the tags are
     ``"stats/step_time.mean"``, ..., all in one section.
@@ -97,14 +103,33 @@ class TensorboardEventHandler:
         self._skips = SkipReporter("TensorboardEventHandler")
         #: Values skipped because TensorBoard cannot hold them (see above).
         self.skipped_values = 0
+        self._dropped = 0
+        self._dropped_told = 0  # the part of _dropped a bus was told of
 
     def __call__(self, event: Event) -> None:
-        if event.name == STAT_EVENT:
-            self._write_window(event)
-        elif self._add_run_event is not None and event.name in _RUN_EVENTS:
-            if event.name == METRICS_EVENT:
-                event = self._writable_metrics(event)
-            self._add_run_event(event)
+        try:
+            if event.name == STAT_EVENT:
+                self._write_window(event)
+            elif self._add_run_event is not None and event.name in _RUN_EVENTS:
+                if event.name == METRICS_EVENT:
+                    event = self._writable_metrics(event)
+                self._add_run_event(event)
+        except Exception:
+            self._dropped += 1  # not (wholly) written
+            raise
+
+    @property
+    def dropped(self) -> int:
+        """Events not (wholly) written: the writer raised while taking them (a closed writer,
+        or ours refusing records while a full disk fills its bound)."""
+        return self._dropped
+
+    def _monitor_bus_lost(self, final: bool) -> int:
+        """The bus's question (see ``_handler``): events lost since it last asked. What the
+        writer still keeps for another write is its own to write or count (``close()``)."""
+        lost = self._dropped - self._dropped_told
+        self._dropped_told += lost
+        return lost
 
     def _writable_metrics(self, event: Event) -> Event:
         """``event`` without the numbers a scalar cannot hold (each counted and reported)."""
