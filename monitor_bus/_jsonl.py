@@ -270,7 +270,8 @@ class JsonlEventHandler:
         if not pending or self._file.closed:
             return
         self._pending = []
-        text = "\n".join(pending) + "\n"
+        text = "\n".join(pending)
+        text += "\n"  # in place: the only reference
         try:
             raw = text.encode("utf-8")
         except UnicodeEncodeError:  # lone surrogates: only inside JSON strings, so escape them
