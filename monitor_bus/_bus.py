@@ -341,7 +341,7 @@ class EventBus:
         except _TimedOut:
             # The loop did not answer (busy or blocked): no call starts from now on, and the
             # loop detaches the handler when it gets there; what it misses counts as dropped.
-            handler.cut = True
+            handler.cut_off(logged)
             self._leaving.add(handler)
             dispatcher.submit(dispatcher.remove_cut, handler, logged, turned_away)
             return False
@@ -359,7 +359,7 @@ class EventBus:
         self._leaving.add(handler)
         done = handler.wait_settled(target, _remaining(deadline))
         if not done:
-            handler.cut = True
+            handler.cut_off(target)
         handler.stop()
         return handler.wait_stopped(_remaining(deadline)) and done
 
@@ -448,8 +448,7 @@ class EventBus:
         unfinished = []
         for (handler, target), done in zip(targets, settled, strict=True):
             if not done:
-                handler.cut = True
-                unfinished.append(f"{handler.name!r} ({target - handler.settled} undelivered)")
+                unfinished.append(handler.cut_off(target))
             handler.stop()
         stopped = [h.wait_stopped(_remaining(deadline)) for h, _ in targets]
         for handler, _ in targets:

@@ -585,7 +585,8 @@ class Dispatcher:
             )
             self._dropped_reported = dropped
         for handler in handlers:
-            lost = handler.dropped
+            with handler.cv:  # the sink's own losses, in dropped too, are reported below
+                lost, sink_lost = handler.dropped - handler.lost, handler.lost
             if lost != handler.dropped_reported and (final or handler.throttle.ready("drops")):
                 logger.warning(
                     "EventBus %r: handler %r fell behind (backlog capacity %d, policy %s): %d "
@@ -598,6 +599,17 @@ class Dispatcher:
                     lost,
                 )
                 handler.dropped_reported = lost
+            lost = sink_lost
+            if lost != handler.lost_reported and (final or handler.throttle.ready("lost")):
+                logger.warning(
+                    "EventBus %r: handler %r could not write %d events it was given (see its "
+                    "errors), dropped since the last report, %d in all",
+                    bus._name,
+                    handler.name,
+                    lost - handler.lost_reported,
+                    lost,
+                )
+                handler.lost_reported = lost
 
     # -- Stat windows on a timer --
 

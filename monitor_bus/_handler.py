@@ -2,8 +2,22 @@
 
 A sync handler runs on a dedicated daemon thread; an async handler runs as a task on the
 dispatcher's event loop. The dispatcher appends batches to a handler's inbox; the runner takes
-the whole inbox at once, calls the handler for each event (or, for a batch handler, once with
-all of them), then records the batch as settled.
+the whole inbox at once, calls the handler for each event (or, for a batch handler, once per
+list of up to ``BATCH_CALL`` events; for a bundled sink, once per queued batch), then records
+the batch as settled.
+
+Guarantees:
+
+- Counters follow the calls: ``delivered`` grows as each call returns (each event, each list),
+  not when the whole inbox is done, so ``stats()`` of a slow handler shows its progress.
+  ``settled`` (what ``flush`` waits for) grows only after the sink's ``flush()``: once
+  ``bus.flush()`` returns, what was delivered is written.
+- A cut-off (a timeout of ``close`` or ``unregister_event_handler``) lets the call in progress
+  finish and starts no other: the cut-off's warning names both numbers, and what it calls
+  undelivered is exactly what is then counted as dropped.
+- A bundled sink that loses events it took (a failed write it can no longer retry) says so
+  through ``_monitor_bus_lost``: they move from ``delivered`` to ``dropped`` and are reported
+  as such, so ``logged == delivered + dropped + pending`` stays true of what reached the sink.
 """
 
 from __future__ import annotations
@@ -12,8 +26,8 @@ import inspect
 import logging
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from itertools import islice, repeat
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -152,6 +166,8 @@ class _Handler:
         self.name = name
         self.keyed = keyed
         self.slots_call, self.batch_call = handler_calls(callback)
+        lost = getattr(callback, "_monitor_bus_lost", None)
+        self.sink_lost: Callable[[bool], int] | None = lost if callable(lost) else None
         self.is_async = is_async_callable(self.batch_call or callback)
         # A sink that buffers writes exposes flush(); it runs after each delivered batch.
         flush = getattr(callback, "flush", None)
@@ -177,6 +193,15 @@ class _Handler:
         self.wakeup: anyio.Event | None = None
         self.throttle = Throttle()  # its error and drop reports, keyed by exception type or "drops"
         self.dropped_reported = 0  # the part of ``dropped`` already in a warning
+        # Progress of the take in hand, written by the runner alone (read under ``cv``):
+        # ``progress`` events returned from their calls, not settled yet; ``handed`` counts
+        # every event ever handed to a call, and ``cut_handed`` is its value when cut off.
+        self.progress = 0
+        self.handed = 0
+        self.cut_handed = 0
+        # Events the sink took and lost (``_monitor_bus_lost``), in ``dropped`` too.
+        self.lost = 0
+        self.lost_reported = 0
 
     def after_fork(self) -> None:
         self._reset()
@@ -290,17 +315,60 @@ class _Handler:
             return batches
         return None
 
-    def _settle(self, delivered: int, skipped: int) -> None:
+    def _settle(self, delivered: int, skipped: int, *, final: bool = False) -> None:
+        """Record a take as done: ``delivered`` events went through their calls, ``skipped``
+        were cut off; and what the sink says it lost (``final``: the handler is leaving, the
+        sink gives up on what it still holds)."""
+        lost = self._sink_lost(final)
         with self.cv:
-            self.delivered += delivered
-            self.dropped += skipped
+            self.progress = 0
+            self.delivered += delivered - lost
+            self.dropped += skipped + lost
+            self.lost += lost
             self.settled += delivered + skipped
             self.cv.notify_all()
         self.bus._dispatcher.handler_progressed()
 
-    def _events(self, batches: list[list[Any]], *, stop: bool = True) -> Iterator[Event]:
-        """The events of ``batches``, each with its own copy of ``data``, until ``cut`` (if
-        ``stop``).
+    def _sink_lost(self, final: bool) -> int:
+        """Events the sink took and has lost since it was last asked (see the module doc)."""
+        if self.sink_lost is None:
+            return 0
+        try:
+            return self.sink_lost(final)
+        except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
+            self._failed(exc)
+            return 0
+
+    def cut_off(self, target: int) -> str:
+        """Start no further call of the handler (the one in progress may finish): what it has
+        not been handed of the first ``target`` events counts as dropped. Returns what a
+        warning says of it: its name and those numbers."""
+        with self.cv:
+            self.cut = True
+            self.cut_handed = handed = self.handed
+            in_call = handed - self.returned()
+            undelivered = max(target - self.settled - self.progress - in_call, 0)
+        calls = f", {in_call} in its current call" if in_call else ""
+        return f"{self.name!r} ({undelivered} undelivered{calls})"
+
+    def returned(self) -> int:
+        """Under ``cv``: events ever handed to a call that has returned."""
+        return self.delivered + self.lost + self.progress
+
+    def _refused(self, handed: int, n: int) -> bool:
+        """Whether a call handing over ``n`` events, up to ``handed`` (already published in
+        ``self.handed``), may not start: the handler was cut off, and not while this call was
+        counted as in progress. The runner publishes ``handed`` before it reads ``cut``, and
+        ``cut_off`` sets ``cut`` before it reads ``handed``: so a call it did not count never
+        starts, and one it counted does."""
+        with self.cv:  # cut_off has finished: cut_handed is what it counted
+            if handed <= self.cut_handed:
+                return False
+            self.handed = handed - n
+            return True
+
+    def _events(self, batches: list[list[Any]]) -> Iterator[Event]:
+        """The events of ``batches``, each with its own copy of ``data``.
 
         A copy per handler, as torch.monitor makes: what one handler does to ``data`` is
         seen by no other handler and not by the producer's ``Event``. (``dict.copy`` makes a
@@ -310,64 +378,64 @@ class _Handler:
         for batch in batches:
             slots = iter(batch)
             for name, timestamp, data in zip(slots, slots, slots, strict=True):
-                if stop and self.cut:
-                    return
                 event = new_event(Event)
                 event.name, event.timestamp, event.data = name, timestamp, data.copy()
                 # A window's data, or an event's from a child process, carries its origin.
                 event._origin = None if data.__class__ is dict else data.origin
                 yield event
 
-    def _chunks(self, batches: list[list[Any]]) -> Iterator[list[Event]]:
-        """The events of ``batches`` for a batch handler, in lists of at most ``BATCH_CALL``."""
-        events = self._events(batches)
-        while chunk := list(islice(events, BATCH_CALL)):
-            yield chunk
+    def _calls(self, batches: list[list[Any]]) -> Iterator[tuple[Callable[[Any], Any], Any, int]]:
+        """The calls that deliver ``batches``: (function, argument, events it carries)."""
+        if self.slots_call is not None:
+            for batch in batches:
+                yield self.slots_call, batch, count_events(len(batch))
+        elif self.batch_call is not None:
+            events = self._events(batches)
+            while chunk := list(islice(events, BATCH_CALL)):
+                yield self.batch_call, chunk, len(chunk)
+        else:
+            for event in self._events(batches):
+                yield self.callback, event, 1
 
     def _deliver_sync(self, batches: list[list[Any]]) -> int:
-        """Call the handler with the events of ``batches``; return how many it got."""
-        if self.slots_call is not None:
-            done = 0
-            for batch in batches:
-                if self.cut:
+        """Call the handler with the events of ``batches``, publishing its progress after each
+        call (see ``cut_off``); return how many it got."""
+        done = 0
+        base = self.handed
+        if self.slots_call is None and self.batch_call is None:
+            # One call per event: the same steps as below, inline (the hot path).
+            callback = self.callback
+            for event in self._events(batches):
+                self.handed = handed = base + done + 1
+                if self.cut and self._refused(handed, 1):
                     break
                 try:
-                    self.slots_call(batch)
+                    callback(event)
                 except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
-                    self._batch_failed(exc)
-                done += count_events(len(batch))
+                    self._failed(exc)
+                done += 1
+                self.progress = done
             return done
-        if self.batch_call is not None:
-            done = 0
-            for chunk in self._chunks(batches):
-                try:
-                    self.batch_call(chunk)
-                except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
-                    self._batch_failed(exc)
-                done += len(chunk)
-            return done
-        callback = self.callback
-        done = 0
-        for event in self._events(batches):
+        for call, arg, n in self._calls(batches):
+            self.handed = handed = base + done + n
+            if self.cut and self._refused(handed, n):
+                break
             try:
-                callback(event)
+                call(arg)
             except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
-                self._failed(exc)
-            done += 1
+                self._batch_failed(exc)
+            done += n
+            self.progress = done
         return done
 
     async def _deliver_async(self, batches: list[list[Any]]) -> int:
         """``_deliver_sync`` for an async handler, on the loop."""
         cancelled = anyio.get_cancelled_exc_class()
-        if self.batch_call is not None:
-            calls: Iterable[tuple[Callable[[Any], Any], Any]] = zip(
-                repeat(self.batch_call), self._chunks(batches)
-            )
-        else:
-            calls = zip(repeat(self.callback), self._events(batches))
         done = 0
-        for call, arg in calls:
-            if self.cut:
+        base = self.handed
+        for call, arg, n in self._calls(batches):
+            self.handed = handed = base + done + n
+            if self.cut and self._refused(handed, n):
                 break
             try:
                 await call(arg)
@@ -377,7 +445,8 @@ class _Handler:
                 self._failed(exc)
             except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
                 self._batch_failed(exc)
-            done += len(arg) if call is self.batch_call else 1
+            done += n
+            self.progress = done
         return done
 
     def _run_sync(self) -> None:
@@ -389,6 +458,7 @@ class _Handler:
                         self.cv.wait()
                     batches = self._take()
                 if batches is None:
+                    self._settle(0, 0, final=True)
                     return
                 done = self._deliver_sync(batches)
                 # Settled only after the sink's flush(): bus.flush() then means "written".
@@ -412,6 +482,7 @@ class _Handler:
                 with self.cv:
                     batches = self._take()
                 if batches is None:
+                    self._settle(0, 0, final=True)
                     return
                 done = await self._deliver_async(batches)
                 if self.batch_end is not None:
@@ -466,11 +537,12 @@ class _Handler:
         end = self.bus_dropped_end if self.bus_dropped_end is not None else bus_dropped
         upstream = end - self.bus_dropped_base
         with self.cv:  # one consistent reading: logged == delivered + dropped + pending
+            progress = self.progress  # the take in hand: returned from their calls so far
             offered, delivered, dropped, pending = (
                 self.offered,
-                self.delivered,
+                self.delivered + progress,
                 self.dropped,
-                self.pending(),
+                self.pending() - progress,
             )
         return {
             "name": self.name,

@@ -25,6 +25,13 @@ DataLoader worker id, or null), which ``read_jsonl`` restores as ``Event.origin`
   past; an int over the reading Python's digit limit is skipped with a warning, its event kept.
   A handler that appends to a file ending in a torn line first ends that line, so the new
   events start on a line of their own (the torn line is then skipped wherever it is).
+- A failed write (a full disk: ``ENOSPC``) loses nothing it can keep: the handler counts the
+  lines that reached the file whole (``written``), keeps the others, up to ``KEEP_LINES``
+  lines and ``KEEP_CHARS`` characters, and writes them at its next flush, ending the torn
+  line first; ``flush()`` raises the ``OSError``, so a bus counts and logs it as the
+  handler's error. Lines past that bound, and those it still holds when closed or when a bus
+  lets go of it, are lost: counted in ``JsonlEventHandler.dropped`` and, on a bus, as dropped
+  by that handler (its stats and its warning say so).
 """
 
 from __future__ import annotations
@@ -49,6 +56,12 @@ from ._skipped import SkipReporter
 
 if TYPE_CHECKING:
     from types import TracebackType
+
+#: Lines a handler keeps after a failed write, to write at its next flush; past this (or
+#: ``KEEP_CHARS`` characters in all) the newest are dropped and counted.
+KEEP_LINES = 65536
+#: Characters of lines kept after a failed write (about as many bytes), at most.
+KEEP_CHARS = 16 * 2**20
 
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _FLOAT_KEY = "$float"
@@ -111,6 +124,12 @@ class JsonlEventHandler:
     ``monitor_bus`` logger, at most once per key every 10 seconds; the rest of the event is
     written.
 
+    A write that fails (a full disk) raises from ``flush()``; the lines not written whole are
+    kept (up to ``KEEP_LINES`` lines, ``KEEP_CHARS`` characters) and written, after a newline
+    that ends the torn one, at the next ``flush()``. What is lost past that bound, or still
+    unwritten at ``close()`` or when a bus lets go of the handler, is counted in ``dropped``
+    and, on a bus, as dropped by this handler.
+
     Args:
         path: the file to append to; its directory must exist.
 
@@ -127,8 +146,11 @@ class JsonlEventHandler:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._path = _check_path(path)
         self._lock = threading.Lock()
-        self._pending: list[str] = []
+        self._pending: list[str] = []  # lines to write: kept ones first, then new ones
         self._written = 0
+        self._torn = False  # the file ends in a part of a line this handler wrote
+        self._dropped = 0
+        self._dropped_told = 0  # the part of _dropped a bus was told of
         self._skips = SkipReporter(f"JsonlEventHandler({self._path!r})")
         #: Values skipped because they cannot be written (ints too long for decimal text).
         self.skipped_values = 0
@@ -155,8 +177,14 @@ class JsonlEventHandler:
 
     @property
     def written(self) -> int:
-        """How many events this handler has written to the file."""
+        """How many events this handler has written to the file: its complete lines there."""
         return self._written
+
+    @property
+    def dropped(self) -> int:
+        """How many events this handler was given and lost: writes failed and it could not
+        keep them for another try (see the class docs)."""
+        return self._dropped
 
     def __call__(self, event: Event) -> None:
         self._add([self._line(event.name, event.timestamp, event.data, event.origin)])
@@ -242,24 +270,73 @@ class JsonlEventHandler:
         if not pending or self._file.closed:
             return
         self._pending = []
-        pending.append("")
         text = "\n".join(pending)
+        text += "\n"  # in place: the only reference
         try:
             raw = text.encode("utf-8")
         except UnicodeEncodeError:  # lone surrogates: only inside JSON strings, so escape them
             raw = _LONE_SURROGATE.sub(_escape, text).encode("utf-8")
-        view = memoryview(raw)
-        while view:
-            view = view[self._file.write(view) or 0 :]
-        self._written += len(pending) - 1
+        # A torn line of an earlier failure is ended first: it stays one torn line.
+        lead = int(self._torn)
+        view = memoryview(b"\n" + raw if lead else raw)
+        sent = 0
+        try:
+            while sent < len(view):
+                sent += self._file.write(view[sent:]) or 0
+        except OSError:
+            self._keep(pending, raw, sent - lead)
+            raise
+        self._torn = False
+        self._written += len(pending)
+
+    def _keep(self, lines: list[str], raw: bytes, sent: int) -> None:
+        """After a failed write of ``lines`` (encoded as ``raw``) of which ``sent`` bytes
+        reached the file (< 0: not even the newline ending a torn line): count the whole
+        ones as written, keep the rest for the next flush within the bound, drop the others."""
+        if sent >= 0:
+            done = raw.count(b"\n", 0, sent)
+            self._written += done
+            self._torn = sent > 0 and raw[sent - 1] != 0x0A  # ends within a line
+            lines = lines[done:]
+        kept = lines[:KEEP_LINES]
+        chars = 0
+        for i, line in enumerate(kept):
+            chars += len(line) + 1
+            if chars > KEEP_CHARS:
+                kept = kept[:i]
+                break
+        self._dropped += len(lines) - len(kept)
+        self._pending[:0] = kept  # before what came meanwhile
+
+    def _monitor_bus_lost(self, final: bool) -> int:
+        """The bus's question (see ``_handler``): events lost since it last asked. ``final``:
+        the bus lets go of this handler, so what it cannot write now is lost."""
+        with self._lock:
+            if final and self._pending and not self._file.closed:
+                try:
+                    self._flush_locked()
+                except OSError:  # the bus logged this error at the batch's flush already
+                    self._dropped += len(self._pending)
+                    self._pending = []
+            lost = self._dropped - self._dropped_told
+            self._dropped_told = self._dropped
+            return lost
 
     def close(self) -> None:
-        """Write what is buffered and close the file. Idempotent."""
+        """Write what is buffered and close the file. Idempotent.
+
+        Raises:
+            OSError: the last write failed; what it did not write is counted in ``dropped``.
+        """
         with self._lock:
             if self._file.closed:
                 return
             try:
                 self._flush_locked()
+            except OSError:
+                self._dropped += len(self._pending)
+                self._pending = []
+                raise
             finally:
                 self._file.close()
 

@@ -22,6 +22,9 @@ _clock = time.monotonic
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+# The smallest magnitude a float32 rounds to an infinity: halfway between its largest finite
+# value, 2**128 - 2**104, and 2**128 (a tie rounds to the even mantissa, here up).
+FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
 
 
 class SkipReporter:

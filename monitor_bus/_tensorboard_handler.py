@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
 from ._event import Event, from_slots
 from ._handler import call_each
 from ._queue import SLOTS
 from ._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
-from ._skipped import INT64_MAX, INT64_MIN, SkipReporter, float64_or_why, is_utf8
+from ._skipped import (
+    FLOAT32_OVERFLOW,
+    INT64_MAX,
+    INT64_MIN,
+    SkipReporter,
+    float64_or_why,
+    is_utf8,
+)
 from ._stat import STAT_EVENT
 
 _RUN_EVENTS = frozenset((RUN_START_EVENT, RUN_END_EVENT, METRICS_EVENT))
@@ -42,14 +50,21 @@ class TensorboardEventHandler:
 
     Values: each reaches the writer as a ``float`` (a bool as 0.0 or 1.0), so every writer
     gets the same input. A value TensorBoard cannot hold is skipped, the rest of the event is
-    written: a string, an int beyond float64's range, or a key that is not valid UTF-8 (a lone
-    surrogate) and so cannot be a tag. Each is counted in ``skipped_values`` and logged as a
-    warning on the ``monitor_bus`` logger, at most once per key every 10 seconds. NaN and
-    infinities are written; the writer stores 32-bit floats, so beyond about 3.4e38 a value
-    reads back as an infinity, as with torch.
+    written: a string, a finite number beyond the range of the 32-bit float a scalar is stored
+    as (about 3.4e38, ``2**128`` for an int: it would read back as an infinity), or a key that
+    is not valid UTF-8 (a lone surrogate) and so cannot be a tag. Each is counted in
+    ``skipped_values`` and logged as a warning on the ``monitor_bus`` logger, at most once per
+    key every 10 seconds. The numbers of a ``METRICS_EVENT`` are checked the same way. NaN and
+    infinities are written.
 
     The bus calls ``flush()`` after each delivered batch, which flushes the writer (if it
     has a ``flush`` method): once ``bus.flush()`` returns, the scalars are in the event file.
+
+    An event the writer raises on (a closed writer; ours refusing records because a full disk
+    filled the bound of those it keeps for another try) is not (wholly) written: it counts
+    in ``dropped`` and, on a bus, as dropped by this handler, besides the error. A flush that
+    fails is the handler's error; ``monitor_bus.tensorboard.SummaryWriter`` keeps what it did
+    not write and writes it at its next flush, leaving the event file whole meanwhile.
 
     Tags: each key is its own tag (``"step_time.mean"``), as in ``torch.monitor``; TensorBoard
     then shows every key in a section of its own. With ``group="stats"`` the tags are
@@ -88,12 +103,45 @@ class TensorboardEventHandler:
         self._skips = SkipReporter("TensorboardEventHandler")
         #: Values skipped because TensorBoard cannot hold them (see above).
         self.skipped_values = 0
+        self._dropped = 0
+        self._dropped_told = 0  # the part of _dropped a bus was told of
 
     def __call__(self, event: Event) -> None:
-        if event.name == STAT_EVENT:
-            self._write_window(event)
-        elif self._add_run_event is not None and event.name in _RUN_EVENTS:
-            self._add_run_event(event)
+        try:
+            if event.name == STAT_EVENT:
+                self._write_window(event)
+            elif self._add_run_event is not None and event.name in _RUN_EVENTS:
+                if event.name == METRICS_EVENT:
+                    event = self._writable_metrics(event)
+                self._add_run_event(event)
+        except Exception:
+            self._dropped += 1  # not (wholly) written
+            raise
+
+    @property
+    def dropped(self) -> int:
+        """Events not (wholly) written: the writer raised while taking them (a closed writer,
+        or ours refusing records while a full disk fills its bound)."""
+        return self._dropped
+
+    def _monitor_bus_lost(self, final: bool) -> int:
+        """The bus's question (see ``_handler``): events lost since it last asked. What the
+        writer still keeps for another write is its own to write or count (``close()``)."""
+        lost = self._dropped - self._dropped_told
+        self._dropped_told += lost
+        return lost
+
+    def _writable_metrics(self, event: Event) -> Event:
+        """``event`` without the numbers a scalar cannot hold (each counted and reported)."""
+        data = event.data
+        kept = {
+            key: value
+            for key, value in data.items()
+            if key == "step"
+            or value.__class__ not in (int, float, bool)
+            or self._scalar(key, value) is not None
+        }
+        return event if len(kept) == len(data) else Event(event.name, event.timestamp, kept)
 
     def handle_batch(self, events: list[Event]) -> None:
         """Write the Stat windows and run events among ``events``; a write that fails costs
@@ -139,9 +187,20 @@ class TensorboardEventHandler:
 
     def _scalar(self, key: str, value: object) -> float | None:
         """``value`` as the float to write, or None (counted and reported) if it cannot be."""
-        if value.__class__ is float and key.isascii():
+        if (
+            value.__class__ is float
+            and key.isascii()
+            and -FLOAT32_OVERFLOW < value < FLOAT32_OVERFLOW
+        ):
             return value
         scalar, reason, why = float64_or_why(key, value, "TensorBoard")
+        if scalar is not None and math.isfinite(scalar) and abs(scalar) >= FLOAT32_OVERFLOW:
+            reason = "out_of_range"
+            why = (
+                f"Stat value {key!r} ({scalar:.4g}) is beyond the range of the 32-bit "
+                "float TensorBoard stores a scalar as (it would read back as an infinity)"
+            )
+            scalar = None
         if scalar is not None and not is_utf8(key):
             scalar = None
             reason, why = "invalid_text", f"Stat key {key!r} is not valid UTF-8, so no tag"

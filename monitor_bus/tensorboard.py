@@ -1,10 +1,10 @@
 """A torch-free ``SummaryWriter`` for scalars, text and hparams, on the ``tensorboard``
 package's own writer.
 
-Event files are written by ``tensorboard.summary.writer.event_file_writer.EventFileWriter``
-(the writer torch's ``SummaryWriter`` wraps) from ``tensorboard.compat.proto`` messages and the
-text and hparams plugins' own protos, so TensorBoard (its HPARAMS and TEXT tabs too),
-``EventAccumulator`` and every other reader of the format load them.
+Event files hold ``tensorboard.compat.proto`` messages and the text and hparams plugins' own
+protos, framed as ``tensorboard``'s own ``RecordWriter`` frames them, so TensorBoard (its
+HPARAMS and TEXT tabs too), ``EventAccumulator`` and every other reader of the format load
+them. A file only ever holds whole records, even after a failed write (see ``_event_file``).
 
 Needs the ``tensorboard`` extra: ``pip install 'monitor_bus[tensorboard]'``. ``import
 monitor_bus`` does not import this module.
@@ -18,13 +18,13 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-import struct
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
 
@@ -41,8 +41,6 @@ try:
     )
     from tensorboard.plugins.hparams import metadata as hparams_metadata
     from tensorboard.plugins.text import metadata as text_metadata  # type: ignore[import-untyped]
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter  # type: ignore[import-untyped]
-    from tensorboard.summary.writer.record_writer import RecordWriter  # type: ignore[import-untyped]
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "monitor_bus.tensorboard needs the tensorboard package: "
@@ -51,6 +49,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from ._event import Event
+from ._event_file import EventFile
 from ._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
 from ._skipped import INT64_MAX, INT64_MIN, is_utf8
 
@@ -60,43 +59,17 @@ if TYPE_CHECKING:
 __all__ = ["SummaryWriter"]
 
 
-try:  # the optional extra "fast": CRC32C in C (tensorboard's own is pure Python, ~6 us/record)
-    from google_crc32c import value as _crc32c
-except ImportError:
-    _crc32c = None
-
-
-def _masked(crc: int) -> int:
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-class _CRecordWriter(RecordWriter):  # type: ignore[misc]
-    """tensorboard's record format, byte for byte, with its checksums computed in C."""
-
-    def write(self, data: bytes) -> None:
-        header = struct.pack("<Q", len(data))
-        crcs = (
-            struct.pack("<I", _masked(_crc32c(header))),
-            struct.pack("<I", _masked(_crc32c(data))),
-        )
-        self._writer.write(header + crcs[0] + data + crcs[1])
-
-
-def _checksum_in_c(writer: EventFileWriter) -> None:
-    """Give ``writer``'s record writer the C checksum, if google-crc32c is installed (its writer
-    thread holds the same object, so its class is switched in place)."""
-    record_writer = getattr(getattr(writer, "_async_writer", None), "_writer", None)
-    if _crc32c is not None and type(record_writer) is RecordWriter:
-        record_writer.__class__ = _CRecordWriter
-
-
 class SummaryWriter:
     """Write scalars to a TensorBoard event file, with the interface of torch's writer.
 
     Each writer makes a new ``events.out.tfevents.*`` file in ``log_dir``; several writers
-    (or runs) may share a directory. Writes go through a background thread of the
-    ``tensorboard`` package and reach the disk at ``flush()``, ``close()``, every
-    ``flush_secs`` seconds or when ``max_queue`` records are pending. All methods are
+    (or runs) may share a directory. Records reach the disk at ``flush()``, ``close()``, every
+    ``flush_secs`` seconds (from a thread of the writer) or when ``max_queue`` records are
+    pending (from the call that adds the last). A write that fails (a full disk) leaves the
+    file whole, cut back to its last whole record; the records not written are kept, within
+    a bound, and written at the next flush; ``flush()`` raises the ``OSError``. A record that
+    no longer fits in that bound is refused: the call that adds it raises ``OSError``, and it
+    is counted in ``dropped_records``, as are those ``close()`` cannot write. All methods are
     thread-safe. A copy inherited by a forked child cannot write (the writer's thread is not in
     the child, and the parent owns the file): its writes raise ``RuntimeError`` and its
     ``flush()`` and ``close()`` do nothing; open a writer of the child's own (or let the child's
@@ -130,6 +103,10 @@ class SummaryWriter:
             raise TypeError(f"log_dir must be a str or path, not {type(log_dir).__name__}")
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
             raise ValueError(f"max_queue must be a positive int, got {max_queue!r}")
+        if isinstance(flush_secs, bool) or not isinstance(flush_secs, (int, float)):
+            raise TypeError(f"flush_secs must be a number, not {type(flush_secs).__name__}")
+        if not flush_secs > 0:
+            raise ValueError(f"flush_secs must be positive, got {flush_secs!r}")
         self._log_dir = os.fspath(log_dir)
         self._max_queue = max_queue
         self._flush_secs = flush_secs
@@ -139,17 +116,33 @@ class SummaryWriter:
         self._pid = os.getpid()  # the process that owns the files
         self._writer = self._open(self._log_dir)
         # add_scalars keeps one file per (main_tag, tag) pair, in its own subdirectory.
-        self._sub_writers: dict[str, EventFileWriter] = {}
+        self._sub_writers: dict[str, EventFile] = {}
+        self._stop = threading.Event()
+        threading.Thread(
+            target=self._flush_every, name="monitor_bus-tensorboard-flush", daemon=True
+        ).start()
         _writers.add(self)
 
-    def _open(self, log_dir: str) -> EventFileWriter:
+    def _open(self, log_dir: str) -> EventFile:
         try:
             os.makedirs(log_dir, exist_ok=True)
         except OSError as exc:
             raise type(exc)(exc.errno, f"cannot create log_dir: {exc.strerror}", log_dir) from None
-        writer = EventFileWriter(log_dir, self._max_queue, self._flush_secs, self._suffix)
-        _checksum_in_c(writer)
-        return writer
+        return EventFile(log_dir, self._max_queue, self._suffix)
+
+    def _flush_every(self) -> None:
+        """The timer thread: flush every ``flush_secs`` until closed. A failure keeps the
+        records for the next flush, whose caller sees the error."""
+        while not self._stop.wait(self._flush_secs):
+            with contextlib.suppress(OSError):
+                self.flush()
+
+    @property
+    def dropped_records(self) -> int:
+        """Records lost: refused while failed writes filled the bound, or not written by
+        ``close()``."""
+        with self._lock:
+            return sum(f.dropped for f in (self._writer, *self._sub_writers.values()))
 
     @property
     def log_dir(self) -> str:
@@ -188,12 +181,14 @@ class SummaryWriter:
             ValueError: ``tag`` is not valid UTF-8 (holds a lone surrogate), ``scalar_value``
                 is an int beyond float64's range, or ``global_step`` is outside int64.
             RuntimeError: the writer is closed.
+            OSError: the record is refused: failed writes filled the bound of records kept for
+                another try (it is counted in ``dropped_records``).
         """
         value = _summary_value(tag, scalar_value, new_style, double_precision)
         event = _event(value, global_step, walltime)
         with self._lock:
             self._check_open()
-            self._writer.add_event(event)
+            self._writer.add(event.SerializeToString())
 
     def add_scalars(
         self,
@@ -231,7 +226,7 @@ class SummaryWriter:
                 writer = self._sub_writers.get(sub_dir)
                 if writer is None:
                     writer = self._sub_writers[sub_dir] = self._open(sub_dir)
-                writer.add_event(event)
+                writer.add(event.SerializeToString())
 
     def add_text(
         self,
@@ -312,11 +307,12 @@ class SummaryWriter:
             writer = self._writer
             if run_name is not None:
                 sub_dir = os.path.join(self._log_dir, str(run_name))
-                writer = self._sub_writers.get(sub_dir)
-                if writer is None:
-                    writer = self._sub_writers[sub_dir] = self._open(sub_dir)
+                sub = self._sub_writers.get(sub_dir)
+                if sub is None:
+                    sub = self._sub_writers[sub_dir] = self._open(sub_dir)
+                writer = sub
             for event in events:
-                writer.add_event(event)
+                writer.add(event.SerializeToString())
 
     def add_run_event(self, event: Event) -> bool:
         """Write a run-lifecycle or metrics event the way TensorBoard shows it; False (and
@@ -360,26 +356,35 @@ class SummaryWriter:
     def _add(self, event: Any) -> None:
         with self._lock:
             self._check_open()
-            self._writer.add_event(event)
+            self._writer.add(event.SerializeToString())
 
     def flush(self) -> None:
-        """Write everything recorded so far to disk. A no-op once closed."""
+        """Write everything recorded so far to disk. A no-op once closed.
+
+        Raises:
+            OSError: a write failed (the first failure, after every file was tried); what it
+                did not write is kept for the next flush.
+        """
         with self._lock:
             if self._closed or self._pid != os.getpid():
                 return
-            for writer in (self._writer, *self._sub_writers.values()):
-                writer.flush()
+            _each((self._writer, *self._sub_writers.values()), EventFile.flush)
 
     def close(self) -> None:
-        """Flush and close the event files. Idempotent."""
+        """Flush and close the event files. Idempotent.
+
+        Raises:
+            OSError: a last write failed; what it did not write is counted in
+                ``dropped_records``.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            self._stop.set()
             if self._pid != os.getpid():
                 return  # the parent's files: the parent closes them
-            for writer in (self._writer, *self._sub_writers.values()):
-                writer.close()
+            _each((self._writer, *self._sub_writers.values()), EventFile.close)
 
     def __enter__(self) -> SummaryWriter:
         return self
@@ -407,6 +412,18 @@ class SummaryWriter:
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()  # a parent's thread may have held it at the fork
+
+
+def _each(files: tuple[EventFile, ...], call: Callable[[EventFile], None]) -> None:
+    """``call`` on every file, then raise the first ``OSError`` of them."""
+    error = None
+    for file in files:
+        try:
+            call(file)
+        except OSError as exc:
+            error = error or exc
+    if error is not None:
+        raise error
 
 
 _writers: weakref.WeakSet[SummaryWriter] = weakref.WeakSet()

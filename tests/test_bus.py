@@ -397,14 +397,21 @@ def test_close_times_out_on_a_hung_handler(caplog: pytest.LogCaptureFixture) -> 
     """close(timeout) returns False on time when a handler never returns, and its warnings
     name that handler only: the dispatcher, left no time to stop, is not blamed."""
     caplog.set_level(logging.WARNING, logger="monitor_bus")
-    release = threading.Event()
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(event: Event) -> None:
+        entered.set()
+        release.wait()
+
     bus = EventBus(name="hung")
-    bus.register_event_handler(lambda e: release.wait(), name="stuck")
+    bus.register_event_handler(stuck, name="stuck")
     bus.log_event(ev(0))
     bus.log_event(ev(1))
+    assert entered.wait(10)
     assert bus.close(timeout=0.2) is False
     assert [r.getMessage() for r in caplog.records if r.name == "monitor_bus"] == [
-        "EventBus 'hung': 1 handler(s) still busy after 0.2 s, cut off: 'stuck' (2 undelivered)",
+        "EventBus 'hung': 1 handler(s) still busy after 0.2 s, cut off: 'stuck' "
+        "(1 undelivered, 1 in its current call)",
     ]
     release.set()
 
@@ -515,14 +522,19 @@ def test_leaving_a_with_block_is_bounded_by_exit_timeout(
 ) -> None:
     """Leaving ``with EventBus(exit_timeout=...)`` around a hung handler returns, cuts the
     handler off and names it with its undelivered count."""
-    release = threading.Event()
+    entered, release = threading.Event(), threading.Event()
     left = threading.Event()
+
+    def stuck(event: Event) -> None:
+        entered.set()
+        release.wait()
 
     def body() -> None:
         with EventBus(exit_timeout=0.2, name="hung-with") as bus:
-            bus.register_event_handler(lambda e: release.wait(), name="stuck")
+            bus.register_event_handler(stuck, name="stuck")
             bus.log_event(ev(0))
             bus.log_event(ev(1))
+            assert entered.wait(10)
         left.set()
 
     try:
@@ -532,7 +544,7 @@ def test_leaving_a_with_block_is_bounded_by_exit_timeout(
         release.set()
     assert (
         "EventBus 'hung-with': 1 handler(s) still busy after 0.2 s, cut off: 'stuck' "
-        "(2 undelivered)"
+        "(1 undelivered, 1 in its current call)"
     ) in caplog.text
 
 

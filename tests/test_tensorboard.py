@@ -309,14 +309,20 @@ ODD = {
     "huge.sum": 2**1100,  # beyond float64: skipped
     "bad\ud800.max": 1.0,  # not UTF-8, cannot be a tag: skipped
     "big.sum": 2**64,  # an int past int64 is still a float64
+    "past.sum": 2**200,  # beyond float32, which a scalar is stored as: skipped
+    "far.max": -1e39,  # the same for a float
+    "edge.max": 3.4e38,  # within float32
     "nan.mean": math.nan,
+    "inf.max": math.inf,
     "flag.value": True,
     "b.mean": 0.25,
 }
 WRITTEN = {
     "a.mean": 0.5,
     "big.sum": 2.0**64,
+    "edge.max": 3.4e38,
     "nan.mean": math.nan,
+    "inf.max": math.inf,
     "flag.value": 1.0,
     "b.mean": 0.25,
 }
@@ -337,7 +343,8 @@ def skip_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_handler_skips_values_it_cannot_write_and_writes_the_rest(
     kind: str, bus: monitor_bus.EventBus, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Strings, ints beyond float64 and non-UTF-8 keys are skipped and counted; the rest is written."""
+    """Strings, numbers beyond float32 (a scalar's type) and non-UTF-8 keys are skipped and
+    counted; the rest, NaN and infinities included, is written."""
     if kind == "ours":
         writer: Any = SummaryWriter(tmp_path)
     else:
@@ -357,7 +364,7 @@ def test_handler_skips_values_it_cannot_write_and_writes_the_rest(
     assert bus.unregister_event_handler(handle, timeout=10)
     writer.close()
     assert bus.stats()["handler_errors"] == 0
-    assert handler.skipped_values == 6
+    assert handler.skipped_values == 10
     acc = load(tmp_path)
     assert sorted(acc.Tags()["scalars"]) == sorted(WRITTEN)
     t = T0.timestamp()
@@ -375,6 +382,12 @@ def test_handler_skips_values_it_cannot_write_and_writes_the_rest(
         "skipped (2 so far; repeats of this key are logged at most every 10 s)",
         "TensorboardEventHandler: Stat key 'bad\\ud800.max' is not valid UTF-8, so no tag: "
         "skipped (3 so far; repeats of this key are logged at most every 10 s)",
+        "TensorboardEventHandler: Stat value 'past.sum' (1.607e+60) is beyond the range of the "
+        "32-bit float TensorBoard stores a scalar as (it would read back as an infinity): "
+        "skipped (4 so far; repeats of this key are logged at most every 10 s)",
+        "TensorboardEventHandler: Stat value 'far.max' (-1e+39) is beyond the range of the "
+        "32-bit float TensorBoard stores a scalar as (it would read back as an infinity): "
+        "skipped (5 so far; repeats of this key are logged at most every 10 s)",
     ]
 
 
@@ -515,3 +528,27 @@ def test_a_writer_that_changes_an_events_data_changes_no_other_handlers(
         bus.log_event(Event(RUN_START_EVENT, T0, {"lr": 0.1}))
     assert bus.close(10)
     assert [e.data for e in recorder.events] == [{"lr": 0.1}] * 50
+
+
+@pytest.mark.usefixtures("still_clock")
+def test_metrics_beyond_float32_are_skipped_and_counted(
+    bus: monitor_bus.EventBus, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A METRICS_EVENT number a scalar cannot hold (2**200) is skipped and counted, not written
+    as an infinity; its other numbers are written."""
+    with SummaryWriter(tmp_path) as writer:
+        handler = TensorboardEventHandler(writer)
+        handle = bus.register_event_handler(handler, name="tb")
+        for step in (1, 2):
+            data = {"step": step, "loss": 0.5, "grad_norm": 2**200, "phase": "train"}
+            bus.log_event(Event(monitor_bus.METRICS_EVENT, T0, data))
+        assert bus.unregister_event_handler(handle, timeout=10)
+    assert handler.skipped_values == 2
+    acc = load(tmp_path)
+    assert sorted(acc.Tags()["scalars"]) == ["loss"]
+    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, 0.5), (2, 0.5)]
+    assert skip_warnings(caplog) == [
+        "TensorboardEventHandler: Stat value 'grad_norm' (1.607e+60) is beyond the range of the "
+        "32-bit float TensorBoard stores a scalar as (it would read back as an infinity): "
+        "skipped (1 so far; repeats of this key are logged at most every 10 s)",
+    ]

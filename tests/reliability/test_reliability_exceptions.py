@@ -259,9 +259,11 @@ def test_failing_writers_are_counted_and_earlier_output_survives(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, figures: Figures
 ) -> None:
     """A TensorBoard writer that fails now and then, and a JSONL file that runs out of space:
-    every failure is counted on its handler, the other handlers get everything, what was
-    written before the disk filled reads back intact, and a close() that raises reaches only
-    the code that called it."""
+    every failure is counted on its handler, an event the writer raised on counts as dropped,
+    not delivered, the JSONL lines not written are kept and, when the bus lets go of the
+    handler with the disk still full, counted as dropped; the other handlers get everything,
+    what was written before the disk filled reads back intact, and a close() that raises
+    reaches only the code that called it."""
     n = 30
     figures.describe(
         load=f"{2 * n} Stat events to TensorboardEventHandler, JsonlEventHandler and a recorder",
@@ -290,14 +292,21 @@ def test_failing_writers_are_counted_and_earlier_output_survives(
         assert bus.flush(timeout=30)
         per = {h["name"]: h for h in bus.stats()["handlers"]}
         assert [e.data for e in healthy.events] == [e.data for e in events]
-        assert per["tensorboard"]["delivered"] == 2 * n
+        # An event the writer raised on is not written: dropped by that handler.
+        assert (per["tensorboard"]["delivered"], per["tensorboard"]["dropped"]) == (
+            2 * n - 2 * n // 3,
+            2 * n // 3,
+        )
         # Each third add_scalar failed, plus one failed flush per delivered batch.
         assert per["tensorboard"]["errors"] >= 2 * n // 3 + 2
         assert writer.calls == 2 * n
         assert len(writer.written) == 2 * n - 2 * n // 3
-        assert per["jsonl"]["delivered"] == 2 * n
+        # The lines not written are kept for another try: handed over, not lost yet.
+        assert (per["jsonl"]["delivered"], per["jsonl"]["dropped"]) == (2 * n, 0)
         assert per["jsonl"]["errors"] >= 1  # each batch after the disk filled
         assert per["healthy"]["errors"] == 0
+    # The bus let go of the handler with the disk still full: the kept lines are lost.
+    assert (jsonl.written, jsonl.dropped) == (n, n)
     assert [e.data for e in read_jsonl(path)] == [e.data for e in events[:n]]
     with pytest.raises(OSError, match="Input/output error"):
         jsonl.close()
@@ -307,6 +316,8 @@ def test_failing_writers_are_counted_and_earlier_output_survives(
         logged=2 * n,
         delivered_healthy=len(healthy.events),
         tensorboard_errors=per["tensorboard"]["errors"],
+        tensorboard_dropped=per["tensorboard"]["dropped"],
         jsonl_errors=per["jsonl"]["errors"],
+        jsonl_dropped=jsonl.dropped,
         jsonl_lines_intact=n,
     )
