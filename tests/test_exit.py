@@ -245,6 +245,40 @@ def test_a_users_sigterm_handler_is_left_in_place(tmp_path: Path) -> None:
     assert [e.data.get("status") for e in events] == [None, "success"]
 
 
+_WHERE = """
+import multiprocessing, signal, threading
+import monitor_bus as monitor
+
+def ours():
+    return signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+
+def in_child(queue):
+    monitor.Run("child").start()
+    queue.put(ours())
+
+if __name__ == "__main__":
+    thread = threading.Thread(target=lambda: monitor.Run("thread").start())
+    thread.start()
+    thread.join()
+    print("thread", ours())
+    monitor.Run("main").start()
+    print("main", ours())
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    ctx.Process(target=in_child, args=(queue,)).start()
+    print("child", queue.get())
+"""
+
+
+def test_the_sigterm_handler_is_only_installed_in_the_main_thread_of_the_main_process(
+    tmp_path: Path,
+) -> None:
+    """A Run started in another thread or in a multiprocessing child installs no handler."""
+    proc = _run(_script(tmp_path, _WHERE))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "thread False\nmain True\nchild False\n"
+
+
 def test_a_crashed_notebook_cell_fails_the_run(tmp_path: Path) -> None:
     """In a Jupyter kernel, a cell that raises ends the open run failed (as an uncaught
     exception ends a script's), with the exception's type."""

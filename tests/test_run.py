@@ -136,6 +136,13 @@ def test_bad_arguments_name_themselves() -> None:
         flatten_params([1])  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("argument", ["config", "hparams", "versions"])
+def test_a_mapping_argument_that_is_not_one_names_itself(argument: str) -> None:
+    """Run(config=[1]) (or hparams, versions) is a TypeError naming that argument."""
+    with pytest.raises(TypeError, match=f"^{argument} must be a mapping"):
+        Run(**{argument: [1]})  # type: ignore[arg-type]
+
+
 def test_flatten_params_joins_nested_keys() -> None:
     """Nested mappings join with '.', plain values stay, others become their str()."""
     assert flatten_params({"a": {"b": {"c": 1}}, "d": None, "e": True}, "p.") == {
