@@ -158,22 +158,25 @@ class _Process:
         if self.listener is not None:
             self.listener.close()
 
-    def exit_budget(self) -> float | None:
-        """The longest the buses may take at exit: the longest ``exit_timeout`` of those with
-        something to deliver (None: no bound)."""
-        budget = 0.0
-        for bus in self.buses.snapshot():
-            if bus._closed or (bus._dispatcher.loop is None and not bus._queue.slots):
-                continue
-            if bus._exit_timeout is None:
-                return None
-            budget = max(budget, bus._exit_timeout)
-        return budget
+    def exit_budget(self, *, combined: bool = False) -> float | None:
+        """How long the buses with something to deliver may take at exit: the longest
+        ``exit_timeout`` of theirs, or with ``combined`` their sum (they close one after
+        another); None: no bound."""
+        timeouts = [
+            bus._exit_timeout
+            for bus in self.buses.snapshot()
+            if not bus._closed and (bus._dispatcher.loop is not None or bus._queue.slots)
+        ]
+        if None in timeouts:
+            return None
+        finite = [t for t in timeouts if t is not None]  # all of them, as typed
+        return sum(finite) if combined else max(finite, default=0.0)
 
     def join_children(self) -> None:
         """Wait, within ``exit_budget()``, for the non-daemonic ``multiprocessing`` children
         still running: they report to this process's listener, which must outlive them.
-        (``multiprocessing`` joins them too, but only after this process's finalizers ran.)"""
+        (``multiprocessing`` joins them too, but after its finalizers, this sequence among
+        them, or after this atexit hook, as the import order has it.)"""
         mp = sys.modules.get("multiprocessing")
         if self.listener is None or mp is None:
             return

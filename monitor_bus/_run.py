@@ -431,7 +431,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
     # On another thread: this one may have been interrupted holding a lock the exit needs;
     # then the wait below ends at the budget instead of never.
-    budget = process.exit_budget()
+    budget = process.exit_budget(combined=True)
     finisher = threading.Thread(target=finish, name="monitor_bus-sigterm", daemon=True)
     finisher.start()
     finisher.join(None if budget is None else budget + 1.0)  # + the relay's close
