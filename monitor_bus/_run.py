@@ -201,6 +201,8 @@ class Run:
             raise wrong_type("name", "a str", name)
         if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)):
             raise wrong_type("rank", "an int", rank)
+        if not isinstance(handle_sigterm, bool):
+            raise wrong_type("handle_sigterm", "a bool", handle_sigterm)
         for argument, value in (("config", config), ("hparams", hparams), ("versions", versions)):
             if value is not None and not isinstance(value, Mapping):
                 raise wrong_type(argument, "a mapping", value)
@@ -211,7 +213,7 @@ class Run:
         self._hparams = flatten_params(hparams or {}, "hparams.")
         self._versions = versions
         self._bus = bus
-        self._handle_sigterm = bool(handle_sigterm)
+        self._handle_sigterm = handle_sigterm
         self._lock = threading.Lock()
         self._started: float | None = None
         #: ``None`` until the run ends, then its status.

@@ -132,6 +132,8 @@ def test_bad_arguments_name_themselves() -> None:
         Run(1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="rank must be an int"):
         Run(rank=True)
+    with pytest.raises(TypeError, match="handle_sigterm must be a bool"):
+        Run(handle_sigterm=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="params must be a mapping"):
         flatten_params([1])  # type: ignore[arg-type]
 
