@@ -58,7 +58,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_what_a_child_logs_while_the_parent_exits_arrives(tmp_path: Path, method: str) -> None:
     """A non-daemonic child logging after the parent's main code returned: all 20 events arrive
     (exit waits for the child before closing the buses and the relay)."""
