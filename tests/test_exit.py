@@ -70,6 +70,47 @@ def test_what_a_child_logs_while_the_parent_exits_arrives(tmp_path: Path, method
     assert late == list(range(20))
 
 
+_SLOW_CHILD = """
+import sys, time
+import multiprocessing
+from datetime import datetime
+from multiprocessing import util
+import monitor_bus as monitor
+
+def report():
+    stats = monitor.get_default_bus().stats()
+    print("child", stats["to_parent"], stats["dropped"], flush=True)
+
+def child(ready):
+    monitor.log_event(monitor.Event("early", datetime.now(), {}))
+    ready.set()
+    time.sleep(4)  # outlives the parent's wait (exit_timeout=1)
+    for i in range(20):
+        monitor.log_event(monitor.Event("late", datetime.now(), {"i": i}))
+    util.Finalize(None, report, exitpriority=0)
+
+if __name__ == "__main__":
+    monitor.configure_default_bus(exit_timeout=1.0)
+    monitor.register_event_handler(monitor.JsonlEventHandler(sys.argv[1]))
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    ctx.Process(target=child, args=(ready,)).start()
+    ready.wait()
+"""
+
+
+@pytest.mark.stress
+def test_the_wait_for_children_is_bounded_by_exit_timeout(tmp_path: Path) -> None:
+    """A child still running after the parent waited exit_timeout: the parent closes its bus
+    then (the early event is written, none after), and the child counts its late events as
+    dropped."""
+    out = tmp_path / "events.jsonl"
+    proc = _run(_script(tmp_path, _SLOW_CHILD), str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "child 1 20\n"
+    assert [e.name for e in monitor_bus.read_jsonl(out)] == ["early"]
+
+
 _CLOSED_PARENT = """
 import sys
 import multiprocessing
