@@ -42,7 +42,8 @@ opts out). On SIGTERM it restores the default at once (a second SIGTERM kills im
 ends the open runs ``interrupted``, delivers what the buses hold within their ``exit_timeout``
 (the process's exit sequence, less waiting for children), and sends itself SIGTERM again: the
 process still dies of SIGTERM, as its supervisor expects, without running ``finally`` blocks
-or atexit hooks, as before. SIGKILL runs no Python code and records nothing.
+or atexit hooks, as before. A handler installed later replaces it; if that handler calls it in
+turn (as Lightning's does), it does nothing. SIGKILL runs no Python code and records nothing.
 """
 
 from __future__ import annotations
@@ -423,6 +424,10 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     """End the runs and deliver what is queued within the buses' ``exit_timeout``, then die of
     SIGTERM as without this handler."""
     global _sigterm_installed
+    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+        # A handler installed later calls this one (Lightning's composes the ones before it):
+        # that handler owns SIGTERM, and may well mean the process to go on (SLURM requeue).
+        return
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
     _sigterm_installed = False
     from ._lifecycle import process

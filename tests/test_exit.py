@@ -269,6 +269,44 @@ while True:
 """
 
 
+_CHAINED = """
+import signal, sys, time
+import monitor_bus as monitor
+monitor.register_event_handler(monitor.JsonlEventHandler(sys.argv[1]))
+monitor.Run("exp").start()
+previous = signal.getsignal(signal.SIGTERM)
+stop = []
+
+def composed(signum, frame):  # as Lightning's Trainer does: its own, then the one it found
+    stop.append(signum)
+    previous(signum, frame)
+
+signal.signal(signal.SIGTERM, composed)
+print("ready", flush=True)
+while not stop:
+    time.sleep(0.01)
+print("stopped gracefully", flush=True)
+"""
+
+
+def test_a_later_handler_that_calls_ours_owns_sigterm(tmp_path: Path) -> None:
+    """A SIGTERM handler installed after the run started that calls the previous one (as
+    Lightning's does): ours does nothing, the program stops its own way, the run ends at exit."""
+    out = tmp_path / "events.jsonl"
+    with subprocess.Popen(
+        [sys.executable, str(_script(tmp_path, _CHAINED)), str(out)],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert proc.stdout.read() == "stopped gracefully\n"
+    events = list(monitor_bus.read_jsonl(out))
+    assert [e.data.get("status") for e in events] == [None, "success"]
+
+
 def test_a_users_sigterm_handler_is_left_in_place(tmp_path: Path) -> None:
     """With a SIGTERM handler of the user's installed, Run installs none: the user's runs
     (here: sys.exit(7), which ends the run at exit as success)."""
