@@ -17,8 +17,15 @@ Guarantees
   listening (or linked) process reports to the same listener.
 - Exit: at interpreter exit (``atexit``) and at the end of a ``multiprocessing`` child (its
   finalizers, which run where atexit does not, registered again in each child after
-  ``multiprocessing`` clears them), every Stat's open window is logged, then every bus is
-  closed within its ``exit_timeout``, then the relay is closed.
+  ``multiprocessing`` clears them), in this order: a listening process first waits for its
+  live non-daemonic ``multiprocessing`` children (which report to it) to end, up to the
+  longest ``exit_timeout`` of its buses; then the open ``Run``s end, every Stat's open window
+  is logged, every bus is closed within its ``exit_timeout``, and the relay is closed. The
+  order does not depend on when ``multiprocessing`` was imported. (Why not simply run after
+  ``multiprocessing``'s own join: it terminates the daemonic children first, ``ProcessHandler``
+  sinks among them, which the buses still deliver to, and its join has no bound.) A child still
+  running after that wait finds its parent's buses closed: what it logs then is counted as
+  dropped in the child and reported there.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import os
 import socket
 import sys
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -115,16 +123,18 @@ class _Process:
 
     def route(self, creator: tuple[int, int], name: str) -> EventBus | None:
         """The bus a child's messages go to: the same bus, if it was forked from this process
-        with it; else the newest open bus of that name."""
-        found = None
+        with it; else the newest open bus of that name; else a closed one of those (the
+        relay then tells the child its events are dropped, not that no bus takes them)."""
+        found = closed = None
         for bus in self.buses.snapshot():
-            if bus._closed:
-                continue
-            if bus._creator == creator:
-                return bus
-            if bus._name == name:
-                found = bus
-        return found
+            if bus._creator == creator or bus._name == name:
+                if bus._closed:
+                    closed = bus
+                elif bus._creator == creator:
+                    return bus
+                else:
+                    found = bus
+        return found or closed
 
     def unlink(self) -> None:
         """This process turned out not to be a child of the listener's: it reports nowhere."""
@@ -132,7 +142,13 @@ class _Process:
         for bus in self.buses.snapshot():
             bus._uplink = None
 
-    def at_exit(self) -> None:
+    def at_exit(self, *, wait_for_children: bool = True) -> None:
+        """End the process's part: runs, Stats, buses, then the relay (see the guarantees)."""
+        if wait_for_children:
+            self.join_children()
+        from ._run import end_open_runs  # _run depends on this module, not the reverse
+
+        end_open_runs("success", None)
         for stat in self.stats.snapshot():
             stat._close()
         for bus in self.buses.snapshot():
@@ -144,6 +160,38 @@ class _Process:
             self.uplink.close()
         if self.listener is not None:
             self.listener.close()
+
+    def exit_budget(self, *, combined: bool = False) -> float | None:
+        """How long the buses with something to deliver may take at exit: the longest
+        ``exit_timeout`` of theirs, or with ``combined`` their sum (they close one after
+        another); None: no bound."""
+        timeouts = [
+            bus._exit_timeout
+            for bus in self.buses.snapshot()
+            if not bus._closed and (bus._dispatcher.loop is not None or bus._queue.slots)
+        ]
+        if None in timeouts:
+            return None
+        finite = [t for t in timeouts if t is not None]  # all of them, as typed
+        return sum(finite) if combined else max(finite, default=0.0)
+
+    def join_children(self) -> None:
+        """Wait, within ``exit_budget()``, for the non-daemonic ``multiprocessing`` children
+        still running: they report to this process's listener, which must outlive them.
+        (``multiprocessing`` joins them too, but after its finalizers, this sequence among
+        them, or after this atexit hook, as the import order has it.)"""
+        mp = sys.modules.get("multiprocessing")
+        if self.listener is None or mp is None:
+            return
+        try:
+            children = [p for p in mp.active_children() if not p.daemon]
+        except Exception:  # noqa: BLE001 - multiprocessing torn down: nothing to wait for
+            return
+        budget = self.exit_budget() if children else 0.0
+        deadline = None if budget is None else time.monotonic() + budget
+        for child in children:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            child.join(left)
 
     def finalize_with_multiprocessing(self) -> None:
         """A multiprocessing child ends in ``os._exit``, past atexit; its finalizers still run."""

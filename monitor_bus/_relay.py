@@ -27,7 +27,10 @@ Guarantees
   as dropped. The child runs none of the handlers it inherited; handlers it registers
   itself get its events too. The parent answers each bus's announcement with whether it has a
   bus to take it; a child stops sending the events of a bus its parent has none for (a bus of
-  the child's own, say) as soon as it reads that answer.
+  the child's own, say) as soon as it reads that answer. When the parent's bus is closed (the
+  parent is exiting), the answer says so: the child counts that bus's events as dropped, those
+  it sent before reading the answer included, and reports them (it reads a late answer as it
+  exits).
 - Never a hang: the socket is non-blocking. When its buffer is full (the parent is not reading
   fast enough) the bus's overflow policy decides: ``"block"`` waits up to ``block_timeout``
   for room, the others drop the event and count it; a Stat window waits up to the bus's
@@ -66,10 +69,13 @@ from . import _socketdir, _wire
 from ._event import EventOrigin
 from ._ratelimit import Throttle
 from ._wire import BUS as _BUS
+from ._wire import CLOSED as _CLOSED
 from ._wire import DROPPED as _DROPPED
 from ._wire import EVENT as _EVENT
 from ._wire import HEADER as _HEADER
 from ._wire import HELLO as _HELLO
+from ._wire import NO_BUS as _NO_BUS
+from ._wire import ROUTED as _ROUTED
 from ._wire import VERDICT as _VERDICT
 from ._wire import WINDOW as _WINDOW
 from ._wire import Refused
@@ -90,6 +96,7 @@ ENVIRONMENT = "MONITOR_BUS_PARENT"
 _SEND_BUFFER = 4 << 20
 _READ_SIZE = 1 << 16
 _CONNECT_TIMEOUT = 1.0
+_CLOSED_WHY = "the parent process's bus is closed (the parent is exiting?)"
 
 
 def _worker_id() -> int | None:
@@ -134,6 +141,10 @@ class Uplink:
             weakref.WeakValueDictionary()
         )
         self._verdicts = bytearray()
+        # For each bus awaiting its answer: its ``_to_parent`` before it was announced (what
+        # it sent since is dropped if the answer is _CLOSED).
+        self._sent_before: dict[int, int] = {}
+        self._refused: weakref.WeakSet[EventBus] = weakref.WeakSet()  # answered _CLOSED
         # Drops not yet reported to the parent, per bus.
         self._unreported: weakref.WeakKeyDictionary[EventBus, int] = weakref.WeakKeyDictionary()
         self._throttle = Throttle()
@@ -187,6 +198,9 @@ class Uplink:
             self._read_verdicts()
             if bus._uplink is None:
                 return  # the parent has no such bus: nothing to send it, as with no handler
+        if bus in self._refused:
+            self._drop(bus, _CLOSED_WHY)
+            return
         index = bus._relay_index or self._next_index
         name, timestamp, data = item
         try:
@@ -211,13 +225,16 @@ class Uplink:
             bus._relay_index = index
             self._next_index += 1
             self._verdicts_due[index] = bus
+            self._sent_before[index] = bus._to_parent
         for b in [b for b in self._unreported if b._relay_index]:
             del self._unreported[b]  # reported in the preamble
         bus._to_parent += 1
 
     def _read_verdicts(self) -> None:
         """Take the parent's answers to this child's bus announcements: a bus the parent has
-        no bus for stops forwarding (costing the child nothing more)."""
+        no bus for stops forwarding (costing the child nothing more); a bus whose parent bus
+        is closed counts what it sent since its announcement, and all it sends later, as
+        dropped."""
         sock = self._sock
         assert sock is not None
         with contextlib.suppress(OSError):  # BlockingIOError: none yet
@@ -225,11 +242,36 @@ class Uplink:
                 self._verdicts += chunk
         size = _VERDICT.size
         while len(self._verdicts) >= size:
-            index, routed = _VERDICT.unpack_from(self._verdicts)
+            index, verdict = _VERDICT.unpack_from(self._verdicts)
             del self._verdicts[:size]
             bus = self._verdicts_due.pop(index, None)
-            if bus is not None and not routed:
+            sent_before = self._sent_before.pop(index, 0)
+            if bus is None or verdict == _ROUTED:
+                continue
+            if verdict == _CLOSED:
+                self._refused.add(bus)
+                lost = bus._to_parent - sent_before
+                bus._to_parent = sent_before
+                self._drop(bus, _CLOSED_WHY, lost)
+            else:
                 bus._uplink = None
+
+    def _await_verdicts(self, wait: float) -> None:
+        """At exit: read the answers still due (up to ``wait`` seconds), so that events a
+        closed parent bus discarded are counted as dropped."""
+        deadline = time.monotonic() + wait
+        while self._verdicts_due and self._sock is not None and self._broken is None:
+            self._read_verdicts()
+            left = deadline - time.monotonic()
+            if not self._verdicts_due or left <= 0:
+                return
+            ready = selectors.DefaultSelector()
+            try:
+                ready.register(self._sock, selectors.EVENT_READ)
+                if not ready.select(left):
+                    return
+            finally:
+                ready.close()
 
     def _preamble(self, bus: EventBus, index: int) -> list[bytes]:
         """What goes before ``bus``'s next message: its announcement, the first time (as
@@ -307,12 +349,15 @@ class Uplink:
             with contextlib.suppress(OSError):
                 self._sock.close()
 
-    def _drop(self, bus: EventBus, why: str) -> None:
-        """Count an event of ``bus`` that did not reach the parent, and say so (throttled)."""
+    def _drop(self, bus: EventBus, why: str, count: int = 1) -> None:
+        """Count ``count`` events of ``bus`` that did not reach the parent, and say so
+        (throttled)."""
+        if count <= 0:
+            return
         queue = bus._queue
-        queue.count_dropped(1)
-        if self._broken is None:
-            self._unreported[bus] = self._unreported.get(bus, 0) + 1
+        queue.count_dropped(count)
+        if self._broken is None and bus not in self._refused:
+            self._unreported[bus] = self._unreported.get(bus, 0) + count
         if self._throttle.ready(why):
             logger.warning(
                 "EventBus %r in child process %d: events not sent to the parent process %d: "
@@ -336,6 +381,7 @@ class Uplink:
             sock = self._sock
             if sock is None:
                 return
+            self._await_verdicts(_CONNECT_TIMEOUT)
             unreported = [(b._relay_index, n) for b, n in self._unreported.items()]
             unreported = [(i, n) for i, n in unreported if i]
             if unreported and self._broken is None:
@@ -575,9 +621,11 @@ class Listener:
                 bus._relay_in(item, connection.origin, kind == _WINDOW)
         elif kind == _BUS:
             _, index, creator, name = message
-            bus = connection.buses[index] = self._route(creator, name)
+            bus = self._route(creator, name)
+            verdict = _NO_BUS if bus is None else _CLOSED if bus._closed else _ROUTED
+            connection.buses[index] = bus if verdict == _ROUTED else None
             with contextlib.suppress(OSError):  # the child reads it when it can, if ever
-                connection.sock.send(_VERDICT.pack(index, bus is not None))
+                connection.sock.send(_VERDICT.pack(index, verdict))
         elif kind == _DROPPED:
             bus = connection.buses.get(message[1])
             if bus is not None:

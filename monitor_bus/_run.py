@@ -27,17 +27,30 @@ HPARAMS tab, JSONL as any event) and emitted by the integrations:
 ``METRICS_EVENT`` (``"monitor_bus.metrics"``): values a framework already reduced (one
 ``log_metrics`` / ``on_log`` call), as floats, with the training step as the int ``"step"``.
 
-Exit: an open ``Run`` is ended when the interpreter ends. An uncaught exception records
-``failed`` (``interrupted`` for Ctrl-C) through ``sys.excepthook``, before the buses close; a
-run still open at a normal exit records ``success``, and so does ``sys.exit()`` with any code
-(Python tells an exit hook no exit code): end the run yourself before a failing ``sys.exit``. A process killed by a signal it does not
-handle (SIGKILL, the default SIGTERM) runs no Python code and records nothing.
+Exit: an open ``Run`` is ended when its process ends, before the buses close (whenever
+``multiprocessing`` was imported), in a ``multiprocessing`` child too. An uncaught exception
+records ``failed`` (``interrupted`` for Ctrl-C) through ``sys.excepthook``; in IPython or
+Jupyter, a cell whose code raised does the same at the cell's end (a cell that does not even
+compile ran nothing and ends nothing). A run still open at a normal exit records ``success``,
+and so does ``sys.exit()`` with any code (Python tells an exit hook no exit code): end the run
+yourself before a failing ``sys.exit``.
+
+SIGTERM (what torchrun's agent, SLURM and Kubernetes send): a ``Run`` started in the main
+thread of a process that is not a ``multiprocessing`` child, while SIGTERM has Python's
+default disposition (no handler of the user's), installs a handler (``handle_sigterm=False``
+opts out). On SIGTERM it restores the default at once (a second SIGTERM kills immediately),
+ends the open runs ``interrupted``, delivers what the buses hold within their ``exit_timeout``
+(the process's exit sequence, less waiting for children), and sends itself SIGTERM again: the
+process still dies of SIGTERM, as its supervisor expects, without running ``finally`` blocks
+or atexit hooks, as before. A handler installed later replaces it; if that handler calls it in
+turn (as Lightning's does), it does nothing. SIGKILL runs no Python code and records nothing.
 """
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import os
+import signal
 import socket
 import sys
 import threading
@@ -161,6 +174,9 @@ class Run:
         rank: the process's rank; the ``RANK`` environment variable, else 0, when omitted.
         versions: extra ``package: version`` pairs for the start event.
         bus: the bus to log to; the default bus if omitted.
+        handle_sigterm: whether ``start()`` may install the SIGTERM handler that ends the run
+            and delivers the queued events (see the module docs: only in the main thread of
+            the main process, and only where SIGTERM has no handler yet).
 
     Raises:
         TypeError: an argument has the wrong type.
@@ -180,11 +196,17 @@ class Run:
         rank: int | None = None,
         versions: Mapping[str, str] | None = None,
         bus: EventBus | None = None,
+        handle_sigterm: bool = True,
     ) -> None:
         if name is not None and not isinstance(name, str):
             raise wrong_type("name", "a str", name)
         if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)):
             raise wrong_type("rank", "an int", rank)
+        if not isinstance(handle_sigterm, bool):
+            raise wrong_type("handle_sigterm", "a bool", handle_sigterm)
+        for argument, value in (("config", config), ("hparams", hparams), ("versions", versions)):
+            if value is not None and not isinstance(value, Mapping):
+                raise wrong_type(argument, "a mapping", value)
         self.run_id = uuid.uuid4().hex
         self.name = name if name is not None else self.run_id
         self.rank = _env_rank() if rank is None else rank
@@ -192,6 +214,7 @@ class Run:
         self._hparams = flatten_params(hparams or {}, "hparams.")
         self._versions = versions
         self._bus = bus
+        self._handle_sigterm = handle_sigterm
         self._lock = threading.Lock()
         self._started: float | None = None
         #: ``None`` until the run ends, then its status.
@@ -219,6 +242,8 @@ class Run:
             self._started = time.monotonic()
         self._log(RUN_START_EVENT, self.start_data())
         _open(self)
+        if self._handle_sigterm:
+            _handle_sigterm()
         return self
 
     def end(self, status: str = "success", exception: BaseException | None = None) -> bool:
@@ -280,11 +305,12 @@ class Run:
         return f"<Run {self.name!r} ({state})>"
 
 
-# -- ending the runs left open when the interpreter ends --
+# -- ending the runs left open when the process ends --
 
 _runs_lock = threading.Lock()
 _open_runs: dict[int, Run] = {}  # strong: a run nobody holds still ends
 _previous_excepthook: Any = None
+_cells_watched = False
 
 
 def _open(run: Run) -> None:
@@ -294,9 +320,14 @@ def _open(run: Run) -> None:
         if _previous_excepthook is None:
             _previous_excepthook = sys.excepthook
             sys.excepthook = _excepthook
-            # Registered after monitor_bus's own atexit hook, so it runs first (atexit is LIFO)
-            # and the end events reach the buses before they close.
-            atexit.register(_end_open_runs, "success", None)
+    # The exit sequence (_lifecycle's at_exit) ends the runs before the buses close; a
+    # multiprocessing child runs it from its finalizers, registered here if not yet.
+    if "multiprocessing" in sys.modules:
+        from ._lifecycle import process
+
+        process.finalize_with_multiprocessing()
+    if "IPython" in sys.modules:
+        _watch_cells()
 
 
 def _close(run: Run) -> None:
@@ -304,7 +335,8 @@ def _close(run: Run) -> None:
         _open_runs.pop(id(run), None)
 
 
-def _end_open_runs(status: str, exception: BaseException | None) -> None:
+def end_open_runs(status: str, exception: BaseException | None) -> None:
+    """End every run still open with ``status`` (the exit sequence, a crash, SIGTERM)."""
     with _runs_lock:
         runs = list(_open_runs.values())
     for run in runs:
@@ -325,7 +357,89 @@ def _excepthook(
     exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
 ) -> None:
     try:
-        _end_open_runs(status_of(exc_type), exc)
+        end_open_runs(status_of(exc_type), exc)
     finally:
         previous = _previous_excepthook or sys.__excepthook__
         previous(exc_type, exc, tb)
+
+
+def _watch_cells() -> None:
+    """In IPython (Jupyter's kernel included), which shows a cell's exception itself rather
+    than through ``sys.excepthook``: end the open runs when a cell's code raised."""
+    global _cells_watched
+    get_ipython = getattr(sys.modules["IPython"], "get_ipython", None)
+    shell = get_ipython() if get_ipython is not None else None
+    if shell is None or _cells_watched:
+        return
+    shell.events.register("post_run_cell", _after_cell)
+    _cells_watched = True
+
+
+def _after_cell(result: Any) -> None:
+    exc = getattr(result, "error_in_exec", None)  # error_before_exec: nothing ran
+    if exc is not None:
+        end_open_runs(status_of(exc), exc)
+
+
+# -- SIGTERM --
+
+_sigterm_installed = False
+
+
+def _handle_sigterm() -> None:
+    """Install ``_on_sigterm`` if this is the main thread of the main process and SIGTERM
+    has Python's default disposition (never over a handler of the user's)."""
+    global _sigterm_installed
+    if _sigterm_installed or not hasattr(signal, "SIGTERM"):
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return
+    mp = sys.modules.get("multiprocessing")
+    if mp is not None and mp.parent_process() is not None:
+        return  # a multiprocessing child: its parent decides how the family ends
+    from ._lifecycle import process
+
+    if process.uplink is not None and process.uplink.linked:
+        return  # a forked child of a family
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _sigterm_installed = True
+
+
+def _forget_sigterm() -> None:
+    """A forked child is not the main process: the handler it inherited is taken back."""
+    global _sigterm_installed
+    if _sigterm_installed:
+        _sigterm_installed = False
+        with contextlib.suppress(ValueError):  # forked from a thread other than the main one
+            if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+os.register_at_fork(after_in_child=_forget_sigterm)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """End the runs and deliver what is queued within the buses' ``exit_timeout``, then die of
+    SIGTERM as without this handler."""
+    global _sigterm_installed
+    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+        # A handler installed later calls this one (Lightning's composes the ones before it):
+        # that handler owns SIGTERM, and may well mean the process to go on (SLURM requeue).
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+    _sigterm_installed = False
+    from ._lifecycle import process
+
+    def finish() -> None:
+        end_open_runs("interrupted", None)
+        process.at_exit(wait_for_children=False)
+
+    # On another thread: this one may have been interrupted holding a lock the exit needs;
+    # then the wait below ends at the budget instead of never.
+    budget = process.exit_budget(combined=True)
+    finisher = threading.Thread(target=finish, name="monitor_bus-sigterm", daemon=True)
+    finisher.start()
+    finisher.join(None if budget is None else budget + 1.0)  # + the relay's close
+    os.kill(os.getpid(), signal.SIGTERM)

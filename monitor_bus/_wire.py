@@ -40,8 +40,11 @@ from typing import Any
 # Messages: a 4-byte length, then a body.
 HEADER = struct.Struct("<I")
 HELLO, BUS, EVENT, WINDOW, DROPPED = range(5)
-# The parent's only answer: for each bus a child announces, whether it has a bus to take it.
-VERDICT = struct.Struct("<I?")
+# The parent's only answer: for each bus a child announces (by its index), whether it has no
+# such bus (the child stops sending it), a bus that takes it, or a closed bus (the child counts
+# what it sends it as dropped).
+VERDICT = struct.Struct("<IB")
+NO_BUS, ROUTED, CLOSED = range(3)
 # The first body: the child's pid and its MAC.
 _CREDENTIALS = struct.Struct("<q32s")
 AUTH_SIZE = _CREDENTIALS.size

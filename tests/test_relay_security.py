@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 
@@ -29,6 +30,23 @@ from .conftest import Recorder
 
 ROOT = Path(__file__).parent.parent
 HEADER = struct.Struct("<I")
+
+
+_BUSES: list[EventBus] = []
+
+
+def target_bus() -> EventBus:
+    """The parent's bus named "target", closed when the test ends."""
+    bus = EventBus(name="target")
+    _BUSES.append(bus)
+    return bus
+
+
+@pytest.fixture(autouse=True)
+def _close_target_buses() -> Iterator[None]:
+    yield
+    while _BUSES:
+        assert _BUSES.pop().close(timeout=10)
 
 
 def framed(body: bytes) -> bytes:
@@ -108,7 +126,7 @@ def test_another_program_cannot_forge_events_or_run_code_in_the_parent(
     """A program of the same user that connects to the relay (a ``subprocess`` inherits its
     path) and sends a child's messages is refused unheard: its event reaches no handler, its
     pickle runs no code, the relay says which process it refused, and goes on serving."""
-    bus = EventBus(name="target")
+    bus = target_bus()
     bus.register_event_handler(recorder)
     canary = tmp_path / "canary"
     result = subprocess.run(
@@ -149,7 +167,7 @@ def test_a_subprocess_cannot_prove_it_is_a_child(
 ) -> None:
     """A ``subprocess`` program speaking the protocol exactly as a child does is refused: it
     does not have the family's key (``multiprocessing``'s authkey)."""
-    bus = EventBus(name="target")
+    bus = target_bus()
     bus.register_event_handler(recorder)
     result = run_program(
         """
@@ -184,7 +202,7 @@ def test_an_authenticated_peer_cannot_run_code_through_pickle(
     is made: no code runs, that connection is closed, the relay goes on."""
     from monitor_bus import _wire
 
-    bus = EventBus(name="target")
+    bus = target_bus()
     bus.register_event_handler(recorder)
     canary = tmp_path / "canary"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -483,7 +501,7 @@ def test_fuzz_the_relay_never_fails_runs_code_or_takes_a_forged_event(
     """Random bytes, huge lengths, half frames, forged credentials, forged events before and
     after a failed handshake, hostile pickles: never an exception in the parent, never code
     run, never a forged event at a handler; a real child's events still all arrive after."""
-    bus = EventBus(name="target")
+    bus = target_bus()
     bus.register_event_handler(recorder)
     listener = monitor_bus._lifecycle.process.listener
     assert listener is not None

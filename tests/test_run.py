@@ -132,8 +132,17 @@ def test_bad_arguments_name_themselves() -> None:
         Run(1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="rank must be an int"):
         Run(rank=True)
+    with pytest.raises(TypeError, match="handle_sigterm must be a bool"):
+        Run(handle_sigterm=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="params must be a mapping"):
         flatten_params([1])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("argument", ["config", "hparams", "versions"])
+def test_a_mapping_argument_that_is_not_one_names_itself(argument: str) -> None:
+    """Run(config=[1]) (or hparams, versions) is a TypeError naming that argument."""
+    with pytest.raises(TypeError, match=f"^{argument} must be a mapping"):
+        Run(**{argument: [1]})  # type: ignore[arg-type]
 
 
 def test_flatten_params_joins_nested_keys() -> None:
