@@ -268,7 +268,9 @@ def test_a_param_mlflow_refuses_to_change_costs_no_metric(
     with caplog.at_level(logging.WARNING, logger="monitor_bus"):
         with Run("resumed", hparams={"lr": 0.2, "batch": 8}, bus=bus) as run:
             for step in range(1500):  # past one log_batch of metrics
-                bus.log_event(monitor_bus.Event(METRICS_EVENT, T0, {"x": float(step), "step": step}))
+                bus.log_event(
+                    monitor_bus.Event(METRICS_EVENT, T0, {"x": float(step), "step": step})
+                )
         assert bus.flush(120)
         bus.log_event(monitor_bus.Event(METRICS_EVENT, T1, {"x": -1.0, "step": 1500}))
         assert bus.flush(120)

@@ -285,9 +285,7 @@ class MlflowEventHandler:
             "(a resumed run with changed hyperparameters?): %s; the metrics are written "
             "(entries dropped so far: %d)",
             self.run_id,
-            ", ".join(
-                f"{p.key} ({logged[p.key]!r} logged, {p.value!r} dropped)" for p in refused
-            ),
+            ", ".join(f"{p.key} ({logged[p.key]!r} logged, {p.value!r} dropped)" for p in refused),
             self.dropped,
         )
         return True
@@ -332,12 +330,11 @@ class MlflowEventHandler:
             for _ in metrics:
                 self._metrics.popleft()
             # By identity: a newer run-start event may have put another value under the key.
-            for param in params:
-                if self._params.get(param.key) is param:
-                    del self._params[param.key]
-            for tag in tags:
-                if self._tags.get(tag.key) is tag:
-                    del self._tags[tag.key]
+            for kept, sent in ((self._params, params), (self._tags, tags)):
+                for entry in sent:
+                    key = entry.key
+                    if kept.get(key) is entry:
+                        del kept[key]
 
     def _create_run(self, client: Any) -> str:
         experiment_id = "0"
