@@ -48,6 +48,8 @@ def run_suite(extra: list[str]) -> dict[str, Any]:
         "-m",
         "pytest",
         "tests/reliability",
+        "-m",
+        "",  # the stress scenarios too (the default run leaves them out); extra may narrow
         "-p",
         "no:cacheprovider",
         f"--junitxml={JUNIT}",
