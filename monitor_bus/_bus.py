@@ -21,8 +21,9 @@ Guarantees
   never dropped, under any policy: it is queued past the capacity (at most one per Stat per
   window). The queue's protocol is in ``_queue.py``.
 - Handlers never share data: each gets its own ``Event`` and its own copy of ``data``.
-- Fork and exit: see ``_lifecycle.py``. Every wait (``flush``, ``close``, leaving a ``with``
-  block, exit) is bounded by its timeout; ``math.inf`` means no limit.
+- Fork and exit: see ``_lifecycle.py``. Every wait (``register_event_handler``, ``flush``,
+  ``close``, leaving a ``with`` block, exit) is bounded by its timeout; ``math.inf`` means no
+  limit. ``flush`` also waits for a ``ProcessHandler``'s child to acknowledge what it got.
 """
 
 from __future__ import annotations

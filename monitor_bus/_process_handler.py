@@ -273,13 +273,10 @@ class ProcessHandler:
             slots, self._buffer = self._buffer, []
             return self._send(slots, flush=flush)
 
-    def _send(
-        self, slots: list[Any], *, flush: bool, close: bool = False, report: bool = True
-    ) -> bool:
+    def _send(self, slots: list[Any], *, flush: bool, close: bool = False) -> bool:
         """Send the events of ``slots`` to the child in messages of at most 1024 events, then,
         if ``flush``, wait until the child has acknowledged every message sent so far (its
-        sink flushed); ``report`` warns if it has not within the timeout. The one way events
-        leave this process."""
+        sink flushed). The one way events leave this process."""
         with self._lock:
             deadline = _deadline(self._timeout)
             total = count_events(len(slots))
@@ -310,7 +307,7 @@ class ProcessHandler:
                 return True
             seq = self._seq
             done = self._wait(lambda: self._acked >= seq, deadline)
-            if not done and report and not self._dead and self._throttle.ready(("flush",)):
+            if not done and not self._dead and self._throttle.ready(("flush",)):
                 logger.warning(
                     "ProcessHandler %s: the child did not finish a flush within %s s; %d events "
                     "sent to it are not acknowledged yet",
@@ -356,11 +353,11 @@ class ProcessHandler:
         try:
             if self._dead:
                 return self._closed
-            saved, self._timeout = self._timeout, _remaining(deadline)
-            try:
-                return self._send([], flush=True, report=False)  # the caller hears False
-            finally:
-                self._timeout = saved
+            # The handler's flush() has sent its flush message: only its answer is missing.
+            # Nothing is written here (a write with what is left of the caller's timeout could
+            # time out midway and break the stream).
+            seq = self._seq
+            return self._wait(lambda: self._acked >= seq, deadline)
         finally:
             self._lock.release()
 
