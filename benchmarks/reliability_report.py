@@ -48,6 +48,8 @@ def run_suite(extra: list[str]) -> dict[str, Any]:
         "-m",
         "pytest",
         "tests/reliability",
+        "-m",
+        "",  # the stress scenarios too (the default run leaves them out); extra may narrow
         "-p",
         "no:cacheprovider",
         f"--junitxml={JUNIT}",
@@ -257,7 +259,9 @@ What the package promises, each backed by a scenario above:
   code, and it is treated as that handler's failure.
 - **Time-bounded shutdown.** `flush(timeout)`, `close(timeout)` and
   `unregister_event_handler(handle, timeout)` return False once the timeout has passed, even
-  with a handler that never returns (`math.inf` means no limit). At interpreter exit, and
+  with a handler that never returns (`math.inf` means no limit);
+  `register_event_handler(..., timeout=)` raises `TimeoutError` past its timeout, with nothing
+  registered, when an async handler blocks the loop. At interpreter exit, and
   when a `with` or `async with` block around a bus ends, the bus delivers what is queued
   within its `exit_timeout`; a handler still busy then is cut off and named in a warning with
   its undelivered count, and a handler that never returns does not keep the process alive.

@@ -21,8 +21,9 @@ Guarantees
   never dropped, under any policy: it is queued past the capacity (at most one per Stat per
   window). The queue's protocol is in ``_queue.py``.
 - Handlers never share data: each gets its own ``Event`` and its own copy of ``data``.
-- Fork and exit: see ``_lifecycle.py``. Every wait (``flush``, ``close``, leaving a ``with``
-  block, exit) is bounded by its timeout; ``math.inf`` means no limit.
+- Fork and exit: see ``_lifecycle.py``. Every wait (``register_event_handler``, ``flush``,
+  ``close``, leaving a ``with`` block, exit) is bounded by its timeout; ``math.inf`` means no
+  limit. ``flush`` also waits for a ``ProcessHandler``'s child to acknowledge what it got.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import contextlib
 import logging
 import os
 import threading
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -251,7 +253,7 @@ class EventBus:
     # -- registration --
 
     def register_event_handler(
-        self, callback: EventHandler, *, name: str | None = None
+        self, callback: EventHandler, *, name: str | None = None, timeout: float | None = None
     ) -> EventHandlerHandle:
         """Deliver every event logged from now on to ``callback``.
 
@@ -265,14 +267,23 @@ class EventBus:
         before the call (this call does not wait for that). Re-running a notebook cell
         therefore does not double every event.
 
+        The handler is added on the bus's loop, so that it gets exactly the events logged after
+        this call returns; the call waits for the loop, which an async handler that blocks it
+        (``time.sleep`` in an ``async def``) holds up. Past ``timeout`` it raises instead, with
+        nothing registered: a handler added later would miss events with none counted.
+
         Args:
             callback: the handler.
             name: key and display name (``stats()``, logs, thread names); defaults to the
                 callback's qualified name, without keying.
+            timeout: seconds to wait for the bus's loop; None or ``math.inf`` waits as long
+                as it takes.
 
         Raises:
             TypeError: ``callback`` is not callable, or ``name`` is not a str.
             RuntimeError: the bus is closed.
+            TimeoutError: the loop did not take the handler within ``timeout`` seconds; it is
+                not registered (the message names it).
         """
         if not callable(callback) and not callable(getattr(callback, "handle_batch", None)):
             raise wrong_type("callback", "callable (or a batch handler)", callback)
@@ -281,6 +292,7 @@ class EventBus:
             name = getattr(callback, "__qualname__", None) or type(callback).__qualname__
         elif not isinstance(name, str):
             raise wrong_type("name", "a str", name)
+        timeout = check_timeout("timeout", timeout)
         handler = _Handler(self, callback, name, keyed=keyed)
         dispatcher = self._dispatcher
         with dispatcher.lock:
@@ -291,7 +303,17 @@ class EventBus:
         process.ensure_listener()
         if not handler.is_async:
             handler.start_thread()
-        replaced = dispatcher.in_loop(dispatcher.publish_add, handler)
+        added = dispatcher.submit(dispatcher.publish_add, handler)
+        try:
+            replaced = added.result(timeout)
+        except FutureTimeout:
+            if added.cancel():  # it will never run: nothing was published
+                handler.stop()
+                raise TimeoutError(
+                    f"EventBus {self._name!r}: the loop did not take handler {name!r} within "
+                    f"{timeout} s (an async handler blocks it?); the handler is not registered"
+                ) from None
+            replaced = added.result()  # it is running on the loop right now: a short step
         if replaced is not None:
             self._leaving.add(replaced)
             replaced.stop()  # it delivers its backlog, then exits; no wait on a stuck one
@@ -366,7 +388,8 @@ class EventBus:
     # -- delivery control --
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every event logged before the call has reached every handler.
+        """Wait until every event logged before the call has reached every handler (for a
+        ``ProcessHandler``: has been handled in its child process).
 
         Args:
             timeout: seconds to wait; None or ``math.inf`` waits as long as it takes.
@@ -390,7 +413,9 @@ class EventBus:
             targets = dispatcher.in_loop(dispatcher.drain_targets, timeout=_remaining(deadline))
         except _TimedOut:
             return False
-        return all(h.wait_settled(target, _remaining(deadline)) for h, target in targets)
+        if not all(h.wait_settled(target, _remaining(deadline)) for h, target in targets):
+            return False
+        return all(_caught_up(h.callback, deadline) for h, _ in targets)
 
     async def aflush(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109 - mirrors flush
         """``flush`` for async callers: waits on a worker thread, not the caller's loop."""
@@ -655,6 +680,13 @@ class EventBus:
         from ._subscription import subscribe
 
         return subscribe(self, name, buffer)
+
+
+def _caught_up(callback: object, deadline: float | None) -> bool:
+    """Whether a sink that hands its events on (``ProcessHandler``, to a child process) has
+    had them handled there, waiting until ``deadline``; any other handler has, once settled."""
+    wait = getattr(callback, "_monitor_bus_wait_done", None)
+    return wait is None or bool(wait(_remaining(deadline)))
 
 
 def check_setting(argument: str, value: object) -> Any:

@@ -5,9 +5,10 @@ command with one line on stderr and exit status 1, never a traceback; Ctrl-C end
 one line and status 130. Outputs are written only once the inputs have been checked, and
 ``plot`` replaces its output file atomically.
 
-What a read skips is reported on stderr and does not fail the command: torn lines and values
-this Python cannot read (the first five as they came, then a total), and Stat values that are
-not numbers or are beyond a float (a count per key). ``summary`` reads the run one event at a
+What a read skips is reported on stderr and does not fail the command: torn lines, lines of
+JSON that are not events and values this Python cannot read (the first five as they came, each
+with its file, line and why, then a total), and Stat values that are not numbers or are beyond
+a float (a count per key). A file with no event at all is an error. ``summary`` reads the run one event at a
 time, so its memory does not grow with the file; ``plot`` keeps 16 bytes per window drawn.
 """
 
@@ -284,10 +285,12 @@ class _Skips:
         self.shown: list[str] = []
 
     def __call__(self, lineno: int, kind: str, message: str) -> None:
-        if kind == "line":
-            self.lines += 1
-        else:
+        if kind == "value":
             self.values += 1
+        else:
+            self.lines += 1
+        if kind == "event":  # JSON, but not an event: named and skipped like a torn line
+            message = f"skipped a line that is not an event ({message})"
         if len(self.shown) < _SHOWN_SKIPS:
             self.shown.append(f"{self.path}, line {lineno}: {message}")
 

@@ -134,10 +134,10 @@ def log_event(event: Event) -> None:
 
 
 def register_event_handler(
-    callback: EventHandler, *, name: str | None = None
+    callback: EventHandler, *, name: str | None = None, timeout: float | None = None
 ) -> EventHandlerHandle:
     """Register ``callback`` on the default bus; see ``EventBus.register_event_handler``."""
-    return get_default_bus().register_event_handler(callback, name=name)
+    return get_default_bus().register_event_handler(callback, name=name, timeout=timeout)
 
 
 def unregister_event_handler(handle: EventHandlerHandle, timeout: float | None = None) -> bool:

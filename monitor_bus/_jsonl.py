@@ -460,8 +460,9 @@ def _value(v: Any) -> Any:
 
 
 #: Called for each part of a file a read skips, with its line number, its kind (``"line"``: a
-#: line that is not valid JSON or not UTF-8; ``"value"``: a value this Python cannot read) and
-#: a message saying what was skipped, without the file and line.
+#: line that is not valid JSON or not UTF-8; ``"event"``: a line of JSON that is not an event,
+#: the message says why; ``"value"``: a value this Python cannot read) and a message saying
+#: what was skipped, without the file and line.
 SkipCallback = Callable[[int, str, str], None]
 
 
@@ -490,6 +491,8 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[Event]:
     path = _check_path(path)
 
     def warn(lineno: int, kind: str, message: str) -> None:
+        if kind == "event":  # not written by the handler: this reader stops there
+            raise ValueError(f"{path}, line {lineno}: {message}")
         # stacklevel: warn, iter_jsonl, read_jsonl, then the caller.
         warnings.warn(f"{path}, line {lineno}: {message}", UserWarning, stacklevel=4)
 
@@ -500,7 +503,9 @@ def iter_jsonl(path: str | os.PathLike[str], on_skip: SkipCallback) -> Iterator[
     """Yield the events of a JSON-lines file one at a time, as ``read_jsonl`` reads them.
 
     Memory stays bounded by the longest line, whatever the file's size. What ``read_jsonl``
-    warns about is handed to ``on_skip`` instead, so a caller can count it.
+    warns about is handed to ``on_skip`` instead, so a caller can count it, and so is a line
+    of JSON that is not an event (kind ``"event"``), where ``read_jsonl`` raises: the reading
+    goes on past it unless ``on_skip`` raises.
 
     Args:
         path: the JSON-lines file.
@@ -512,32 +517,43 @@ def iter_jsonl(path: str | os.PathLike[str], on_skip: SkipCallback) -> Iterator[
     Raises:
         TypeError: ``path`` is not a str or path.
         OSError: the file cannot be read (the message names it).
-        ValueError: as ``read_jsonl``, when the iteration reaches the line (or the end of a
-            file without a valid line).
+        ValueError: the file is not empty but holds no event, once the iteration has read
+            it through.
     """
     path = _check_path(path)
     events = 0
-    torn = 0
+    skipped = 0
     with open(path, "rb") as f:
         for lineno, raw in _lines(f):
+            odd = None
             try:
                 obj = _parse(raw.decode("utf-8"))
             except ValueError:  # JSONDecodeError and UnicodeDecodeError
-                torn += 1
+                skipped += 1
                 on_skip(lineno, "line", _TORN)
                 continue
             except RecursionError:
-                raise ValueError(
-                    f"{path}, line {lineno}: JSON nested deeper than an event can be; "
-                    "not a monitor_bus JSONL file?"
-                ) from None
+                odd = "JSON nested deeper than an event can be; not a monitor_bus JSONL file?"
+            else:
+                try:
+                    event = _event(obj, lineno, on_skip)
+                except _NotAnEvent as exc:
+                    odd = str(exc)
+            if odd is not None:  # reported out of the except: nothing chained to on_skip's raise
+                skipped += 1
+                on_skip(lineno, "event", odd)
+                continue
             events += 1
-            yield _event(obj, path, lineno, on_skip)
-    if torn and not events:
+            yield event
+    if skipped and not events:
         raise ValueError(f"{path}: no line is a valid JSON event; not a monitor_bus JSONL file?")
 
 
 _TORN = "skipped a line that is not valid JSON (a write torn by a crash?)"
+
+
+class _NotAnEvent(ValueError):
+    """A line of valid JSON that is not an event; the message says why."""
 
 
 class _LongInt:
@@ -580,26 +596,26 @@ def _lines(f: Any) -> Iterator[tuple[int, bytes]]:
             yield lineno, raw
 
 
-def _event(obj: Any, path: str, lineno: int, on_skip: SkipCallback) -> Event:
-    where = f"{path}, line {lineno}"
+def _event(obj: Any, lineno: int, on_skip: SkipCallback) -> Event:
+    """The event a parsed line holds; ``_NotAnEvent`` if it holds none."""
     if not isinstance(obj, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        raise _NotAnEvent(f"expected a JSON object, got {type(obj).__name__}")
     name, stamp, data = obj.get("name"), obj.get("timestamp"), obj.get("data")
     if not isinstance(name, str):
-        raise ValueError(f"{where}: 'name' must be a string")
+        raise _NotAnEvent("'name' must be a string")
     if not isinstance(stamp, str):
-        raise ValueError(f"{where}: 'timestamp' must be a string")
+        raise _NotAnEvent("'timestamp' must be a string")
     if not isinstance(data, dict):
-        raise ValueError(f"{where}: 'data' must be an object")
+        raise _NotAnEvent("'data' must be an object")
     try:
         timestamp = datetime.fromisoformat(stamp)
     except ValueError:
-        raise ValueError(f"{where}: 'timestamp' is not ISO 8601: {stamp!r}") from None
+        raise _NotAnEvent(f"'timestamp' is not ISO 8601: {stamp!r}") from None
     if timestamp.utcoffset() is None:
-        raise ValueError(f"{where}: 'timestamp' has no UTC offset: {stamp!r}")
+        raise _NotAnEvent(f"'timestamp' has no UTC offset: {stamp!r}")
     origin = obj.get("origin")
     if origin is not None:
-        origin = _origin(origin, where)
+        origin = _origin(origin)
     values = {}
     for key, value in data.items():
         if isinstance(value, _LongInt):
@@ -613,10 +629,10 @@ def _event(obj: Any, path: str, lineno: int, on_skip: SkipCallback) -> Event:
         if isinstance(value, dict):
             special = value.get(_FLOAT_KEY) if len(value) == 1 else None
             if not isinstance(special, str) or special not in _NONFINITE:
-                raise ValueError(f"{where}: data[{key!r}] is not a value: {value!r}")
+                raise _NotAnEvent(f"data[{key!r}] is not a value: {value!r}")
             value = _NONFINITE[special]
         elif not isinstance(value, (str, int, float)):  # bool is an int
-            raise ValueError(f"{where}: data[{key!r}] is not a value: {value!r}")
+            raise _NotAnEvent(f"data[{key!r}] is not a value: {value!r}")
         values[key] = value
     event = Event(name, timestamp, values)
     if origin is not None:
@@ -624,12 +640,12 @@ def _event(obj: Any, path: str, lineno: int, on_skip: SkipCallback) -> Event:
     return event
 
 
-def _origin(obj: Any, where: str) -> EventOrigin:
+def _origin(obj: Any) -> EventOrigin:
     if isinstance(obj, dict) and not set(obj) - {"pid", "worker"}:
         pid, worker = obj.get("pid"), obj.get("worker")
         if _is_int(pid) and (worker is None or _is_int(worker)):
             return EventOrigin(pid, worker)
-    raise ValueError(f"{where}: 'origin' must be {{'pid': int, 'worker': int or null}}")
+    raise _NotAnEvent("'origin' must be {'pid': int, 'worker': int or null}")
 
 
 def _is_int(value: object) -> TypeGuard[int]:

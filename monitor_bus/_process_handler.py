@@ -10,8 +10,11 @@ Guarantees
   events it could not send as dropped (meanwhile the bus's own per-handler backlog bound holds).
 - Counted: the child acknowledges every message with how many events its sink handled and how
   many calls raised. ``received == handled + dropped + pending + buffered`` (see ``stats()``).
-- Flushed: ``flush()`` sends what is buffered and returns once the child has handled it and
-  called its sink's ``flush()``, or after ``timeout`` (then the events stay pending, counted).
+- Flushed: ``flush()`` sends what is buffered and returns once the child has acknowledged
+  everything sent (handled it and called its sink's ``flush()``), or after ``timeout`` (then
+  the events stay pending, counted). ``bus.flush(t)`` returns True only once the child has
+  acknowledged every event the bus delivered before the call: past the handler thread's own
+  wait it waits on, from the caller's thread, up to ``t``.
 - Exit: ``close(timeout)`` has the child flush and close its sink and exit; past the timeout
   the child is terminated and what it had not acknowledged counts as dropped. At interpreter
   exit a ``multiprocessing`` finalizer does the same within ``exit_timeout``: after the buses
@@ -108,7 +111,9 @@ class ProcessHandler:
     events of each message as a bus would (one sync ``handle_batch`` call if the sink has one
     that knows of its ``__call__``, else once per event) and calls its ``flush()`` when this
     handler's ``flush()`` asks, then acknowledges. Once
-    ``bus.flush()`` returns, the sink has handled and flushed every event delivered so far.
+    ``bus.flush()`` returns True, the sink has handled and flushed every event delivered so
+    far; a child slower than ``timeout`` makes it wait on (up to its own timeout), and a
+    child gone unasked makes it return False.
 
     Worth it on a machine with a spare core and a sink that costs more per event than sending
     it (about 0.5 µs of this process's CPU); ``Event.origin`` crosses with the event. The
@@ -258,7 +263,8 @@ class ProcessHandler:
         """Send what is buffered; wait until the child's sink has handled and flushed it.
 
         Returns:
-            True if the child acknowledged everything sent within ``timeout``.
+            True if the child acknowledged everything sent (by an earlier call too) within
+            ``timeout``.
         """
         return self._send_buffered(flush=True)
 
@@ -269,8 +275,8 @@ class ProcessHandler:
 
     def _send(self, slots: list[Any], *, flush: bool, close: bool = False) -> bool:
         """Send the events of ``slots`` to the child in messages of at most 1024 events, then,
-        if ``flush``, wait for the child to flush its sink. The one way events leave this
-        process."""
+        if ``flush``, wait until the child has acknowledged every message sent so far (its
+        sink flushed). The one way events leave this process."""
         with self._lock:
             deadline = _deadline(self._timeout)
             total = count_events(len(slots))
@@ -278,7 +284,8 @@ class ProcessHandler:
                 self._drop(total, self._reason)
                 return False
             if not total and not close and not (flush and self._dirty):
-                return True  # nothing to send, nothing to flush
+                # Nothing to send: a flush still waits for what an earlier one left pending.
+                return not flush or self._wait(lambda: self._acked >= self._seq, deadline)
             for start in range(0, max(total, 1), self._chunk):
                 chunk = slots[SLOTS * start : SLOTS * (start + self._chunk)]
                 n = count_events(len(chunk))
@@ -334,6 +341,25 @@ class ProcessHandler:
             return False
         self._sent += n_events
         return True
+
+    def _monitor_bus_wait_done(self, timeout: float | None) -> bool:
+        """The bus's ``flush(timeout)``, once this handler has settled, from the caller's
+        thread: wait up to ``timeout`` until the child has acknowledged everything sent (the
+        handler thread's own wait may have given up first). False if it has not, or if the
+        child is gone unasked (what it had not acknowledged is dropped)."""
+        deadline = _deadline(timeout)
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            return False  # the handler thread waits on the child, to its own timeout
+        try:
+            if self._dead:
+                return self._closed
+            # The handler's flush() has sent its flush message: only its answer is missing.
+            # Nothing is written here (a write with what is left of the caller's timeout could
+            # time out midway and break the stream).
+            seq = self._seq
+            return self._wait(lambda: self._acked >= seq, deadline)
+        finally:
+            self._lock.release()
 
     # -- what the child says --
 

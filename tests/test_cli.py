@@ -413,20 +413,84 @@ def test_summary_counts_stat_values_that_are_not_numbers(
     assert out.endswith("c     value            1     1    1    1\n")
 
 
+def _command(command: str, run: Path) -> list[str]:
+    return [command, str(run)] if command == "summary" else [command, str(run), "-o", f"{run}.png"]
+
+
 @pytest.mark.parametrize("command", ["summary", "plot"])
 @pytest.mark.parametrize("opening", ['{"a":', "["])
-def test_deeply_nested_line_is_one_error_line(
+def test_deeply_nested_line_is_skipped_and_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, opening: str
 ) -> None:
-    """A line nested 100,000 deep: one error line naming file and line, exit 1, no traceback."""
+    """A line nested 100,000 deep is skipped with a warning naming file and line; the run is
+    read on (no RecursionError, no traceback)."""
     run = stat_run(tmp_path / "run.jsonl")
     with run.open("a") as f:
         f.write(opening * 100_000 + "\n")
-    assert main([command, str(run)]) == 1
-    assert one_error_line(capsys.readouterr().err) == (
-        f"{run}, line 8: JSON nested deeper than an event can be; not a monitor_bus JSONL file?"
+    assert main(_command(command, run)) == 0
+    out, err = capsys.readouterr()
+    assert err == (
+        f"monitor-bus: warning: {run}, line 8: skipped a line that is not an event (JSON nested "
+        "deeper than an event can be; not a monitor_bus JSONL file?)\n"
     )
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.jsonl"]
+    assert out.startswith(f"{run}: 7 events" if command == "summary" else f"wrote {run}.png")
+
+
+ODD_LINES = [
+    ("[1, 2]", "expected a JSON object, got list"),
+    ('{"x": 1}', "'name' must be a string"),
+    ('"text"', "expected a JSON object, got str"),
+    (
+        '{"name": "a", "timestamp": "2026-03-01T12:00:09+00:00", "data": {"x": [1]}}',
+        "data['x'] is not a value: [1]",
+    ),
+    ('{"name": "a", "timestamp": 7, "data": {}}', "'timestamp' must be a string"),
+]
+
+
+@pytest.mark.parametrize("command", ["summary", "plot"])
+def test_lines_of_json_that_are_not_events_are_skipped_and_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """Lines that are JSON but not events (an array, an object without a name, a string, an
+    event with a field of the wrong type) are each skipped with a warning naming the file, the
+    line and why; the events around and after them are read, exit 0."""
+    run = stat_run(tmp_path / "run.jsonl")
+    later = Event(STAT_EVENT, T0 + timedelta(seconds=9), {"lat.mean": 3.0})
+    with run.open("a") as f:
+        f.writelines(line + "\n" for line, _ in ODD_LINES)
+    write_run(tmp_path / "later.jsonl", [later])
+    with run.open("ab") as f:
+        f.write((tmp_path / "later.jsonl").read_bytes())
+    assert main(_command(command, run)) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
+        f"monitor-bus: warning: {run}, line {8 + i}: skipped a line that is not an event ({why})"
+        for i, (_, why) in enumerate(ODD_LINES)
+    ]
+    if command == "plot":
+        assert out == f"wrote {run}.png (3 panels, 4 series)\n"
+        assert Path(f"{run}.png").read_bytes().startswith(PNG_MAGIC)
+        return
+    assert out.splitlines()[:3] == [
+        f"{run}: 8 events, 2026-03-01T12:00:00+00:00 to 2026-03-01T12:00:09+00:00",
+        "  torch.monitor.Stat           7",
+        "  train.epoch                  1",
+    ]
+    assert "lat   mean             4         3       1.5    3" in out.splitlines()
+
+
+def test_a_file_of_json_that_holds_no_event_is_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file whose every line is JSON but none an event is not a run: its lines are named,
+    then one error line, exit 1."""
+    run = tmp_path / "data.jsonl"
+    run.write_text('{"x": 1}\n[2]\n')
+    assert main(["summary", str(run)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"monitor-bus: error: {run}: no line is a valid JSON event; not a monitor_bus JSONL file?"
+    ]
 
 
 def test_summary_skips_an_int_too_long_to_read(

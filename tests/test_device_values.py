@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Stat, _device
+from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Stat, _device, _stat
 
 from .conftest import Recorder, require
+from .test_stat import StepClock, step_until_logged
 
 TS = datetime(2026, 1, 1, tzinfo=timezone.utc)
 ALL = list(Aggregation)
@@ -211,16 +212,19 @@ def test_the_graph_of_a_logged_loss_is_freed(
 
 
 def test_windows_holding_tensors_close_on_the_timer(
-    named_bus: EventBus, recorder: Recorder, torch: Any
+    named_bus: EventBus, recorder: Recorder, torch: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With no add after it, a window of tensor samples is logged by the dispatcher's timer."""
+    """With no add after it, a window of tensor samples is logged by the dispatcher's timer.
+    (The Stat clock stands still until the test moves it: all four adds fall in one window.)"""
+    clock = StepClock()
+    monkeypatch.setattr(_stat, "_clock", clock)
     named_bus.register_event_handler(recorder)
     stat = Stat(
         "t", [Aggregation.COUNT, Aggregation.SUM], timedelta(milliseconds=50), bus=named_bus
     )
     for v in range(1, 5):
         stat.add(torch.tensor(float(v)))
-    assert recorder.wait_for(1)
+    assert step_until_logged(clock, recorder)
     assert recorder.events[0].data == {"t.count": 4, "t.sum": 10.0}
 
 

@@ -605,3 +605,45 @@ def test_flush_does_not_wait_for_the_linger(bus: EventBus, recorder: Recorder) -
         bus.log_event(ev(i))
     assert bus.flush(10)
     assert len(recorder.events) == 3
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_register_gives_up_on_a_blocked_loop_and_registers_nothing(kind: str) -> None:
+    """While an async handler blocks the loop, register_event_handler(timeout=...) raises a
+    TimeoutError naming the handler and registers nothing: once the loop is free the handler
+    gets no event, its thread ends, and registering it again works."""
+    got: list[str] = []
+
+    def sync_rec(event: Event) -> None:
+        got.append(event.name)
+
+    async def async_rec(event: Event) -> None:
+        got.append(event.name)
+
+    rec = sync_rec if kind == "sync" else async_rec
+    bus = EventBus(name="blocked")
+    gate = Gate()
+    bus.register_event_handler(gate, name="gate")
+    gate.hold(bus)
+    before = set(threading.enumerate())
+    with pytest.raises(TimeoutError) as info:
+        bus.register_event_handler(rec, name="late", timeout=0.2)
+    assert str(info.value) == (
+        "EventBus 'blocked': the loop did not take handler 'late' within 0.2 s (an async "
+        "handler blocks it?); the handler is not registered"
+    )
+    started = [t for t in set(threading.enumerate()) - before if t.name.endswith("-late")]
+    gate.release.set()
+    bus.log_event(ev(1))
+    assert bus.flush(10)
+    for thread in started:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert len(started) == (kind == "sync")
+    assert got == []
+    assert [h["name"] for h in bus.stats()["handlers"]] == ["gate"]
+    bus.register_event_handler(rec, name="late", timeout=10)
+    bus.log_event(ev(2))
+    assert bus.flush(10)
+    assert got == ["e"]
+    assert bus.close(10)

@@ -91,16 +91,31 @@ def test_huge_ints_the_writer_wrote_read_back_exactly(tmp_path: Path) -> None:
 
 
 def test_iter_jsonl_reads_lazily(tmp_path: Path) -> None:
-    """iter_jsonl yields each event as its line is read: a bad third line fails only when reached."""
+    """iter_jsonl yields each event as its line is read: a third line that is JSON but not an
+    event reaches the callback only when read, and the reading goes on past it."""
     run = tmp_path / "run.jsonl"
-    run.write_text(f"{LINE}\n{LINE}\n[1]\n")
+    run.write_text(f"{LINE}\n{LINE}\n[1]\n{LINE}\n")
     skipped: list[tuple[int, str, str]] = []
     events = iter_jsonl(run, lambda *skip: skipped.append(skip))
     assert next(events) == EVENT
     assert next(events) == EVENT
-    with pytest.raises(ValueError, match=r", line 3: expected a JSON object, got list$"):
-        next(events)
     assert skipped == []
+    assert next(events) == EVENT
+    assert skipped == [(3, "event", "expected a JSON object, got list")]
+    assert list(events) == []
+
+
+def test_read_jsonl_stops_at_a_line_that_is_not_an_event(tmp_path: Path) -> None:
+    """read_jsonl, unlike iter_jsonl's callers, raises at a JSON line that is not an event,
+    naming the file, the line and why (the file is not what the handler writes)."""
+    run = tmp_path / "run.jsonl"
+    run.write_text(
+        f'{LINE}\n{{"name":"a","timestamp":"2026-03-01T12:00:00+00:00","data":{{"x":[1]}}}}\n'
+    )
+    with pytest.raises(ValueError, match="line") as info:
+        read_jsonl(run)
+    assert str(info.value) == f"{run}, line 2: data['x'] is not a value: [1]"
+    assert info.value.__context__ is None
 
 
 def test_iter_jsonl_reports_skips_to_the_callback(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -59,7 +58,6 @@ def test_exit_delivers_everything_and_open_windows(tmp_path: Path) -> None:
 def test_exit_is_bounded_by_exit_timeout_with_a_hung_handler(tmp_path: Path) -> None:
     """A handler that never returns cannot hang the exit; the other handler still gets everything."""
     out = tmp_path / "out.txt"
-    start = time.monotonic()
     result = run_child(
         f"""
         import threading
@@ -76,16 +74,14 @@ def test_exit_is_bounded_by_exit_timeout_with_a_hung_handler(tmp_path: Path) -> 
             bus.log_event(monitor.Event("e", datetime.now(), {{}}))
         assert entered.wait(10)
         """,
-        timeout=20,
+        timeout=20,  # a hang fails here; how long the exit took is no assertion
     )
-    elapsed = time.monotonic() - start
     assert result.returncode == 0, result.stderr
     assert out.read_text().count("x") == 100
     assert (
         "EventBus 'bus': 1 handler(s) still busy after 0.5 s, cut off: 'hung' "
         "(99 undelivered, 1 in its current call)" in result.stderr
     )
-    assert elapsed < 15  # a bound on a hang, not a speed assertion
 
 
 def test_every_bus_thread_is_a_daemon(bus: EventBus, recorder: Recorder) -> None:

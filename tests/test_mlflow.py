@@ -4,7 +4,9 @@ on loopback (behind a proxy that can hold or fail requests) for the HTTP path.""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
+import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -99,6 +101,8 @@ def test_sqlite_store_gets_metrics_params_tags_and_a_failed_status(
     assert run.data.params == {"hparams.lr": "0.1", "config.data": "x"}
     assert run.data.tags["rank"] == "0"
     assert run.data.tags["run_name"] == "exp"
+    assert run.data.tags["monitor_bus.run_id"] != ""
+    assert "run_id" not in run.data.tags  # MLflow's own run id is another thing
     assert run.data.tags["version.monitor_bus"] == monitor_bus.__version__
     history = [
         (m.step, m.value, m.timestamp)
@@ -198,6 +202,95 @@ def test_a_bad_metric_name_is_skipped_alone(bus: monitor_bus.EventBus, sqlite_ur
     assert client.get_run(handler.run_id).data.metrics == {"ok": 1.0}
     assert handler.skipped_values == 2
     assert handler.dropped == 0
+
+
+def _only(events: list[monitor_bus.Event], name: str) -> monitor_bus.Event:
+    (event,) = [e for e in events if e.name == name]
+    return event
+
+
+def test_the_mlflow_run_spans_the_runs_own_start_and_end(
+    bus: monitor_bus.EventBus, sqlite_uri: str
+) -> None:
+    """The MLflow run made for a Run starts at the Run's start event, not at the first write
+    (the store takes a while to open), ends at its end event, and holds monitor_bus's run id
+    in the tag ``monitor_bus.run_id``."""
+    from monitor_bus.exporters.mlflow import RUN_ID_TAG, MlflowEventHandler
+
+    seen: list[monitor_bus.Event] = []
+    handler = MlflowEventHandler(sqlite_uri, experiment_name="span")
+    bus.register_event_handler(seen.append, name="seen")
+    bus.register_event_handler(handler, name="mlflow")
+    with Run("span", bus=bus) as run:
+        bus.log_event(monitor_bus.Event(METRICS_EVENT, T0, {"loss": 1.0, "step": 0}))
+    assert bus.flush(60)
+    start = _only(seen, monitor_bus.RUN_START_EVENT)
+    end = _only(seen, monitor_bus.RUN_END_EVENT)
+    info = _mlflow().MlflowClient(sqlite_uri).get_run(handler.run_id)
+    assert (info.info.start_time, info.info.end_time) == (_ms(start.timestamp), _ms(end.timestamp))
+    assert RUN_ID_TAG == "monitor_bus.run_id"
+    assert info.data.tags[RUN_ID_TAG] == run.run_id
+    assert "run_id" not in info.data.tags
+
+
+@pytest.fixture(params=["sqlite", "file", "http"])
+def store(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    sqlite_uri: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> str:
+    """A tracking store of each kind: SQLite, MLflow's file store, a server over HTTP."""
+    if request.param == "file":
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # in maintenance, still used
+        return str(tmp_path / "mlruns")
+    if request.param == "http":
+        return str(request.getfixturevalue("server"))
+    return sqlite_uri
+
+
+def test_a_param_mlflow_refuses_to_change_costs_no_metric(
+    bus: monitor_bus.EventBus, store: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Resuming a run with a changed hyperparameter: MLflow refuses the changed param, which is
+    dropped, counted and named in one warning; every metric, the other params and the tags
+    are written, and nothing is retried (the file store answers the refusal as an internal
+    error: before, it was retried at every flush, for ever)."""
+    from monitor_bus.exporters.mlflow import MlflowEventHandler
+
+    client = _mlflow().MlflowClient(store)
+    experiment = client.create_experiment(f"resume-{uuid.uuid4().hex}")
+    first = client.create_run(experiment)
+    client.log_param(first.info.run_id, "hparams.lr", "0.1")  # the first session's
+    client.set_tag(first.info.run_id, "run_id", "old-session")  # as earlier versions wrote it
+    handler = MlflowEventHandler(store, run_id=first.info.run_id)
+    bus.register_event_handler(handler, name="mlflow")
+    with caplog.at_level(logging.WARNING, logger="monitor_bus"):
+        with Run("resumed", hparams={"lr": 0.2, "batch": 8}, bus=bus) as run:
+            for step in range(1500):  # past one log_batch of metrics
+                bus.log_event(
+                    monitor_bus.Event(METRICS_EVENT, T0, {"x": float(step), "step": step})
+                )
+        assert bus.flush(120)
+        bus.log_event(monitor_bus.Event(METRICS_EVENT, T1, {"x": -1.0, "step": 1500}))
+        assert bus.flush(120)
+    got = client.get_run(first.info.run_id)
+    assert [(m.step, m.value) for m in client.get_metric_history(handler.run_id, "x")] == [
+        *((step, float(step)) for step in range(1500)),
+        (1500, -1.0),
+    ]
+    assert got.data.params == {"hparams.lr": "0.1", "hparams.batch": "8"}
+    assert got.data.tags["monitor_bus.run_id"] == run.run_id
+    assert got.data.tags["run_id"] == "old-session"  # the earlier tag is left as it was
+    assert got.info.status == "FINISHED"
+    assert (handler.dropped, handler.failed_requests, handler.pending) == (1, 0, 0)
+    assert handler.written_metrics == 1501
+    warnings = [r.getMessage() for r in caplog.records if r.name == "monitor_bus"]
+    assert warnings == [
+        f"MlflowEventHandler: MLflow refuses to change params already logged to run "
+        f"{first.info.run_id} (a resumed run with changed hyperparameters?): hparams.lr "
+        "('0.1' logged, '0.2' dropped); the metrics are written (entries dropped so far: 1)"
+    ]
 
 
 def test_bad_arguments_name_themselves() -> None:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -498,3 +499,76 @@ def test_the_child_calls_the_sink_as_a_bus_would(
         names = Path(path).read_text().splitlines()
     assert names == expected
     assert (remote.stats()["handled"], remote.stats()["errors"]) == (3, 0)
+
+
+class _Said(logging.Handler):
+    """Sets ``seen`` once a record with ``text`` in its message is logged."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+def test_flush_waits_for_what_an_earlier_flush_left_unacknowledged(closing: Any) -> None:
+    """A flush that gave up on a slow child leaves its events pending: the next flush, with
+    nothing new to send, waits for them too instead of saying True at once."""
+    gate = SPAWN.Event()
+    remote = ProcessHandler(functools.partial(process_sinks.GatedSink, gate), timeout=0.2)
+    closing(remote)
+    for i in range(3):
+        remote(event(i))
+    assert remote.flush() is False  # the child holds them at the gate
+    assert remote.flush() is False  # still held: nothing new, but nothing acknowledged
+    assert remote.stats()["handled"] == 0
+    gate.set()
+    assert remote.flush() is True
+    assert (remote.stats()["handled"], remote.stats()["pending"]) == (3, 0)
+
+
+def test_bus_flush_is_true_only_once_the_child_has_handled_everything(closing: Any) -> None:
+    """bus.flush(t) waits for the child's acknowledgement past the handler thread's own wait
+    (here 0.2 s), up to t: False while the child holds the events, True once it has handled
+    them, and then the child's counts say so."""
+    gate = SPAWN.Event()
+    remote = ProcessHandler(functools.partial(process_sinks.GatedSink, gate), timeout=0.2)
+    closing(remote)
+    gave_up = _Said("the child did not finish a flush within 0.2 s")
+    logging.getLogger("monitor_bus").addHandler(gave_up)
+    try:
+        with monitor_bus.EventBus(name="process") as bus:
+            bus.register_event_handler(remote, name="remote")
+            for i in range(3):
+                bus.log_event(event(i))
+            assert gave_up.seen.wait(30)  # the handler thread's own wait is over
+            assert bus.flush(timeout=0.5) is False
+            assert remote.stats()["handled"] == 0
+            gate.set()
+            assert bus.flush(timeout=60) is True
+            stats = remote.stats()
+            assert (stats["handled"], stats["pending"], stats["dropped"]) == (3, 0, 0)
+    finally:
+        logging.getLogger("monitor_bus").removeHandler(gave_up)
+
+
+def test_bus_flush_is_false_once_the_child_is_gone(closing: Any) -> None:
+    """A child killed with events unacknowledged: bus.flush() says False (they are dropped and
+    counted), not True."""
+    gate = SPAWN.Event()  # never set
+    remote = ProcessHandler(
+        functools.partial(process_sinks.GatedSink, gate), max_pending=2, timeout=0.2
+    )
+    closing(remote)
+    with monitor_bus.EventBus(name="process") as bus:
+        bus.register_event_handler(remote, name="remote")
+        for i in range(2):
+            bus.log_event(event(i))
+        assert bus.flush(timeout=0.5) is False
+        os.kill(remote.pid, signal.SIGKILL)
+        assert bus.flush(timeout=60) is False
+        stats = remote.stats()
+        assert (stats["handled"], stats["dropped"], stats["alive"]) == (0, 2, False)

@@ -31,7 +31,7 @@ from .._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
 from .._skipped import INT64_MAX, INT64_MIN, SkipReporter, float64_or_why
 from .._stat import STAT_EVENT
 
-__all__ = ["MlflowEventHandler"]
+__all__ = ["RUN_ID_TAG", "MlflowEventHandler"]
 
 logger = logging.getLogger("monitor_bus")
 
@@ -40,6 +40,9 @@ _METRICS_PER_BATCH = 1000
 _PARAMS_TAGS_PER_BATCH = 100
 _PARAM_VALUE_LENGTH = 6000
 _STATUS = {"success": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
+RUN_ID_TAG = "monitor_bus.run_id"
+"""The MLflow tag holding monitor_bus's run id (``Run.run_id``): a plain ``run_id`` would read
+as MLflow's own."""
 # MLflow's rule for metric, param and tag names (mlflow.utils.validation): checked here, so
 # one bad name is skipped alone instead of the server refusing its whole batch.
 _NAME = re.compile(r"[/\w.\- :]{1,250}")
@@ -59,14 +62,21 @@ class MlflowEventHandler:
       float64) is skipped and counted in ``skipped_values``, and so is a key MLflow refuses
       as a name (other than letters, digits, ``_ - . / :`` and spaces; at most 250).
     - ``RUN_START_EVENT``: ``config.*`` and ``hparams.*`` as params (values cut to MLflow's
-      6000 characters), the other keys (host, pid, rank, versions, run id) as tags, and the
-      run's name as ``mlflow.runName``.
+      6000 characters), the other keys (host, pid, rank, versions) as tags, monitor_bus's run
+      id as the tag ``monitor_bus.run_id`` (``RUN_ID_TAG``; earlier versions wrote ``run_id``,
+      which a run they made keeps, untouched, when resumed), and the run's name as
+      ``mlflow.runName``. Params and
+      tags are sent apart from metrics: MLflow refuses to change a param already logged (a
+      resumed run whose hyperparameters changed), and such a param is dropped, counted in
+      ``dropped`` and named in one warning, while the metrics are written.
     - ``RUN_END_EVENT``: the run's status, ``success`` -> ``FINISHED``, ``failed`` ->
       ``FAILED``, ``interrupted`` -> ``KILLED``, with the event's time as the end time.
     - Other events are ignored.
 
-    The run: ``run_id`` if given, else a run created in ``experiment_name`` (made if missing;
-    MLflow's default experiment when omitted) at the first write. ``run_id`` tells which.
+    The run: ``run_id`` if given (a resumed run keeps its start time), else a run created in
+    ``experiment_name`` (made if missing; MLflow's default experiment when omitted) at the
+    first write, starting at the time of the run-start event if one came before (else at its
+    creation). ``run_id`` tells which.
 
     Delivery: ``__call__`` only collects; ``flush()``, which the bus calls after each
     delivered batch on this handler's own thread, sends what was collected. A tracking server
@@ -76,9 +86,10 @@ class MlflowEventHandler:
     ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, ``MLFLOW_HTTP_REQUEST_TIMEOUT`` environment
     variables); if it still fails, what it held is kept and sent again at the next flush,
     up to ``max_pending`` entries (the oldest past that are dropped and counted in
-    ``dropped``); one the server refuses as invalid (a 4xx answer, such as a param logged
-    twice with different values) is dropped and counted. Failures are logged on the
-    ``monitor_bus`` logger at most once per 10 seconds.
+    ``dropped``); a batch of metrics the server refuses as invalid (a 4xx answer) is dropped
+    and counted, and so is a param it refuses to change (with any store: the file store
+    answers that refusal as an internal error, which would otherwise be retried for ever).
+    Failures are logged on the ``monitor_bus`` logger at most once per 10 seconds.
 
     Args:
         tracking_uri: where MLflow tracks (``"sqlite:///mlflow.db"``, ``"http://host:5000"``,
@@ -121,6 +132,7 @@ class MlflowEventHandler:
         self._params: dict[str, Any] = {}
         self._tags: dict[str, Any] = {}
         self._end: tuple[str, int] | None = None
+        self._start_ms: int | None = None  # the run-start event's time, for a run made here
         self._steps: dict[str, int] = {}
         self._skips = SkipReporter("MlflowEventHandler")
         self._throttle = Throttle()
@@ -151,7 +163,10 @@ class MlflowEventHandler:
                     elif key.startswith(_PARAM_PREFIXES):
                         self._params[key] = Param(key, str(value)[:_PARAM_VALUE_LENGTH])
                     else:
-                        self._tags[key] = RunTag(key, str(value))
+                        tag = RUN_ID_TAG if key == "run_id" else key
+                        self._tags[tag] = RunTag(tag, str(value))
+                if self._start_ms is None:
+                    self._start_ms = _ms(event)
                 run_name = event.data.get("run_name")
                 if isinstance(run_name, str) and self._run_name is None:
                     self._run_name = run_name
@@ -159,11 +174,11 @@ class MlflowEventHandler:
         elif name == RUN_END_EVENT:
             status = _STATUS.get(str(event.data.get("status")), "FAILED")
             with self._lock:
-                self._end = (status, int(event.timestamp.timestamp() * 1000))
+                self._end = (status, _ms(event))
 
     def _add_metrics(self, event: Event) -> None:
         data = event.data
-        timestamp = int(event.timestamp.timestamp() * 1000)
+        timestamp = _ms(event)
         step = data.get("step")
         fixed = isinstance(step, int) and step.__class__ is int and INT64_MIN <= step <= INT64_MAX
         metrics = []
@@ -227,49 +242,99 @@ class MlflowEventHandler:
         client = self._client
         if self.run_id is None:
             self.run_id = self._create_run(client)
-        while True:
-            with self._lock:
-                metrics = [
-                    self._metrics[i] for i in range(min(len(self._metrics), _METRICS_PER_BATCH))
-                ]
-                params = list(self._params.values())[:_PARAMS_TAGS_PER_BATCH]
-                tags = list(self._tags.values())[: _PARAMS_TAGS_PER_BATCH - len(params)]
-                end = self._end
-            if not (metrics or params or tags):
-                break
-            try:
-                client.log_batch(self.run_id, metrics=metrics, params=params, tags=tags)
-            except MlflowException as exc:
-                status = exc.get_http_status_code()  # type: ignore[no-untyped-call]
-                if not 400 <= status < 500:
-                    raise
-                self._forget(metrics, params, tags)  # invalid: sending it again cannot help
-                self.dropped += len(metrics) + len(params) + len(tags)
-                if self._throttle.ready("refused"):
-                    logger.warning(
-                        "MlflowEventHandler: the tracking server refused a batch of %d "
-                        "entries (%s); they are dropped (%d so far)",
-                        len(metrics) + len(params) + len(tags),
-                        str(exc)[:200],
-                        self.dropped,
-                    )
-                continue
-            self._forget(metrics, params, tags)
-            self.written_metrics += len(metrics)
+        # Apart: a param MLflow refuses to change must not take metrics down with it.
+        self._send_params_and_tags(client)
+        self._send_metrics(client)
+        with self._lock:
+            end = self._end
         if end is not None:
             client.set_terminated(self.run_id, status=end[0], end_time=end[1])
             with self._lock:
                 if self._end == end:
                     self._end = None
 
+    def _send_params_and_tags(self, client: Any) -> None:
+        while True:
+            with self._lock:
+                params = list(self._params.values())[:_PARAMS_TAGS_PER_BATCH]
+                tags = list(self._tags.values())[: _PARAMS_TAGS_PER_BATCH - len(params)]
+            if not (params or tags):
+                return
+            try:
+                client.log_batch(self.run_id, params=params, tags=tags)
+            except MlflowException as exc:
+                if params and self._drop_refused_params(client, params):
+                    continue  # the rest goes again, without them
+                self._refused(exc, [], params, tags)
+                continue
+            self._forget([], params, tags)
+
+    def _drop_refused_params(self, client: Any, params: list[Any]) -> bool:
+        """Drop the params of ``params`` already logged to the run with another value, which
+        MLflow refuses to change; True if there were any. Raises if the run cannot be read
+        (the store is down: everything is sent again at the next flush)."""
+        logged = client.get_run(self.run_id).data.params
+        refused = [p for p in params if p.key in logged and logged[p.key] != p.value]
+        if not refused:
+            return False
+        self._forget([], refused, [])
+        self.dropped += len(refused)
+        # Once per refused param: it is dropped, never sent again.
+        logger.warning(
+            "MlflowEventHandler: MLflow refuses to change params already logged to run %s "
+            "(a resumed run with changed hyperparameters?): %s; the metrics are written "
+            "(entries dropped so far: %d)",
+            self.run_id,
+            ", ".join(f"{p.key} ({logged[p.key]!r} logged, {p.value!r} dropped)" for p in refused),
+            self.dropped,
+        )
+        return True
+
+    def _send_metrics(self, client: Any) -> None:
+        while True:
+            with self._lock:
+                metrics = [
+                    self._metrics[i] for i in range(min(len(self._metrics), _METRICS_PER_BATCH))
+                ]
+            if not metrics:
+                return
+            try:
+                client.log_batch(self.run_id, metrics=metrics)
+            except MlflowException as exc:
+                self._refused(exc, metrics, [], [])
+                continue
+            self._forget(metrics, [], [])
+            self.written_metrics += len(metrics)
+
+    def _refused(
+        self, exc: MlflowException, metrics: list[Any], params: list[Any], tags: list[Any]
+    ) -> None:
+        """Drop and count a batch the server refused as invalid (a 4xx answer): sending it
+        again cannot help. Anything else is raised, and the batch sent again later."""
+        status = exc.get_http_status_code()  # type: ignore[no-untyped-call]
+        if not 400 <= status < 500:
+            raise exc
+        self._forget(metrics, params, tags)
+        self.dropped += len(metrics) + len(params) + len(tags)
+        if self._throttle.ready("refused"):
+            logger.warning(
+                "MlflowEventHandler: the tracking server refused a batch of %d "
+                "entries (%s); they are dropped (%d so far)",
+                len(metrics) + len(params) + len(tags),
+                str(exc)[:200],
+                self.dropped,
+            )
+
     def _forget(self, metrics: list[Any], params: list[Any], tags: list[Any]) -> None:
         with self._lock:
             for _ in metrics:
                 self._metrics.popleft()
-            for param in params:
-                self._params.pop(param.key, None)
-            for tag in tags:
-                self._tags.pop(tag.key, None)
+            # By identity: a newer run-start event may have put another value under the key.
+            for kept, sent in ((self._params, params), (self._tags, tags)):
+                for entry in sent:
+                    key = entry.key
+                    if kept.get(key) is entry:
+                        del kept[key]
 
     def _create_run(self, client: Any) -> str:
         experiment_id = "0"
@@ -279,11 +344,19 @@ class MlflowEventHandler:
                 experiment_id = experiment.experiment_id
             else:
                 experiment_id = client.create_experiment(self._experiment_name)
-        run = client.create_run(experiment_id, run_name=self._run_name)
+        with self._lock:
+            start = self._start_ms
+        # The run's own start, not this first write's (the store may take seconds to open).
+        run = client.create_run(experiment_id, start_time=start, run_name=self._run_name)
         return str(run.info.run_id)
 
     def __repr__(self) -> str:
         return f"<MlflowEventHandler run_id={self.run_id!r}>"
+
+
+def _ms(event: Event) -> int:
+    """The event's time in milliseconds since the epoch, as MLflow takes it."""
+    return int(event.timestamp.timestamp() * 1000)
 
 
 def _valid_name(name: str) -> bool:

@@ -19,16 +19,24 @@ from .conftest import ROOT, Figures
 
 TIMEOUT = 0.3
 SLACK = 1.0  # generous: a shared, noisy machine; this is a bound, not a speed claim
+# Each scenario runs twice: its outcome in the default run, and with upper bounds on wall time,
+# which a busy machine can miss, under the stress marker.
+BOUNDED = [
+    pytest.param(False, id="outcome"),
+    pytest.param(True, id="bounded", marks=pytest.mark.stress),
+]
 
 
 def _event(i: int) -> Event:
     return Event("hung", datetime.now(timezone.utc), {"i": i})
 
 
+@pytest.mark.parametrize("bounded", BOUNDED)
 @pytest.mark.parametrize("kind", ["sync", "async"])
-def test_flush_and_close_return_false_on_time(kind: str, figures: Figures) -> None:
+def test_flush_and_close_return_false_on_time(kind: str, bounded: bool, figures: Figures) -> None:
     """With one handler that never returns, flush(timeout) and close(timeout) return False
-    within their timeout while the healthy handler still receives every event."""
+    once their timeout has passed (within it plus a slack, bounded) while the healthy
+    handler still receives every event."""
     figures.describe(
         load="100 events, 2 handlers",
         faults=f"one {kind} handler never returns (until the test ends)",
@@ -57,7 +65,9 @@ def test_flush_and_close_return_false_on_time(kind: str, figures: Figures) -> No
         flushed = bus.flush(timeout=TIMEOUT)
         flush_s = time.monotonic() - t0
         assert flushed is False
-        assert TIMEOUT <= flush_s < TIMEOUT + SLACK
+        assert flush_s >= TIMEOUT
+        if bounded:
+            assert flush_s < TIMEOUT + SLACK
         assert healthy.wait_for(100)
         assert [e.data["i"] for e in healthy.events] == list(range(100))
         stats = {h["name"]: h for h in bus.stats()["handlers"]}
@@ -67,7 +77,9 @@ def test_flush_and_close_return_false_on_time(kind: str, figures: Figures) -> No
         closed = bus.close(timeout=TIMEOUT)
         close_s = time.monotonic() - t0
         assert closed is False
-        assert TIMEOUT <= close_s < TIMEOUT + SLACK
+        assert close_s >= TIMEOUT
+        if bounded:
+            assert close_s < TIMEOUT + SLACK
         figures.measure(
             logged=100,
             delivered_healthy=100,
@@ -131,9 +143,10 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("bounded", BOUNDED)
 @pytest.mark.parametrize("kind", ["sync", "async", "default-bus", "async-blocks-loop"])
 def test_child_with_hung_handler_exits_within_exit_timeout(
-    kind: str, tmp_path: Path, figures: Figures
+    kind: str, bounded: bool, tmp_path: Path, figures: Figures
 ) -> None:
     """A child interpreter whose handler never returns exits within the bus's exit_timeout,
     and its other handler got every event (except when an async handler blocks the loop
@@ -158,7 +171,8 @@ def test_child_with_hung_handler_exits_within_exit_timeout(
     ended = time.monotonic()
     assert proc.returncode == 0, proc.stderr
     exit_s = ended - float(proc.stdout.split()[0])
-    assert exit_s < exit_timeout + 3.0  # interpreter teardown and process reaping included
+    if bounded:
+        assert exit_s < exit_timeout + 3.0  # interpreter teardown and process reaping included
     lines = out.read_text().split()
     if kind != "async-blocks-loop":
         assert lines == [str(i) for i in range(n)]
