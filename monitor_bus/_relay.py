@@ -79,6 +79,22 @@ _READ_SIZE = 1 << 16
 _CONNECT_TIMEOUT = 1.0
 
 
+# A sweep: set once every connection is read up to its target (bytes read in all).
+_Sweep = tuple[Future[None], dict[socket.socket, int]]
+
+
+def _readable(sock: socket.socket) -> int:
+    """Bytes waiting in ``sock``'s receive buffer (FIONREAD: Linux, macOS, the BSDs)."""
+    import fcntl  # Unix only, as the relay is
+    import termios
+
+    try:
+        (n,) = struct.unpack("i", fcntl.ioctl(sock, termios.FIONREAD, b"\0\0\0\0"))
+    except OSError:  # closed meanwhile: nothing more to read
+        return 0
+    return int(n)
+
+
 def _frame(message: tuple[Any, ...]) -> bytes:
     body = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(body)) + body
@@ -376,8 +392,13 @@ class Listener:
         self._selector.register(self._server, selectors.EVENT_READ)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._connections: dict[socket.socket, _Connection] = {}
-        self._lock = threading.Lock()  # one reader at a time: the thread or a flush sweep
-        self._sweeps: list[Future[None]] = []
+        # Held by the relay's thread for one round (never while waiting), and by a sweep as it
+        # takes its targets.
+        self._lock = threading.Lock()
+        self._sweeps: list[_Sweep] = []
+        self._got: dict[socket.socket, int] = {}  # bytes read from each connection
+        self._paused: set[socket.socket] = set()  # not read: their events found no room
+        self._waiting: dict[int, EventBus] = {}  # buses with parked events, by id
         self._closed = False
         self.received = 0
         self._thread = threading.Thread(target=self._run, name="monitor_bus.relay", daemon=True)
@@ -385,19 +406,48 @@ class Listener:
         os.environ[ENVIRONMENT] = f"{os.getpid()}:{self.path}"
 
     def sweep(self, timeout: float | None) -> bool:
-        """Read everything the children have written so far; False if ``timeout`` passed."""
-        future: Future[None] = Future()
-        with self._lock:
+        """Queue what the children had written when this was called; False if ``timeout``
+        passed first (a bus under ``"block"`` has no room for it, say). Never waits longer."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        try:
             if self._closed:
                 return True
-            self._sweeps.append(future)
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"\0")
+            self._accept()  # a child that connected before the call is swept too
+            # What each connection holds now: the sweep is done once the relay has read and
+            # queued that much, whatever a child writes meanwhile.
+            targets = {sock: self._got.get(sock, 0) + _readable(sock) for sock in self._connections}
+            if self._settled(targets):
+                return True
+            sweep: _Sweep = (Future(), targets)
+            self._sweeps.append(sweep)
+        finally:
+            self._lock.release()
+        self._wake()
         try:
-            future.result(timeout)
+            sweep[0].result(None if deadline is None else max(0.0, deadline - time.monotonic()))
         except FutureTimeout:
-            return False
+            with self._lock:
+                if sweep in self._sweeps:
+                    self._sweeps.remove(sweep)
+            return sweep[0].done()
         return True
+
+    def _wake(self) -> None:
+        """Have the relay's thread go round (a sweep asked, room in a queue, closing)."""
+        with contextlib.suppress(OSError):  # full: a wake-up is pending anyway
+            self._wake_w.send(b"\0")
+
+    def _settled(self, targets: dict[socket.socket, int]) -> bool:
+        """Whether every connection of a sweep is read to its target with nothing parked
+        (or has ended)."""
+        connections = self._connections
+        got = self._got
+        return all(
+            sock not in connections or (got.get(sock, 0) >= target and sock not in self._paused)
+            for sock, target in targets.items()
+        )
 
     def _run(self) -> None:
         try:
@@ -413,35 +463,35 @@ class Listener:
             with self._lock:
                 self._closed = True
                 sweeps, self._sweeps = self._sweeps, []
-            for future in sweeps:
+            for future, _ in sweeps:
                 future.set_result(None)
             self._release()
 
     def _serve(self) -> bool:
-        """One round: wait for data, read it; False once closed."""
+        """One round: wait for data, read one chunk from each connection that has some (round
+        robin: a child writing flat out starves no other), queue what was parked if there is
+        room now, and settle the sweeps that are done; False once closed. Never waits for
+        room in a queue: a connection whose events find none is not read until there is."""
         ready = self._selector.select()
         with self._lock:
             if self._closed:
                 return False
-            sweeps, self._sweeps = self._sweeps, []
-            try:
-                for key, _ in ready:
-                    sock = key.fileobj
-                    if sock is self._server:
-                        self._accept()
-                    elif sock is self._wake_r:
-                        with contextlib.suppress(OSError):
-                            self._wake_r.recv(4096)
-                    elif sock in self._connections:  # not closed earlier in this round
-                        self._read(self._connections[sock])
-                if sweeps:
-                    # Everything written before the sweep was asked for is readable now.
+            for key, _ in ready:
+                sock = key.fileobj
+                if sock is self._server:
                     self._accept()
-                    for connection in list(self._connections.values()):
-                        self._read(connection)
-            finally:
-                for future in sweeps:
-                    future.set_result(None)
+                elif sock is self._wake_r:
+                    with contextlib.suppress(OSError):
+                        self._wake_r.recv(4096)
+                elif sock in self._connections and sock not in self._paused:
+                    self._read(self._connections[sock])  # not closed earlier in this round
+            if self._waiting or self._paused:
+                self._resume()
+            if self._sweeps:
+                done = [sweep for sweep in self._sweeps if self._settled(sweep[1])]
+                for sweep in done:
+                    self._sweeps.remove(sweep)
+                    sweep[0].set_result(None)
         return True
 
     def _accept(self) -> None:
@@ -455,21 +505,21 @@ class Listener:
             self._selector.register(sock, selectors.EVENT_READ)
 
     def _read(self, connection: _Connection) -> None:
-        """Read what ``connection`` holds and queue its events; close it at its end."""
+        """Read one chunk of what ``connection`` holds and queue its events; close it at its
+        end, pause it when a bus under ``"block"`` had no room for them."""
         sock = connection.sock
         buffer = connection.buffer
         ended = False
-        while True:
-            try:
-                chunk = sock.recv(_READ_SIZE)
-            except BlockingIOError:
-                break
-            except OSError:
-                ended = True
-                break
-            if not chunk:
-                ended = True
-                break
+        try:
+            chunk = sock.recv(_READ_SIZE)
+        except BlockingIOError:
+            chunk = None
+        except OSError:
+            chunk = b""
+        if chunk is not None and not chunk:
+            ended = True
+        elif chunk:
+            self._got[sock] = self._got.get(sock, 0) + len(chunk)
             buffer += chunk
             try:
                 self._messages(connection)
@@ -482,18 +532,54 @@ class Listener:
                 )
                 buffer.clear()
                 ended = True
-                break
-        if ended:
+        if self._park(connection) and not ended:
+            # Left in the kernel's buffer from now on: the child's own policy applies when
+            # its side fills up.
+            self._paused.add(sock)
             self._selector.unregister(sock)
-            del self._connections[sock]
-            sock.close()
-            if buffer:
-                origin = connection.origin
-                logger.warning(
-                    "monitor_bus: child process %s ended in the middle of a message; the "
-                    "event it was sending is lost",
-                    origin.pid if origin is not None else "?",
-                )
+        if ended:
+            self._end(connection)
+
+    def _park(self, connection: _Connection) -> bool:
+        """Whether a bus ``connection`` feeds has events parked (no room under "block"); such
+        a bus is unparked each round, and its queue wakes the relay when it has room."""
+        parked = False
+        for bus in connection.buses.values():
+            if bus is not None and bus._queue.parked:
+                bus._queue.on_room = self._wake
+                self._waiting[id(bus)] = bus
+                parked = True
+        return parked
+
+    def _resume(self) -> None:
+        """Queue the parked events that fit now; read again the connections whose buses have
+        nothing parked left."""
+        for key, bus in list(self._waiting.items()):
+            if bus._relay_unpark():
+                del self._waiting[key]
+        for sock in list(self._paused):
+            buses = self._connections[sock].buses.values()
+            if not any(bus is not None and bus._queue.parked for bus in buses):
+                self._paused.discard(sock)
+                self._selector.register(sock, selectors.EVENT_READ)
+
+    def _end(self, connection: _Connection) -> None:
+        """The child closed its end (or broke the framing): close ours."""
+        sock = connection.sock
+        if sock in self._paused:
+            self._paused.discard(sock)
+        else:
+            self._selector.unregister(sock)
+        del self._connections[sock]
+        self._got.pop(sock, None)
+        sock.close()
+        if connection.buffer:
+            origin = connection.origin
+            logger.warning(
+                "monitor_bus: child process %s ended in the middle of a message; the "
+                "event it was sending is lost",
+                origin.pid if origin is not None else "?",
+            )
 
     def _messages(self, connection: _Connection) -> None:
         buffer = connection.buffer
@@ -539,8 +625,10 @@ class Listener:
             if self._closed:
                 return
             self._closed = True
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"\0")
+            sweeps, self._sweeps = self._sweeps, []
+        for future, _ in sweeps:
+            future.set_result(None)  # nothing more will be read
+        self._wake()
         self._thread.join(_CONNECT_TIMEOUT)
         if not self._thread.is_alive():
             self._release()

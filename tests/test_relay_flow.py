@@ -1,0 +1,150 @@
+"""The relay's flow: a stuck sink, a child writing flat out and a full socket never hang the
+parent or a child beyond their timeouts, and every event is delivered or counted."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+import monitor_bus
+from monitor_bus import Event, EventBus
+
+from .conftest import Recorder
+
+TS = datetime(2026, 1, 1, tzinfo=timezone.utc)
+FORK = multiprocessing.get_context("fork")
+
+
+def _within(limit: float, call: Callable[..., Any], *args: Any) -> list[Any]:
+    """``[call(*args)]`` if it returned within ``limit`` seconds, else ``[]`` (it hangs)."""
+    result: list[Any] = []
+    done = threading.Event()
+
+    def run() -> None:
+        result.append(call(*args))
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    done.wait(limit)
+    return result
+
+
+class StuckSink:
+    """A handler that records each event, the first one only once ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.events: list[Event] = []
+
+    def __call__(self, event: Event) -> None:
+        self.entered.set()
+        self.release.wait()
+        self.events.append(event)
+
+
+def _log_on(bus: EventBus, n: int) -> None:
+    """A forked child's task: log ``n`` events on ``bus`` (which it inherited)."""
+    for i in range(n):
+        bus.log_event(Event("child", TS, {"i": i}))
+
+
+def _block_bus_fed_by_a_child(n: int) -> tuple[EventBus, StuckSink, Any]:
+    """A parent bus under "block" with room for 10 and a sink stuck on its first event, and a
+    child (exited) that logged ``n`` events on it: the relay has more than fits."""
+    bus = EventBus(capacity=10, overflow="block", name="blocky")
+    sink = StuckSink()
+    handle = bus.register_event_handler(sink)
+    child = FORK.Process(target=_log_on, args=(bus, n))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert sink.entered.wait(30)  # the relay reads the child; the sink holds the first event
+    return bus, sink, handle
+
+
+def test_a_stuck_sink_under_block_leaves_flush_its_timeout() -> None:
+    """With the parent's queue full under "block" and its sink stuck, the relay stops reading
+    the child instead of waiting for room: each flush(0.5) returns False (it used to hang on
+    the relay's lock for as long as the sink was stuck). Once the sink moves, every event the
+    child logged arrives, in order, none dropped."""
+    bus, sink, _ = _block_bus_fed_by_a_child(500)
+    try:
+        for _ in range(2):
+            assert _within(10, bus.flush, 0.5) == [False]
+    finally:
+        sink.release.set()
+    assert bus.flush(30)
+    assert [e.data["i"] for e in sink.events] == list(range(500))
+    assert bus.stats()["dropped"] == 0
+    assert bus.close(10)
+
+
+def test_a_stuck_sink_under_block_leaves_close_its_timeout() -> None:
+    """close(1) with the sink stuck under "block" returns False in time (it used to hang), and
+    what the sink did not get is counted: delivered, dropped for the cut-off handler, and
+    dropped by the closed bus (read from the child after close) add up to what the child
+    logged."""
+    bus, sink, handle = _block_bus_fed_by_a_child(500)
+    try:
+        assert _within(10, bus.flush, 0.5) == [False]
+        assert _within(10, bus.close, 1.0) == [False]
+    finally:
+        sink.release.set()
+    handler = handle._handler
+    assert handler.wait_stopped(30)
+    listener = monitor_bus._lifecycle.process.listener
+    assert listener is not None
+    assert listener.sweep(30)  # what the child wrote is read: counted by the closed bus
+    assert handler.delivered == len(sink.events) > 0
+    assert handler.delivered + handler.dropped + bus.stats()["dropped"] == 500
+
+
+def _flood(bus: EventBus, started: Any, stop: Any) -> None:
+    """A forked child's task: log events on ``bus`` as fast as it can until ``stop``. Their
+    text is slow to decode (UTF-8 of 3-byte characters, which the child encodes once and
+    caches): the parent reads more slowly than this child writes."""
+    blob = "\u20ac" * 8192
+    bus.log_event(Event("flood", TS, {"blob": blob}))
+    started.set()
+    while not stop.is_set():
+        for _ in range(100):
+            bus.log_event(Event("flood", TS, {"blob": blob}))
+
+
+def test_a_child_writing_flat_out_starves_no_sibling(recorder: Recorder) -> None:
+    """One child logs flat out (faster than the relay reads), a sibling logs five events: the
+    sibling's events arrive, and flush() returns True meanwhile, having settled what the
+    children had written when it was called (the relay used to read the fast child until it
+    ran dry, which it never did)."""
+    flood = EventBus(capacity=1000, name="flood")
+    flooded = [0]
+    flood.register_event_handler(lambda _: flooded.__setitem__(0, flooded[0] + 1))
+    quiet = EventBus(name="quiet")
+    quiet.register_event_handler(recorder)
+    started, stop = FORK.Event(), FORK.Event()
+    flooder = FORK.Process(target=_flood, args=(flood, started, stop))
+    flooder.start()
+    try:
+        assert started.wait(60)
+        sibling = FORK.Process(target=_log_on, args=(quiet, 5))
+        sibling.start()
+        sibling.join(60)
+        assert sibling.exitcode == 0
+        assert recorder.wait_for(5, timeout=60)
+        assert quiet.flush(30)
+        assert flood.flush(30)
+        assert flooder.is_alive()  # still writing flat out
+    finally:
+        stop.set()
+        flooder.join(60)
+    assert [e.data["i"] for e in recorder.events] == list(range(5))
+    assert flooded[0] > 0
+    assert quiet.close(10)
+    assert flood.close(10)
+
