@@ -106,15 +106,24 @@ def test_a_stuck_sink_under_block_leaves_close_its_timeout() -> None:
 
 
 def _flood(bus: EventBus, started: Any, stop: Any) -> None:
-    """A forked child's task: log events on ``bus`` as fast as it can until ``stop``. Their
-    text is slow to decode (UTF-8 of 3-byte characters, which the child encodes once and
-    caches): the parent reads more slowly than this child writes."""
+    """A forked child's task: log events on ``bus`` as fast as it can until ``stop``; set
+    ``started`` once its socket is full. Their text is slow to decode (UTF-8 of 3-byte
+    characters, which the child encodes once and caches), so the parent reads more slowly
+    than this child writes."""
     blob = "\u20ac" * 8192
-    bus.log_event(Event("flood", TS, {"blob": blob}))
-    started.set()
     while not stop.is_set():
         for _ in range(100):
             bus.log_event(Event("flood", TS, {"blob": blob}))
+        if bus.stats()["dropped"]:
+            started.set()  # its socket is full: the parent reads more slowly than it writes
+
+
+def _spin(until: threading.Event) -> None:
+    """Busy in Python (holding the GIL but at each switch interval) until ``until`` is set."""
+    n = 0
+    while not until.is_set():
+        for _ in range(10_000):
+            n += 1
 
 
 def test_a_child_writing_flat_out_starves_no_sibling(recorder: Recorder) -> None:
@@ -130,6 +139,11 @@ def test_a_child_writing_flat_out_starves_no_sibling(recorder: Recorder) -> None
     started, stop = FORK.Event(), FORK.Event()
     flooder = FORK.Process(target=_flood, args=(flood, started, stop))
     flooder.start()
+    # The parent is busy in Python meanwhile, as a trainer and its threads are: the relay's
+    # thread waits for the GIL after each read, so the flooder keeps its socket full.
+    busy = threading.Event()
+    for _ in range(3):
+        threading.Thread(target=_spin, args=(busy,), daemon=True).start()
     try:
         assert started.wait(60)
         sibling = FORK.Process(target=_log_on, args=(quiet, 5))
@@ -141,6 +155,7 @@ def test_a_child_writing_flat_out_starves_no_sibling(recorder: Recorder) -> None
         assert flood.flush(30)
         assert flooder.is_alive()  # still writing flat out
     finally:
+        busy.set()
         stop.set()
         flooder.join(60)
     assert [e.data["i"] for e in recorder.events] == list(range(5))
