@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import pickle
+import select
 import selectors
 import shutil
 import socket
@@ -93,6 +95,17 @@ def _readable(sock: socket.socket) -> int:
     except OSError:  # closed meanwhile: nothing more to read
         return 0
     return int(n)
+
+
+def _writable(sock: socket.socket, timeout: float | None) -> bool:
+    """Wait up to ``timeout`` seconds (None: no limit) until ``sock`` has room to write (or
+    has failed: the next send says how). ``poll`` needs no descriptor of its own (EMFILE)."""
+    poller = select.poll()
+    try:
+        poller.register(sock, select.POLLOUT)
+    except (OSError, ValueError):  # closed by another thread meanwhile: the retry sees it
+        return True
+    return bool(poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000))))
 
 
 def _frame(message: tuple[Any, ...]) -> bytes:
@@ -164,18 +177,35 @@ class Uplink:
         self._throttle = Throttle()
 
     def send(self, bus: EventBus, item: _Item, *, window: bool) -> None:
-        """Write one event (or Stat window) of ``bus`` to the parent, or count it dropped."""
+        """Write one event (or Stat window) of ``bus`` to the parent, or count it dropped.
+
+        Waits for room at most its own budget (a window: the bus's ``exit_timeout``; under
+        ``"block"``: ``block_timeout``; else not at all), and never with the lock held: a
+        window waiting for room does not hold up another thread's event.
+        """
         if self.linked is None and not self.resolve():
             return
-        with self._lock:
-            if self._sending:
-                self._drop(bus, "a signal handler or finalizer logged during a send")
+        if window:
+            wait: float | None = bus._exit_timeout
+        elif bus._overflow == "block":
+            wait = bus._block_timeout
+        else:
+            wait = 0.0
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            with self._lock:
+                if self._sending:
+                    self._drop(bus, "a signal handler or finalizer logged during a send")
+                    return
+                self._sending = True
+                try:
+                    full = self._send_locked(bus, item, window, deadline)
+                finally:
+                    self._sending = False
+            if full is None:
                 return
-            self._sending = True
-            try:
-                self._send_locked(bus, item, window)
-            finally:
-                self._sending = False
+            # No room: wait for some without the lock, then try again (the last try drops).
+            _writable(full, None if deadline is None else deadline - time.monotonic())
 
     def resolve(self) -> bool:
         """Whether this process is a ``multiprocessing`` child of the listener's process
@@ -198,36 +228,42 @@ class Uplink:
         """Point this process's own children at the listener this one reports to."""
         os.environ[ENVIRONMENT] = f"{os.getpid()}:{self.path}"
 
-    def _send_locked(self, bus: EventBus, item: _Item, window: bool) -> None:
+    def _send_locked(
+        self, bus: EventBus, item: _Item, window: bool, deadline: float | None
+    ) -> socket.socket | None:
+        """Try once to write the message: sent, or dropped and counted (None), or the socket
+        to wait on for room (full, with time left before ``deadline``)."""
         if self._sock is None and self._broken is None:
-            self._connect()
+            try:
+                self._connect()
+            except OSError as exc:  # no descriptor (EMFILE) or memory: tried again next time
+                self._drop(bus, f"no socket could be made ({exc.strerror or exc})")
+                return None
         if self._broken is not None:
             self._drop(bus, self._broken)
-            return
+            return None
         if self._verdicts_due:
             self._read_verdicts()
             if bus._uplink is None:
-                return  # the parent has no such bus: nothing to send it, as with no handler
+                return None  # the parent has no such bus: nothing to send it, as with no handler
         index = bus._relay_index or self._next_index
         name, timestamp, data = item
         try:
             message = _frame((_WINDOW if window else _EVENT, index, name, *_stamp(timestamp), data))
         except Exception as exc:  # noqa: BLE001 - a device value read as it is pickled failed
             self._drop(bus, f"it could not be encoded ({exc!r})")
-            return
+            return None
         if bus._relay_index and not self._unreported:
             frames = message  # the common case: nothing to say first
         else:
             frames = b"".join(self._preamble(bus, index)) + message
-        if window:
-            wait: float | None = bus._exit_timeout
-        elif bus._overflow == "block":
-            wait = bus._block_timeout
-        else:
-            wait = 0.0
-        if not self._write(frames, wait):
+        if not self._write(frames, 0.0):
+            sock = self._sock
+            time_left = deadline is None or time.monotonic() < deadline
+            if self._broken is None and sock is not None and time_left:
+                return sock
             self._drop(bus, self._broken or "its socket is full (the parent reads too slowly)")
-            return
+            return None
         if not bus._relay_index:
             bus._relay_index = index
             self._next_index += 1
@@ -235,6 +271,7 @@ class Uplink:
         for b in [b for b in self._unreported if b._relay_index]:
             del self._unreported[b]  # reported in the preamble
         bus._to_parent += 1
+        return None
 
     def _read_verdicts(self) -> None:
         """Take the parent's answers to this child's bus announcements: a bus the parent has
@@ -288,16 +325,11 @@ class Uplink:
             if not started and left is not None and left <= 0:
                 return False
             # Halfway through a message, finish it (bounded): the stream must stay framed.
-            ready = selectors.DefaultSelector()
-            try:
-                ready.register(sock, selectors.EVENT_WRITE)
-                limit = _CONNECT_TIMEOUT if started and (left is None or left <= 0) else left
-                if not ready.select(limit):
-                    if started:
-                        self._break("the parent stopped reading in the middle of a message")
-                    return False
-            finally:
-                ready.close()
+            limit = _CONNECT_TIMEOUT if started and (left is None or left <= 0) else left
+            if not _writable(sock, limit):
+                if started:
+                    self._break("the parent stopped reading in the middle of a message")
+                return False
         return True
 
     def _connect(self) -> None:

@@ -4,15 +4,14 @@ parent or a child beyond their timeouts, and every event is delivered or counted
 from __future__ import annotations
 
 import multiprocessing
+import sys
 import threading
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
-import pytest
-
 import monitor_bus
-from monitor_bus import Event, EventBus
+from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Stat
 
 from .conftest import Recorder
 
@@ -163,3 +162,66 @@ def test_a_child_writing_flat_out_starves_no_sibling(recorder: Recorder) -> None
     assert quiet.close(10)
     assert flood.close(10)
 
+
+def _window_waits_event_does_not(held: EventBus, win: EventBus, other: EventBus, out: Any) -> None:
+    """A forked child's task: have the parent stop reading it (``held`` parks), fill its
+    socket, send a Stat window of ``win`` on one thread (which waits for room: ``win``'s
+    exit_timeout is long) and log a drop_newest event of ``other`` on this one; report whether
+    that call returned while the window still waited, and ``other``'s drops."""
+    for i in range(5):
+        held.log_event(Event("held", TS, {"i": i}))  # more than the parent has room for
+    blob = "x" * 30000
+    while not other.stats()["dropped"]:  # the parent no longer reads: the socket fills
+        other.log_event(Event("fill", TS, {"blob": blob}))
+    stat = Stat("w", [Aggregation.COUNT], timedelta(hours=1), bus=win)
+    stat.add(1)
+    waiting, sent = threading.Event(), threading.Event()
+
+    def watch(frame: Any, event: str, arg: Any) -> None:
+        # The window's send waits for room in a poll (epoll's or poll's): it waits from now.
+        if event == "c_call" and getattr(arg, "__name__", "") == "poll":
+            waiting.set()
+
+    def send_window() -> None:
+        sys.setprofile(watch)
+        win.close()  # logs the open window: it waits for room, up to exit_timeout
+        sys.setprofile(None)
+        sent.set()
+
+    threading.Thread(target=send_window).start()
+    assert waiting.wait(60)
+    other.log_event(Event("quick", TS, {"i": 0}))  # drop_newest: no room, no wait
+    out.send((not sent.is_set(), other.stats()["dropped"]))
+    assert sent.wait(120)
+
+
+def test_a_window_waiting_for_room_does_not_hold_up_another_threads_event(
+    recorder: Recorder,
+) -> None:
+    """In a child whose parent does not read (its socket full), a Stat window waiting for room
+    (up to a long exit_timeout) does not hold up a drop_newest event on another thread: that
+    call drops its event, counts it and returns while the window still waits (it used to wait
+    on the uplink's lock behind the window). Once the parent reads again, the window arrives."""
+    held = EventBus(capacity=1, overflow="block", name="held")
+    sink = StuckSink()
+    held.register_event_handler(sink)
+    win = EventBus(exit_timeout=120, name="win")
+    win.register_event_handler(recorder)
+    other = EventBus(name="other")
+    other.register_event_handler(lambda _: None)
+    reader, writer = FORK.Pipe(duplex=False)
+    child = FORK.Process(target=_window_waits_event_does_not, args=(held, win, other, writer))
+    child.start()
+    try:
+        assert reader.poll(60)  # the child reports (it used to hang)
+        assert reader.recv() == (True, 2)  # returned while the window waited; the fill's drop too
+    finally:
+        sink.release.set()
+    child.join(120)
+    assert child.exitcode == 0
+    assert win.flush(30)
+    assert [(e.name, e.data) for e in recorder.events] == [(STAT_EVENT, {"w.count": 1})]
+    assert held.flush(30)
+    assert [e.data["i"] for e in sink.events] == list(range(5))
+    for bus in (held, win, other):
+        assert bus.close(10)
