@@ -219,6 +219,7 @@ class EventQueue:
         self.consumed = 0  # events the dispatcher took
         self.blocked = 0  # producers waiting for room
         self.closed = False
+        self.stalled = False  # no dispatcher could start: nothing makes room
         # Events the relay read under "block" with no room: (item, origin, window), in order.
         # Only the relay's thread adds or removes them.
         self.parked: deque[tuple[_Item, Any, bool]] = deque()
@@ -231,16 +232,18 @@ class EventQueue:
 
     def put_full(self, item: _Item) -> None:
         """``log_event``'s slow path: the queue is full."""
-        if self.overflow == "block" and not in_bus_thread():
+        if self.overflow == "block" and not in_bus_thread() and not self.stalled:
             slots, limit = self.slots, self.limit
             with self.space:
                 self.blocked += 1
                 try:
                     if (
                         self.space.wait_for(
-                            lambda: len(slots) < limit or self.closed, self.block_timeout
+                            lambda: len(slots) < limit or self.closed or self.stalled,
+                            self.block_timeout,
                         )
                         and not self.closed
+                        and not self.stalled
                     ):
                         slots.extend(item)
                         return
@@ -343,6 +346,14 @@ class EventQueue:
             self._head_windows = 0
             self.dropped += lost
         return lost
+
+    def stall(self, stalled: bool) -> None:
+        """Mark whether no dispatcher could start: producers under ``"block"`` then drop
+        instead of waiting for room that nothing makes."""
+        if stalled != self.stalled:
+            with self.space:
+                self.stalled = stalled
+                self.space.notify_all()
 
     def close(self) -> None:
         """Wake blocked producers: they drop their event instead of waiting."""

@@ -3,7 +3,9 @@ parent or a child beyond their timeouts, and every event is delivered or counted
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -210,7 +212,9 @@ def test_a_window_waiting_for_room_does_not_hold_up_another_threads_event(
     other = EventBus(name="other")
     other.register_event_handler(lambda _: None)
     reader, writer = FORK.Pipe(duplex=False)
-    child = FORK.Process(target=_window_waits_event_does_not, args=(held, win, other, writer))
+    child = FORK.Process(
+        target=_window_waits_event_does_not, args=(held, win, other, writer), daemon=True
+    )
     child.start()
     try:
         assert reader.poll(60)  # the child reports (it used to hang)
@@ -225,3 +229,85 @@ def test_a_window_waiting_for_room_does_not_hold_up_another_threads_event(
     assert [e.data["i"] for e in sink.events] == list(range(5))
     for bus in (held, win, other):
         assert bus.close(10)
+
+
+def attempt(raised: list[str], call: Callable[..., Any], *args: Any) -> None:
+    """``call(*args)``; what it raises is added to ``raised``."""
+    try:
+        call(*args)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        raised.append(f"{call.__qualname__}: {exc!r}")
+
+
+class _Warnings(logging.Handler):
+    """Counts the warnings of the ``monitor_bus`` logger that contain ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.WARNING)
+        self.text = text
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.count += 1
+
+
+def _no_descriptors(bus: EventBus, out: Any) -> None:
+    """A forked child's task: with no file descriptor left (RLIMIT_NOFILE at the lowest free
+    one), log three events and close a Stat window in an add; then, descriptors back, log two
+    events and close another window. Report what raised, the drops, the warnings."""
+    import resource
+
+    warnings = _Warnings("no socket could be made")
+    logging.getLogger("monitor_bus").addHandler(warnings)
+    now = [0.0]
+    monitor_bus._stat._clock = lambda: now[0]  # windows close when this test says
+    stat = Stat("s", [Aggregation.COUNT], timedelta(seconds=1), bus=bus)
+    report: dict[str, Any] = {"raised": []}
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    free = os.open(os.devnull, os.O_RDONLY)  # the lowest free descriptor
+    os.close(free)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (free, hard))
+    try:
+        for i in range(3):
+            attempt(report["raised"], bus.log_event, Event("none", TS, {"i": i}))
+        attempt(report["raised"], stat.add, 1)
+        now[0] += 1
+        attempt(report["raised"], stat.add, 1)  # closes the first window: no descriptor to send it
+        attempt(report["raised"], stat.add, 1)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    report["dropped"] = bus.stats()["dropped"]
+    for i in range(2):
+        bus.log_event(Event("back", TS, {"i": i}))
+    now[0] += 1
+    stat.add(1)  # closes the second window (two samples): sent
+    report["sent"] = bus.stats()["to_parent"]
+    report["warnings"] = warnings.count
+    out.send(report)
+
+
+def test_no_file_descriptor_in_a_child_drops_counts_and_recovers(recorder: Recorder) -> None:
+    """A child out of file descriptors (EMFILE as it connects to its parent): log_event and
+    Stat.add raise nothing (they used to raise OSError), the three events and the window are
+    counted as dropped with one warning, and once descriptors are back the child connects and
+    what it logs arrives, its drops reported to the parent."""
+    bus = EventBus(name="fds")
+    bus.register_event_handler(recorder)
+    reader, writer = FORK.Pipe(duplex=False)
+    child = FORK.Process(target=_no_descriptors, args=(bus, writer), daemon=True)
+    child.start()
+    assert reader.poll(60)
+    report = reader.recv()
+    child.join(60)
+    assert child.exitcode == 0
+    assert report == {"raised": [], "dropped": 4, "sent": 3, "warnings": 1}
+    assert bus.flush(30)
+    assert [(e.name, e.data) for e in recorder.events] == [
+        ("back", {"i": 0}),
+        ("back", {"i": 1}),
+        (STAT_EVENT, {"s.count": 2}),
+        (STAT_EVENT, {"s.count": 1}),  # the last add's window, as the child exits
+    ]
+    assert bus.stats()["dropped"] == 4  # reported by the child with its next message
+    assert bus.close(10)
