@@ -7,7 +7,9 @@ Guarantees
 - Blocking: ``log_event`` appends to a ``deque`` and returns. It takes no lock and makes no
   cross-thread call unless the dispatcher is idle, when it schedules one wake-up. Only the
   ``"block"`` overflow policy makes it wait, for at most ``block_timeout``; a thread of the bus
-  itself (a handler, the dispatcher) never waits there: it would be waiting on itself.
+  itself (a handler, the dispatcher) never waits there: it would be waiting on itself. Nor
+  does it raise for want of a thread or a file descriptor (a dispatcher started by an event
+  after a fork, a child's connection to its parent): see ``_dispatcher.py`` and ``_relay.py``.
 - Threads: one daemon thread per bus runs an asyncio loop under ``anyio.run``; its tasks drain
   the queue in batches, run the async handlers and close Stat windows on time. Each sync
   handler runs on a daemon thread of its own, so a slow one delays nobody else. The loop side

@@ -21,14 +21,23 @@ Guarantees
 - Never a hang: the socket is non-blocking. When its buffer is full (the parent is not reading
   fast enough) the bus's overflow policy decides: ``"block"`` waits up to ``block_timeout``
   for room, the others drop the event and count it; a Stat window waits up to the bus's
-  ``exit_timeout``. A parent that is gone or not listening costs a failed ``connect`` once.
-  What a child could not send is counted in its ``stats()["dropped"]``, reported on its
-  ``monitor_bus`` logger (at most once per 10 s) and, while the parent listens, sent to the
-  parent, which adds it to its own ``dropped``.
+  ``exit_timeout``. Each send waits only its own budget: the wait for room holds no lock, so
+  a window waiting does not hold up another thread's event. A parent that is gone or not
+  listening costs a failed ``connect`` once; a socket that cannot be made (no descriptor
+  left: EMFILE) costs that event only, and the next one tries again. What a child could not
+  send is counted in its ``stats()["dropped"]``, reported on its ``monitor_bus`` logger (at
+  most once per 10 s) and, while the parent listens, sent to the parent, which adds it to its
+  own ``dropped``.
 - In the parent, one thread reads every child's socket and queues what it reads as
   ``log_event`` does (same queue, capacity, policy and counters), in each child's order, each
-  event once, its origin (``Event.origin``) attached; ``flush()`` first reads everything the
-  children had written when it was called.
+  event once, its origin (``Event.origin``) attached. It reads fairly: one chunk (64 KiB) from
+  each child that has data, round by round, so a child writing flat out starves no other. It
+  never waits: under ``"block"``, events that find the queue full wait for room in the queue's
+  ``parked`` (at most one chunk's worth per child) and that child is not read meanwhile, so its
+  kernel buffer fills and the child's own policy applies; room in the queue wakes the relay.
+  ``flush()`` and ``close()`` first have it read and queue what each child had written when
+  they were called (the bytes readable then), within their timeout; a closed bus counts what
+  children send it afterwards as dropped.
 - What a killed child loses: SIGTERM or SIGKILL loses its Stats' open windows and an event
   it was writing at that instant (the parent warns of a torn message), nothing it logged
   before. A child that ends normally (a ``Pool`` or DataLoader worker included) first sends
