@@ -6,10 +6,13 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import re
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import monitor_bus
@@ -311,3 +314,41 @@ def test_no_file_descriptor_in_a_child_drops_counts_and_recovers(recorder: Recor
     ]
     assert bus.stats()["dropped"] == 4  # reported by the child with its next message
     assert bus.close(10)
+
+
+def test_exit_with_a_stuck_sink_under_block_keeps_exit_timeout() -> None:
+    """A program whose sink is stuck under "block" while a child's events wait in the relay
+    exits within its exit_timeout (it used to hang for ever), and names what it lost: what the
+    cut-off handler did not get and what the bus dropped add up to what the child logged."""
+    code = """
+import multiprocessing, threading
+from datetime import datetime
+from monitor_bus import Event, EventBus
+bus = EventBus(capacity=10, overflow="block", name="b", exit_timeout=2)
+entered, stuck = threading.Event(), threading.Event()
+def sink(event):
+    entered.set()
+    stuck.wait()
+bus.register_event_handler(sink)
+def child(bus):
+    for i in range(500):
+        bus.log_event(Event("c", datetime.now(), {"i": i}))
+proc = multiprocessing.get_context("fork").Process(target=child, args=(bus,))
+proc.start()
+proc.join()
+assert entered.wait(30)
+assert not bus.flush(0.5)  # the relay holds more than there is room for
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parent.parent,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    undelivered = re.search(r"cut off: 'sink' \((\d+) undelivered\)", result.stderr)
+    dropped = re.findall(r"(\d+) in all", result.stderr)
+    assert undelivered is not None, result.stderr
+    assert int(undelivered[1]) + int(dropped[-1]) == 500, result.stderr
