@@ -433,9 +433,7 @@ class Listener:
         self._selector.register(self._server, selectors.EVENT_READ)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._connections: dict[socket.socket, _Connection] = {}
-        # Held by the relay's thread for one round (never while waiting), and by a sweep as it
-        # takes its targets.
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one reader at a time: the thread or a flush sweep
         self._sweeps: list[_Sweep] = []
         self._got: dict[socket.socket, int] = {}  # bytes read from each connection
         self._paused: set[socket.socket] = set()  # not read: their events found no room
