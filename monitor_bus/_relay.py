@@ -114,7 +114,9 @@ def _writable(sock: socket.socket, timeout: float | None) -> bool:
         poller.register(sock, select.POLLOUT)
     except (OSError, ValueError):  # closed by another thread meanwhile: the retry sees it
         return True
-    return bool(poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000))))
+    # poll takes a C int of milliseconds (24 days): a longer wait goes round again.
+    ms = None if timeout is None else min(max(0, math.ceil(timeout * 1000)), 2**31 - 1)
+    return bool(poller.poll(ms))
 
 
 def _frame(message: tuple[Any, ...]) -> bytes:
