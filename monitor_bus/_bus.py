@@ -7,7 +7,9 @@ Guarantees
 - Blocking: ``log_event`` appends to a ``deque`` and returns. It takes no lock and makes no
   cross-thread call unless the dispatcher is idle, when it schedules one wake-up. Only the
   ``"block"`` overflow policy makes it wait, for at most ``block_timeout``; a thread of the bus
-  itself (a handler, the dispatcher) never waits there: it would be waiting on itself.
+  itself (a handler, the dispatcher) never waits there: it would be waiting on itself. Nor
+  does it raise for want of a thread or a file descriptor (a dispatcher started by an event
+  after a fork, a child's connection to its parent): see ``_dispatcher.py`` and ``_relay.py``.
 - Threads: one daemon thread per bus runs an asyncio loop under ``anyio.run``; its tasks drain
   the queue in batches, run the async handlers and close Stat windows on time. Each sync
   handler runs on a daemon thread of its own, so a slow one delays nobody else. The loop side
@@ -53,6 +55,7 @@ from ._queue import (
     count_events,
     device_values,
 )
+from ._ratelimit import Throttle
 from ._stat import STAT_EVENT
 
 if TYPE_CHECKING:
@@ -68,6 +71,8 @@ Overflow = Literal["drop_newest", "drop_oldest", "block"]
 _OVERFLOWS = ("drop_newest", "drop_oldest", "block")
 Children = Literal["forward", "own"]
 _CHILDREN = ("forward", "own")
+# Reports events child processes sent to a bus after it closed (per bus).
+_LATE = Throttle()
 
 
 class EventBus:
@@ -233,22 +238,60 @@ class EventBus:
 
     def _relay_in(self, item: _Item, origin: EventOrigin | None, window: bool) -> None:
         """``log_event`` for what a child process sent (the relay's thread): the same queue,
-        policy and counters, with the child's ``origin`` on the event."""
+        policy and counters, with the child's ``origin`` on the event. Never waits: under
+        ``"block"`` with no room the event is parked (``EventQueue.parked``), and the relay
+        reads no more from that child until ``_relay_unpark`` has queued it."""
+        if self._closed:  # sent before the child knew: counted, not delivered
+            self._queue.count_dropped(1)
+            if _LATE.ready(self._creator):
+                logger.warning(
+                    "EventBus %r is closed: events child processes sent it are dropped (%d "
+                    "dropped in all)",
+                    self._name,
+                    self._queue.dropped,
+                )
+            return
         if not self._handlers:
             return
-        self._from_children += 1
+        queue = self._queue
+        if queue.parked or not self._relay_put(item, origin, window):
+            queue.parked.append((item, origin, window))  # behind the parked ones: in order
+
+    def _relay_put(self, item: _Item, origin: EventOrigin | None, window: bool) -> bool:
+        """Queue one event from a child; False (nothing queued) under ``"block"`` with no room."""
         queue = self._queue
         if window:
             queue.put_window(item, origin)
         else:
             data = RemoteData(item[2])
             data.origin = origin
+            slots = (item[0], item[1], data)
             if len(queue.slots) < queue.crowded:
-                queue.slots.extend((item[0], item[1], data))
+                queue.slots.extend(slots)
             else:
-                self._put_crowded((item[0], item[1], data))
+                self._dispatcher.hurry()  # a lingering or stopped dispatcher makes no room
+                if not queue.put_nowait(slots):
+                    return False
+        self._from_children += 1
         if self._idle:
             self._dispatcher.wake()
+        return True
+
+    def _relay_unpark(self) -> bool:
+        """Queue the events the relay parked while there is room (the relay's thread); True
+        once none is left. A closed queue counts them as dropped."""
+        queue = self._queue
+        parked = queue.parked
+        while parked:
+            if queue.closed or self._closed:
+                queue.count_dropped(len(parked))
+                parked.clear()
+                break
+            item, origin, window = parked[0]
+            if not self._relay_put(item, origin, window):
+                break
+            parked.popleft()
+        return not parked
 
     # -- registration --
 
@@ -453,13 +496,15 @@ class EventBus:
         if not self._closed:
             for stat in self._stats():
                 stat._close()
-            self._sweep_children(timeout)
+            # At most half the time: a sweep that cannot settle (a stuck sink under "block")
+            # must leave time to detach the handlers.
+            self._sweep_children(None if timeout is None else timeout / 2)
             dispatcher.ensure_running()
         with dispatcher.lock:
             self._closed = True
         self._queue.close()
         try:
-            targets = dispatcher.in_loop(dispatcher.detach_all, timeout=timeout)
+            targets = dispatcher.in_loop(dispatcher.detach_all, timeout=_remaining(deadline))
         except _TimedOut:
             logger.warning(
                 "EventBus %r: close() gave up after %s s: the dispatcher did not respond",

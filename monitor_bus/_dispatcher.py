@@ -5,7 +5,11 @@ Guarantees
 - Threads: one daemon thread per bus runs an asyncio loop under ``anyio.run``, started with the
   bus's first handler (never at import), with a handshake so a failure to start reaches the
   caller. Its task group runs the distributor, the Stat timer and one task per async handler;
-  each sync handler runs on a daemon thread of its own.
+  each sync handler runs on a daemon thread of its own. A start caused by ``log_event`` or
+  ``Stat.add`` (after a fork, or a failed restart) never raises: if no thread or descriptor is
+  to be had, what they logged waits in the queue (a full one drops as its policy says, and
+  ``"block"`` does not wait for room nothing would make), a warning says so (at most once per
+  10 s), and the next event tries again.
 - Other threads reach the loop with ``call_soon_threadsafe`` and wait on a future with their
   own timeout, so ``flush``/``close`` stay bounded even if a handler blocks the loop.
 - Registration changes run on the loop: the distributor drains what is queued to the current
@@ -120,6 +124,7 @@ class Dispatcher:
         self._dropped_reported = 0  # the part of the queue's drops already in a warning
         self._drop_throttle = Throttle()
         self._read_throttle = Throttle()
+        self._start_throttle = Throttle()
         self._report_lock = threading.Lock()
         self._failures: deque[float] = deque(maxlen=_MAX_FAILURES)  # when, monotonic
 
@@ -141,6 +146,8 @@ class Dispatcher:
                 try:
                     if self.active() and not self.bus._closed and not self.broken:
                         self.start_locked()
+                except Exception as exc:  # noqa: BLE001 - log_event and Stat.add never raise
+                    self._start_failed(exc)
                 finally:
                     self.lock.release()
             return
@@ -155,10 +162,8 @@ class Dispatcher:
                 if self.loop is None and self.active() and not self.bus._closed and not self.broken:
                     try:
                         self.start_locked()
-                    except Exception:
-                        logger.exception(
-                            "EventBus %r: the dispatcher could not start", self.bus._name
-                        )
+                    except Exception as exc:  # noqa: BLE001 - said (throttled), tried again later
+                        self._start_failed(exc)
         return self.loop is not None
 
     def start_for_stats(self) -> None:
@@ -173,8 +178,8 @@ class Dispatcher:
         try:
             if self.loop is None and self.active() and not self.bus._closed and not self.broken:
                 self.start_locked()
-        except Exception:
-            logger.exception("EventBus %r: the dispatcher could not start", self.bus._name)
+        except Exception as exc:  # noqa: BLE001 - Stat.add never raises
+            self._start_failed(exc)
         finally:
             self.lock.release()
 
@@ -236,30 +241,55 @@ class Dispatcher:
     # -- the dispatcher thread --
 
     def start_locked(self) -> None:
-        """Start the dispatcher and wait until it runs (``self.lock`` held)."""
-        ready: Future[None] = Future()
-        thread = threading.Thread(
-            target=self._thread_main,
-            args=(ready,),
-            name=f"monitor_bus-{self.bus._name}",
-            daemon=True,
-        )
-        thread.start()
-        ready.result()  # re-raises a failure to start
+        """Start the dispatcher and wait until it runs (``self.lock`` held).
+
+        Raises what failed (no thread could start, no descriptor for the loop): then nothing
+        runs that did not before, bar runners of sync handlers, which wait for the next start,
+        and the queue is marked stalled (a producer under "block" does not wait for room).
+        """
+        queue = self.bus._queue
+        try:
+            # After a fork or a failure: runners that are gone. The sync ones first, so that
+            # a failure leaves no running loop with a handler nobody runs.
+            for handler in self.bus._handlers:
+                if not handler.running and not handler.is_async:
+                    handler.start_thread()
+            ready: Future[None] = Future()
+            thread = threading.Thread(
+                target=self._thread_main,
+                args=(ready,),
+                name=f"monitor_bus-{self.bus._name}",
+                daemon=True,
+            )
+            thread.start()
+            ready.result()  # re-raises a failure to start
+        except BaseException:
+            queue.stall(True)
+            raise
+        queue.stall(False)
         self.thread = thread
         self.stopping = False
-        for handler in self.bus._handlers:  # after a fork or a failure: runners that are gone
-            if handler.running:
-                continue
-            if handler.is_async:
+        for handler in self.bus._handlers:
+            if not handler.running and handler.is_async:
                 # Not waited for: this thread may hold a Stat's lock (a window logged in a
                 # forked child starts the dispatcher), which the loop's timer may need.
                 handler.running = True  # from now: flush() waits for it
                 self._schedule(self.loop, self._start_async, handler)
-            else:
-                handler.start_thread()
         if "multiprocessing" in sys.modules:
             process.finalize_with_multiprocessing()
+
+    def _start_failed(self, exc: Exception) -> None:
+        """A producer's start failed: the next event tries again; say so (throttled)."""
+        self.bus._idle = True
+        if self._start_throttle.ready():
+            logger.warning(
+                "EventBus %r: the dispatcher could not start (%s: %s); %d events wait in the "
+                "queue, the next event tries again (a full queue drops as its policy says)",
+                self.bus._name,
+                type(exc).__name__,
+                exc,
+                len(self.bus._queue),
+            )
 
     def _thread_main(self, ready: Future[None]) -> None:
         process.bus_threads.add(threading.get_ident())

@@ -304,7 +304,12 @@ class _Handler:
         self.thread = threading.Thread(
             target=self._run_sync, name=f"monitor_bus-handler-{self.name}", daemon=True
         )
-        self.thread.start()
+        try:
+            self.thread.start()
+        except BaseException:  # no thread (RuntimeError): the next start of the bus tries again
+            self.running = False
+            self.thread = None
+            raise
 
     def _take(self) -> list[list[Any]] | None:
         """Under ``cv``: the whole inbox, or None when stopping with nothing left."""

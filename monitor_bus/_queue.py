@@ -20,6 +20,10 @@ Protocol
   only ever get plain values.
 - Events from child processes carry their origin in their data's class: a ``RemoteData`` (or
   a ``WindowData``) has an ``origin`` attribute, which handlers get as ``Event.origin``.
+- The relay never waits: it puts with ``put_nowait``. Under ``"block"`` with no room, what it
+  read waits in ``parked`` (in order, at most what it read from each child in one round) and
+  the relay reads no more from that child; removing from the head calls ``on_room`` while
+  anything is parked, and so does ``close`` (parked events then count as dropped).
 - Stat windows are never dropped under any policy: their data is a ``WindowData``, queued past
   the limit (at most one event per Stat per window) and skipped by eviction. Memory still has
   a bound: at most ``WINDOW_ALLOWANCE`` windows past the limit, in the queue and in each
@@ -32,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import deque
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -214,6 +219,12 @@ class EventQueue:
         self.consumed = 0  # events the dispatcher took
         self.blocked = 0  # producers waiting for room
         self.closed = False
+        self.stalled = False  # no dispatcher could start: nothing makes room
+        # Events the relay read under "block" with no room: (item, origin, window), in order.
+        # Only the relay's thread adds or removes them.
+        self.parked: deque[tuple[_Item, Any, bool]] = deque()
+        # Wakes the relay when room appears (or the queue closes) while events are parked.
+        self.on_room: Callable[[], None] | None = None
 
     def __len__(self) -> int:
         """Events queued."""
@@ -221,22 +232,35 @@ class EventQueue:
 
     def put_full(self, item: _Item) -> None:
         """``log_event``'s slow path: the queue is full."""
-        if self.overflow == "block" and not in_bus_thread():
+        if self.overflow == "block" and not in_bus_thread() and not self.stalled:
             slots, limit = self.slots, self.limit
             with self.space:
                 self.blocked += 1
                 try:
                     if (
                         self.space.wait_for(
-                            lambda: len(slots) < limit or self.closed, self.block_timeout
+                            lambda: len(slots) < limit or self.closed or self.stalled,
+                            self.block_timeout,
                         )
                         and not self.closed
+                        and not self.stalled
                     ):
                         slots.extend(item)
                         return
                 finally:
                     self.blocked -= 1
         self._drop(item)
+
+    def put_nowait(self, item: _Item) -> bool:
+        """The relay's put: never waits. False (nothing queued) when ``"block"`` finds no room;
+        otherwise queued or dropped as the policy says."""
+        if len(self.slots) < self.limit:
+            self.slots.extend(item)
+            return True
+        if self.overflow == "block" and not self.closed:
+            return False
+        self._drop(item)
+        return True
 
     def put_window(self, item: _Item, origin: Any = None) -> None:
         """Queue a Stat window past the limit: it may summarize millions of samples."""
@@ -294,7 +318,14 @@ class EventQueue:
             self.consumed += n
             if self.blocked:
                 self.space.notify_all()
+        if self.parked:
+            self._room()
         return batch
+
+    def _room(self) -> None:
+        on_room = self.on_room
+        if on_room is not None:
+            on_room()
 
     def count_dropped(self, n: int) -> None:
         """Count ``n`` events dropped on their way here (in a child process)."""
@@ -316,8 +347,17 @@ class EventQueue:
             self.dropped += lost
         return lost
 
+    def stall(self, stalled: bool) -> None:
+        """Mark whether no dispatcher could start: producers under ``"block"`` then drop
+        instead of waiting for room that nothing makes."""
+        if stalled != self.stalled:
+            with self.space:
+                self.stalled = stalled
+                self.space.notify_all()
+
     def close(self) -> None:
         """Wake blocked producers: they drop their event instead of waiting."""
         with self.space:
             self.closed = True
             self.space.notify_all()
+        self._room()  # the relay drops what it parked

@@ -34,14 +34,23 @@ Guarantees
 - Never a hang: the socket is non-blocking. When its buffer is full (the parent is not reading
   fast enough) the bus's overflow policy decides: ``"block"`` waits up to ``block_timeout``
   for room, the others drop the event and count it; a Stat window waits up to the bus's
-  ``exit_timeout``. A parent that is gone or not listening costs a failed ``connect`` once.
-  What a child could not send is counted in its ``stats()["dropped"]``, reported on its
-  ``monitor_bus`` logger (at most once per 10 s) and, while the parent listens, sent to the
-  parent, which adds it to its own ``dropped``.
+  ``exit_timeout``. Each send waits only its own budget: the wait for room holds no lock, so
+  a window waiting does not hold up another thread's event. A parent that is gone or not
+  listening costs a failed ``connect`` once; a socket that cannot be made (no descriptor
+  left: EMFILE) costs that event only, and the next one tries again. What a child could not
+  send is counted in its ``stats()["dropped"]``, reported on its ``monitor_bus`` logger (at
+  most once per 10 s) and, while the parent listens, sent to the parent, which adds it to its
+  own ``dropped``.
 - In the parent, one thread reads every child's socket and queues what it reads as
   ``log_event`` does (same queue, capacity, policy and counters), in each child's order, each
-  event once, its origin (``Event.origin``) attached; ``flush()`` first reads everything the
-  children had written when it was called.
+  event once, its origin (``Event.origin``) attached. It reads fairly: one chunk (64 KiB) from
+  each child that has data, round by round, so a child writing flat out starves no other. It
+  never waits: under ``"block"``, events that find the queue full wait for room in the queue's
+  ``parked`` (at most one chunk's worth per child) and that child is not read meanwhile, so its
+  kernel buffer fills and the child's own policy applies; room in the queue wakes the relay.
+  ``flush()`` and ``close()`` first have it read and queue what each child had written when
+  they were called (the bytes readable then), within their timeout; a closed bus counts what
+  children send it afterwards as dropped.
 - What a killed child loses: SIGTERM or SIGKILL loses its Stats' open windows and an event
   it was writing at that instant (the parent warns of a torn message), nothing it logged
   before. A child that ends normally (a ``Pool`` or DataLoader worker included) first sends
@@ -52,10 +61,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import select
 import selectors
 import shutil
 import socket
+import struct
 import sys
 import threading
 import time
@@ -97,6 +109,36 @@ _SEND_BUFFER = 4 << 20
 _READ_SIZE = 1 << 16
 _CONNECT_TIMEOUT = 1.0
 _CLOSED_WHY = "the parent process's bus is closed (the parent is exiting?)"
+_INTERRUPTED = "a signal interrupted a send (the stream lost its framing)"
+
+
+# A sweep: set once every connection is read up to its target (bytes read in all).
+_Sweep = tuple[Future[None], dict[socket.socket, int]]
+
+
+def _readable(sock: socket.socket) -> int:
+    """Bytes waiting in ``sock``'s receive buffer (FIONREAD: Linux, macOS, the BSDs)."""
+    import fcntl  # Unix only, as the relay is
+    import termios
+
+    try:
+        (n,) = struct.unpack("i", fcntl.ioctl(sock, termios.FIONREAD, b"\0\0\0\0"))
+    except OSError:  # closed meanwhile: nothing more to read
+        return 0
+    return int(n)
+
+
+def _writable(sock: socket.socket, timeout: float | None) -> bool:
+    """Wait up to ``timeout`` seconds (None: no limit) until ``sock`` has room to write (or
+    has failed: the next send says how). ``poll`` needs no descriptor of its own (EMFILE)."""
+    poller = select.poll()
+    try:
+        poller.register(sock, select.POLLOUT)
+    except (OSError, ValueError):  # closed by another thread meanwhile: the retry sees it
+        return True
+    # poll takes a C int of milliseconds (24 days): a longer wait goes round again.
+    ms = None if timeout is None else min(max(0, math.ceil(timeout * 1000)), 2**31 - 1)
+    return bool(poller.poll(ms))
 
 
 def _worker_id() -> int | None:
@@ -150,22 +192,43 @@ class Uplink:
         self._throttle = Throttle()
 
     def send(self, bus: EventBus, item: _Item, *, window: bool) -> None:
-        """Write one event (or Stat window) of ``bus`` to the parent, or count it dropped."""
+        """Write one event (or Stat window) of ``bus`` to the parent, or count it dropped.
+
+        Waits for room at most its own budget (a window: the bus's ``exit_timeout``; under
+        ``"block"``: ``block_timeout``; else not at all), and never with the lock held: a
+        window waiting for room does not hold up another thread's event.
+        """
         if self.linked is None and not self.resolve():
             return
-        with self._lock:
-            if self._sending:
-                self._drop(bus, "a signal handler or finalizer logged during a send")
+        if window:
+            wait: float | None = bus._exit_timeout
+        elif bus._overflow == "block":
+            wait = bus._block_timeout
+        else:
+            wait = 0.0
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            with self._lock:
+                if self._sending:
+                    self._drop(bus, "a signal handler or finalizer logged during a send")
+                    return
+                self._sending = True
+                try:
+                    full = self._send_locked(bus, item, window, deadline)
+                except BaseException:  # Ctrl-C mid-write: the stream may hold half a message
+                    self._break(_INTERRUPTED)
+                    self._drop(bus, _INTERRUPTED)
+                    raise
+                finally:
+                    self._sending = False
+            if full is None:
                 return
-            self._sending = True
+            # No room: wait for some without the lock, then try again (the last try drops).
             try:
-                self._send_locked(bus, item, window)
-            except BaseException:  # Ctrl-C mid-write: the stream may hold half a message
-                self._break("a signal interrupted a send (the stream lost its framing)")
-                self._drop(bus, "a signal interrupted a send (the stream lost its framing)")
+                _writable(full, None if deadline is None else deadline - time.monotonic())
+            except BaseException:  # Ctrl-C while waiting: nothing of it was written
+                self._drop(bus, "a signal interrupted its wait for room")
                 raise
-            finally:
-                self._sending = False
 
     def resolve(self) -> bool:
         """Whether this process is a ``multiprocessing`` child of the listener's process
@@ -188,39 +251,45 @@ class Uplink:
         """Point this process's own children at the listener this one reports to."""
         os.environ[ENVIRONMENT] = f"{os.getpid()}:{self.listener_pid}:{self.path}"
 
-    def _send_locked(self, bus: EventBus, item: _Item, window: bool) -> None:
+    def _send_locked(
+        self, bus: EventBus, item: _Item, window: bool, deadline: float | None
+    ) -> socket.socket | None:
+        """Try once to write the message: sent, or dropped and counted (None), or the socket
+        to wait on for room (full, with time left before ``deadline``)."""
         if self._sock is None and self._broken is None:
-            self._connect()
+            try:
+                self._connect()
+            except OSError as exc:  # no descriptor (EMFILE) or memory: tried again next time
+                self._drop(bus, f"no socket could be made ({exc.strerror or exc})")
+                return None
         if self._broken is not None:
             self._drop(bus, self._broken)
-            return
+            return None
         if self._verdicts_due:
             self._read_verdicts()
             if bus._uplink is None:
-                return  # the parent has no such bus: nothing to send it, as with no handler
+                return None  # the parent has no such bus: nothing to send it, as with no handler
         if bus in self._refused:
             self._drop(bus, _CLOSED_WHY)
-            return
+            return None
         index = bus._relay_index or self._next_index
         name, timestamp, data = item
         try:
             message = _frame((_WINDOW if window else _EVENT, index, name, *_stamp(timestamp), data))
         except Exception as exc:  # noqa: BLE001 - a device value read as it is pickled failed
             self._drop(bus, f"it could not be encoded ({exc!r})")
-            return
+            return None
         if bus._relay_index and not self._unreported:
             frames = message  # the common case: nothing to say first
         else:
             frames = b"".join(self._preamble(bus, index)) + message
-        if window:
-            wait: float | None = bus._exit_timeout
-        elif bus._overflow == "block":
-            wait = bus._block_timeout
-        else:
-            wait = 0.0
-        if not self._write(frames, wait):
+        if not self._write(frames, 0.0):
+            sock = self._sock
+            time_left = deadline is None or time.monotonic() < deadline
+            if self._broken is None and sock is not None and time_left:
+                return sock
             self._drop(bus, self._broken or "its socket is full (the parent reads too slowly)")
-            return
+            return None
         if not bus._relay_index:
             bus._relay_index = index
             self._next_index += 1
@@ -229,6 +298,7 @@ class Uplink:
         for b in [b for b in self._unreported if b._relay_index]:
             del self._unreported[b]  # reported in the preamble
         bus._to_parent += 1
+        return None
 
     def _read_verdicts(self) -> None:
         """Take the parent's answers to this child's bus announcements: a bus the parent has
@@ -309,16 +379,11 @@ class Uplink:
             if not started and left is not None and left <= 0:
                 return False
             # Halfway through a message, finish it (bounded): the stream must stay framed.
-            ready = selectors.DefaultSelector()
-            try:
-                ready.register(sock, selectors.EVENT_WRITE)
-                limit = _CONNECT_TIMEOUT if started and (left is None or left <= 0) else left
-                if not ready.select(limit):
-                    if started:
-                        self._break("the parent stopped reading in the middle of a message")
-                    return False
-            finally:
-                ready.close()
+            limit = _CONNECT_TIMEOUT if started and (left is None or left <= 0) else left
+            if not _writable(sock, limit):
+                if started:
+                    self._break("the parent stopped reading in the middle of a message")
+                return False
         return True
 
     def _connect(self) -> None:
@@ -427,7 +492,10 @@ class Listener:
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._connections: dict[socket.socket, _Connection] = {}
         self._lock = threading.Lock()  # one reader at a time: the thread or a flush sweep
-        self._sweeps: list[Future[None]] = []
+        self._sweeps: list[_Sweep] = []
+        self._got: dict[socket.socket, int] = {}  # bytes read from each connection
+        self._paused: set[socket.socket] = set()  # not read: their events found no room
+        self._waiting: dict[int, EventBus] = {}  # buses with parked events, by id
         self._closed = False
         self.received = 0
         self.refused = 0  # connections closed unheard or cut off for a message not allowed
@@ -437,19 +505,48 @@ class Listener:
         os.environ[ENVIRONMENT] = f"{os.getpid()}:{os.getpid()}:{self.path}"
 
     def sweep(self, timeout: float | None) -> bool:
-        """Read everything the children have written so far; False if ``timeout`` passed."""
-        future: Future[None] = Future()
-        with self._lock:
+        """Queue what the children had written when this was called; False if ``timeout``
+        passed first (a bus under ``"block"`` has no room for it, say). Never waits longer."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        try:
             if self._closed:
                 return True
-            self._sweeps.append(future)
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"\0")
+            self._accept()  # a child that connected before the call is swept too
+            # What each connection holds now: the sweep is done once the relay has read and
+            # queued that much, whatever a child writes meanwhile.
+            targets = {sock: self._got.get(sock, 0) + _readable(sock) for sock in self._connections}
+            if self._settled(targets):
+                return True
+            sweep: _Sweep = (Future(), targets)
+            self._sweeps.append(sweep)
+        finally:
+            self._lock.release()
+        self._wake()
         try:
-            future.result(timeout)
+            sweep[0].result(None if deadline is None else max(0.0, deadline - time.monotonic()))
         except FutureTimeout:
-            return False
+            with self._lock:
+                if sweep in self._sweeps:
+                    self._sweeps.remove(sweep)
+            return sweep[0].done()
         return True
+
+    def _wake(self) -> None:
+        """Have the relay's thread go round (a sweep asked, room in a queue, closing)."""
+        with contextlib.suppress(OSError):  # full: a wake-up is pending anyway
+            self._wake_w.send(b"\0")
+
+    def _settled(self, targets: dict[socket.socket, int]) -> bool:
+        """Whether every connection of a sweep is read to its target with nothing parked
+        (or has ended)."""
+        connections = self._connections
+        got = self._got
+        return all(
+            sock not in connections or (got.get(sock, 0) >= target and sock not in self._paused)
+            for sock, target in targets.items()
+        )
 
     def _run(self) -> None:
         try:
@@ -465,35 +562,35 @@ class Listener:
             with self._lock:
                 self._closed = True
                 sweeps, self._sweeps = self._sweeps, []
-            for future in sweeps:
+            for future, _ in sweeps:
                 future.set_result(None)
             self._release()
 
     def _serve(self) -> bool:
-        """One round: wait for data, read it; False once closed."""
+        """One round: wait for data, read one chunk from each connection that has some (round
+        robin: a child writing flat out starves no other), queue what was parked if there is
+        room now, and settle the sweeps that are done; False once closed. Never waits for
+        room in a queue: a connection whose events find none is not read until there is."""
         ready = self._selector.select()
         with self._lock:
             if self._closed:
                 return False
-            sweeps, self._sweeps = self._sweeps, []
-            try:
-                for key, _ in ready:
-                    sock = key.fileobj
-                    if sock is self._server:
-                        self._accept()
-                    elif sock is self._wake_r:
-                        with contextlib.suppress(OSError):
-                            self._wake_r.recv(4096)
-                    elif sock in self._connections:  # not closed earlier in this round
-                        self._read(self._connections[sock])
-                if sweeps:
-                    # Everything written before the sweep was asked for is readable now.
+            for key, _ in ready:
+                sock = key.fileobj
+                if sock is self._server:
                     self._accept()
-                    for connection in list(self._connections.values()):
-                        self._read(connection)
-            finally:
-                for future in sweeps:
-                    future.set_result(None)
+                elif sock is self._wake_r:
+                    with contextlib.suppress(OSError):
+                        self._wake_r.recv(4096)
+                elif sock in self._connections and sock not in self._paused:
+                    self._read(self._connections[sock])  # not closed earlier in this round
+            if self._waiting or self._paused:
+                self._resume()
+            if self._sweeps:
+                done = [sweep for sweep in self._sweeps if self._settled(sweep[1])]
+                for sweep in done:
+                    self._sweeps.remove(sweep)
+                    sweep[0].set_result(None)
         return True
 
     def _accept(self) -> None:
@@ -518,28 +615,27 @@ class Listener:
             self._selector.register(sock, selectors.EVENT_READ)
 
     def _read(self, connection: _Connection) -> None:
-        """Read what ``connection`` holds and queue its events; close it at its end."""
+        """Read one chunk of what ``connection`` holds and queue its events; close it at its
+        end, pause it when a bus under ``"block"`` had no room for them."""
         sock = connection.sock
         buffer = connection.buffer
         ended = False
-        while True:
-            try:
-                chunk = sock.recv(_READ_SIZE)
-            except BlockingIOError:
-                break
-            except OSError:
-                ended = True
-                break
-            if not chunk:
-                ended = True
-                break
+        try:
+            chunk = sock.recv(_READ_SIZE)
+        except BlockingIOError:
+            chunk = None
+        except OSError:
+            chunk = b""
+        if chunk is not None and not chunk:
+            ended = True
+        elif chunk:
+            self._got[sock] = self._got.get(sock, 0) + len(chunk)
             buffer += chunk
             try:
                 self._messages(connection)
             except Refused:  # said why (throttled); nothing more of it is read
                 buffer.clear()
                 ended = True
-                break
             except Exception:  # a message that does not decode: the stream has lost its framing
                 origin = connection.origin
                 logger.exception(
@@ -549,18 +645,54 @@ class Listener:
                 )
                 buffer.clear()
                 ended = True
-                break
-        if ended:
+        if self._park(connection) and not ended:
+            # Left in the kernel's buffer from now on: the child's own policy applies when
+            # its side fills up.
+            self._paused.add(sock)
             self._selector.unregister(sock)
-            del self._connections[sock]
-            sock.close()
-            if buffer:
-                origin = connection.origin
-                logger.warning(
-                    "monitor_bus: child process %s ended in the middle of a message; the "
-                    "event it was sending is lost",
-                    origin.pid if origin is not None else "?",
-                )
+        if ended:
+            self._end(connection)
+
+    def _park(self, connection: _Connection) -> bool:
+        """Whether a bus ``connection`` feeds has events parked (no room under "block"); such
+        a bus is unparked each round, and its queue wakes the relay when it has room."""
+        parked = False
+        for bus in connection.buses.values():
+            if bus is not None and bus._queue.parked:
+                bus._queue.on_room = self._wake
+                self._waiting[id(bus)] = bus
+                parked = True
+        return parked
+
+    def _resume(self) -> None:
+        """Queue the parked events that fit now; read again the connections whose buses have
+        nothing parked left."""
+        for key, bus in list(self._waiting.items()):
+            if bus._relay_unpark():
+                del self._waiting[key]
+        for sock in list(self._paused):
+            buses = self._connections[sock].buses.values()
+            if not any(bus is not None and bus._queue.parked for bus in buses):
+                self._paused.discard(sock)
+                self._selector.register(sock, selectors.EVENT_READ)
+
+    def _end(self, connection: _Connection) -> None:
+        """The child closed its end (or broke the framing): close ours."""
+        sock = connection.sock
+        if sock in self._paused:
+            self._paused.discard(sock)
+        else:
+            self._selector.unregister(sock)
+        del self._connections[sock]
+        self._got.pop(sock, None)
+        sock.close()
+        if connection.buffer:
+            origin = connection.origin
+            logger.warning(
+                "monitor_bus: child process %s ended in the middle of a message; the "
+                "event it was sending is lost",
+                origin.pid if origin is not None else "?",
+            )
 
     def _messages(self, connection: _Connection) -> None:
         buffer = connection.buffer
@@ -639,8 +771,10 @@ class Listener:
             if self._closed:
                 return
             self._closed = True
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"\0")
+            sweeps, self._sweeps = self._sweeps, []
+        for future, _ in sweeps:
+            future.set_result(None)  # nothing more will be read
+        self._wake()
         self._thread.join(_CONNECT_TIMEOUT)
         if not self._thread.is_alive():
             self._release()

@@ -19,6 +19,7 @@ import monitor_bus
 from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Stat
 
 from .conftest import Recorder
+from .test_relay_flow import attempt
 
 TS = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -639,3 +640,85 @@ def test_bus_name_must_be_a_str() -> None:
     """``EventBus(name=None)`` is a TypeError naming the argument."""
     with pytest.raises(TypeError, match="name must be a str, not NoneType"):
         EventBus(name=None)  # type: ignore[arg-type]
+
+
+def _no_threads(
+    buses: tuple[EventBus, EventBus], seen: tuple[Recorder, Recorder], out: object
+) -> None:
+    """A forked child's task (its buses keep their handlers: ``children="own"``): with no
+    thread able to start, log on both buses and close a Stat window in an add; then, threads
+    back, log again and flush. Report what raised, each bus's counts and the warnings."""
+    import multiprocessing.connection
+
+    assert isinstance(out, multiprocessing.connection.Connection)
+    own, blocky = buses
+    warnings = []
+    catch = logging.Handler(logging.WARNING)
+    catch.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("monitor_bus").addHandler(catch)
+    now = [0.0]
+    monitor_bus._stat._clock = lambda: now[0]  # windows close when this test says
+    stat = Stat("s", [Aggregation.COUNT], timedelta(seconds=1), bus=own)
+    report: dict[str, object] = {}
+    # A stack larger than any address space: "can't start new thread", whatever the overcommit.
+    threading.stack_size(1 << 50)
+    raised: list[str] = []
+    try:
+        for i in range(3):
+            attempt(raised, own.log_event, ev(i))
+        for i in range(5):
+            attempt(raised, blocky.log_event, ev(i))  # room for 2: no wait for a dispatcher
+        attempt(raised, stat.add, 1)
+        now[0] += 1
+        attempt(raised, stat.add, 1)  # closes the window: it is queued
+        attempt(raised, stat.add, 1)
+    finally:
+        threading.stack_size(0)
+    report["raised"] = raised
+    report["before"] = [(b.stats()["queued"], b.stats()["dropped"]) for b in buses]
+    report["warnings"] = [w for w in warnings if "could not start" in w]
+    own.log_event(ev(3))
+    blocky.log_event(ev(5))
+    report["flushed"] = [b.flush(30) for b in buses]
+    report["after"] = [(b.stats()["queued"], b.stats()["dropped"]) for b in buses]
+    report["events"] = [[(e.name, dict(e.data)) for e in r.events] for r in seen]
+    out.send(report)
+
+
+def test_no_thread_in_a_child_queues_warns_and_recovers(recorder: Recorder) -> None:
+    """In a forked child where no thread can start (its dispatcher and handler threads start
+    with its first event): log_event and Stat.add raise nothing (they used to raise
+    RuntimeError: can't start new thread), what they log waits in the queue (a full queue
+    under "block" drops and counts instead of waiting for a dispatcher that cannot start),
+    one warning per bus says so, and once threads can start the next event starts the
+    dispatcher and everything queued is delivered, in order."""
+    import multiprocessing
+
+    fork = multiprocessing.get_context("fork")
+    own = EventBus(name="own", children="own")
+    own.register_event_handler(recorder)
+    blocky = EventBus(capacity=2, overflow="block", name="blocky", children="own")
+    held = Recorder()
+    blocky.register_event_handler(held)
+    reader, writer = fork.Pipe(duplex=False)
+    child = fork.Process(
+        target=_no_threads, args=((own, blocky), (recorder, held), writer), daemon=True
+    )
+    child.start()
+    assert reader.poll(60)
+    report = reader.recv()
+    child.join(60)
+    assert child.exitcode == 0
+    assert report["raised"] == []
+    assert report["before"] == [(4, 0), (2, 3)]  # 3 events and a window; 2 queued, 3 dropped
+    assert len(report["warnings"]) == 2  # one per bus
+    assert "RuntimeError: can't start new thread" in report["warnings"][0]
+    assert report["flushed"] == [True, True]
+    assert report["after"] == [(0, 0), (0, 3)]
+    assert report["events"] == [
+        [*(("e", {"i": i}) for i in range(3)), (STAT_EVENT, {"s.count": 1}), ("e", {"i": 3})],
+        [("e", {"i": i}) for i in (0, 1, 5)],
+    ]
+    assert recorder.events == held.events == []  # the child ran its own copies
+    assert own.close(10)
+    assert blocky.close(10)
