@@ -236,13 +236,24 @@ What the package promises, each backed by a scenario above:
 - **Logging never stalls the caller.** `log_event` appends to a bounded queue and returns; it
   takes no lock on the fast path. Under the `"block"` overflow policy it waits at most
   `block_timeout` per call, then drops the event and counts it. A handler that is slow, stuck
-  or raising delays nobody else: each sync handler has its own thread.
+  or raising delays nobody else: each sync handler has its own thread. Nor do `log_event` and
+  `Stat.add` raise when the process is out of threads or file descriptors ("can't start new
+  thread", EMFILE): a child counts what it could not send to its parent as dropped and
+  connects again later; a bus whose dispatcher cannot start (after a fork) keeps the events
+  queued, warns once per 10 s, and starts it with the next event once it can
+  (`tests/test_bus.py`, `tests/test_relay_flow.py`).
 - **Nothing is lost without being counted.** For every handler,
   `logged == delivered + dropped + pending` in `bus.stats()`; after `flush()` returns True,
-  `pending` is 0. Drops happen only when a queue or a handler's backlog is full (or a handler is
-  cut off by a timeout in `close`/`unregister_event_handler`, or at exit); they are counted per
-  handler and reported on the `monitor_bus` logger at most once per 10 s each, naming the bus,
-  the handler and the count. A `Stat` window is never dropped, under any policy. Each handler
+  `pending` is 0. `delivered` follows the handler's calls as each returns (each event, each
+  list of a batch handler, each queued batch of a bundled sink), so a slow handler's progress
+  shows while it works. Drops happen only when a queue or a handler's backlog is full (or a
+  handler is cut off by a timeout in `close`/`unregister_event_handler`, or at exit), or when a
+  bundled sink cannot write what it was given (a full disk, past what it keeps for another
+  try: it moves those events from `delivered` to `dropped`); they are counted per handler and
+  reported on the `monitor_bus` logger at most once per 10 s each, naming the bus, the handler
+  and the count. A cut-off's warning names what the handler will not get and, apart, what is
+  still in its current call (which may yet return); the first is exactly what is then counted
+  as dropped. A `Stat` window is never dropped, under any policy. Each handler
   gets its own copy of an event's `data`. If the dispatcher itself fails, the failure is logged
   at CRITICAL and a new dispatcher starts (`stats()["dispatcher_restarts"]`).
 - **Memory is bounded** by `capacity` events in the queue and in each handler's backlog,
@@ -261,7 +272,12 @@ What the package promises, each backed by a scenario above:
   `unregister_event_handler(handle, timeout)` return False once the timeout has passed, even
   with a handler that never returns (`math.inf` means no limit);
   `register_event_handler(..., timeout=)` raises `TimeoutError` past its timeout, with nothing
-  registered, when an async handler blocks the loop. At interpreter exit, and
+  registered, when an async handler blocks the loop. Once
+  `unregister_event_handler` returns, True or False, no further call of that handler starts
+  (bar one its thread was starting at that very moment); what was logged before the call and
+  it did not get is counted as dropped for it, and nothing logged after the call is. `close()` also waits for handlers detached
+  earlier and still running (cut off by that timeout, or replaced by a keyed registration and
+  delivering their backlog), and reports their drops before it returns. At interpreter exit, and
   when a `with` or `async with` block around a bus ends, the bus delivers what is queued
   within its `exit_timeout`; a handler still busy then is cut off and named in a warning with
   its undelivered count, and a handler that never returns does not keep the process alive.
@@ -275,16 +291,21 @@ What the package promises, each backed by a scenario above:
   closed and joined, a DataLoader worker at the end of an epoch) also sends its open `Stat`
   windows: the package closes its buses in multiprocessing's finalizers, which run before the
   worker's `os._exit`. A child never blocks on its parent: when the socket is full the
-  overflow policy applies, and what a child cannot send (its parent gone or not listening) is
-  counted and reported. Locks held by other threads at the fork (the bus's, a
-  `JsonlEventHandler`'s, a `SummaryWriter`'s) do not deadlock the child, and a sink object it
+  overflow policy applies (each call waits only its own budget: an event never waits behind
+  another thread's window), and what a child cannot send (its parent gone or not listening,
+  no file descriptor left) is counted and reported. Nor does the parent block on a child: it
+  reads its children in turn, a bounded chunk each, and under `overflow="block"` with no room
+  (a stuck sink) it stops reading a child rather than waiting, so `flush(timeout)`,
+  `close(timeout)` and exit keep their timeouts (`tests/test_relay_flow.py`). Locks held by other threads at the fork (the bus's, a
+  Stat's, the package's module-level ones, a `JsonlEventHandler`'s, a `SummaryWriter`'s) do not deadlock the child, and a sink object it
   inherits never writes the parent's pending lines again.
 - **Stat windows are exact under concurrency.** `Stat.add` from many threads loses no value and
   counts none twice; a window with data is logged once, by the next `add` after its end or by
   the dispatcher's timer, which stamps the windows it closes with the time its pass began
   (never before the window's end). SUM is sequential float addition, MAX/MIN follow Python's `max`/`min`
-  over the order of the adds, VALUE is the last value added (as a float), COUNT an `int`, MEAN
-  `sum / count`; past `max_samples`, later adds in the window are discarded. A Ctrl-C that
+  except that a NaN anywhere in a window makes them NaN, VALUE is the last value added (as a
+  float), COUNT an `int`, MEAN `sum / count`, still the mean when the sum overflows (two
+  `1e308`: SUM `inf`, MEAN `1e308`); past `max_samples`, later adds in the window are discarded. A Ctrl-C that
   lands inside a fold loses no sample.
 - **Device values are never read by the caller.** `Stat.add(tensor)` and tensor values in
   `Event` data copy the value (a clone on the CPU, a non-blocking copy and a stream event from
@@ -318,9 +339,15 @@ What the package promises, each backed by a scenario above:
   the process dies (the crash scenarios above show what survives: everything flushed before, as
   an intact, ordered prefix). `JsonlEventHandler` hands each batch to the operating system but does not
   `fsync`, so power loss can also lose what the OS had not written yet; a line torn by a crash
-  is skipped by `read_jsonl` with a warning.
+  is skipped by `read_jsonl` with a warning. (A full disk is not a crash: the bundled sinks
+  keep what they could not write, within a bound, write it when space returns, leave no torn
+  TensorBoard record and one torn JSON line at most, and count what they lose; see
+  [Sinks](sinks.md).)
 - **`os._exit()` called by user code, SIGTERM with Python's default handler,** and any other
-  exit that skips `atexit`: what was not yet delivered is lost. Call `monitor_bus.flush()`
+  exit that skips `atexit`: what was not yet delivered is lost. (A `Run` started in the main
+  thread of the main process installs a SIGTERM handler that delivers it first, within
+  `exit_timeout`, unless a handler of yours is installed: see
+  [SIGTERM](integrations.md#sigterm).) Call `monitor_bus.flush()`
   (or `bus.close()`) before such an exit. (The exits of `multiprocessing` and `DataLoader`
   workers are covered, see above.) In a child process that reports to its parent, such an
   exit (`Pool.terminate()`, leaving a `with Pool()` block, SIGKILL) loses only the open `Stat`
