@@ -60,7 +60,7 @@ def run_suite(extra: list[str]) -> dict[str, Any]:
     start = time.monotonic()
     code = subprocess.call(cmd, cwd=ROOT, env=env)
     meta = {
-        "command": " ".join(["python", "-m", "pytest", "tests/reliability", *extra]),
+        "command": " ".join(["python", "-m", "pytest", "tests/reliability", "-m", "''", *extra]),
         "exit_code": code,
         "wall_s": round(time.monotonic() - start, 1),
         "finished": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
