@@ -122,16 +122,17 @@ class _Process:
                     )
 
     def route(self, creator: tuple[int, int], name: str) -> EventBus | None:
-        """The bus a child's messages go to: the same bus, if it was forked from this process
-        with it; else the newest open bus of that name; else a closed one of those (the
-        relay then tells the child its events are dropped, not that no bus takes them)."""
+        """The bus a child's messages go to: the same bus, open or closed, if it was forked
+        from this process with it (never another bus that happens to share its name); else
+        the newest open bus of that name; else a closed one of those (the relay then tells
+        the child its events are dropped, not that no bus takes them)."""
         found = closed = None
         for bus in self.buses.snapshot():
-            if bus._creator == creator or bus._name == name:
+            if bus._creator == creator:
+                return bus
+            if bus._name == name:
                 if bus._closed:
                     closed = bus
-                elif bus._creator == creator:
-                    return bus
                 else:
                     found = bus
         return found or closed

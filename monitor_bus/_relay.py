@@ -335,13 +335,10 @@ class Uplink:
             left = deadline - time.monotonic()
             if not self._verdicts_due or left <= 0:
                 return
-            ready = selectors.DefaultSelector()
-            try:
-                ready.register(self._sock, selectors.EVENT_READ)
-                if not ready.select(left):
-                    return
-            finally:
-                ready.close()
+            poller = select.poll()  # needs no descriptor of its own (EMFILE at exit)
+            poller.register(self._sock, select.POLLIN)
+            if not poller.poll(math.ceil(left * 1000)):
+                return
 
     def _preamble(self, bus: EventBus, index: int) -> list[bytes]:
         """What goes before ``bus``'s next message: its announcement, the first time (as
@@ -755,7 +752,9 @@ class Listener:
             _, index, creator, name = message
             bus = self._route(creator, name)
             verdict = _NO_BUS if bus is None else _CLOSED if bus._closed else _ROUTED
-            connection.buses[index] = bus if verdict == _ROUTED else None
+            # A closed bus is kept: what the child sent it before reading the answer is
+            # counted dropped here (the child may end first), and the child reports none of it.
+            connection.buses[index] = bus
             with contextlib.suppress(OSError):  # the child reads it when it can, if ever
                 connection.sock.send(_VERDICT.pack(index, verdict))
         elif kind == _DROPPED:
@@ -777,7 +776,24 @@ class Listener:
         self._wake()
         self._thread.join(_CONNECT_TIMEOUT)
         if not self._thread.is_alive():
+            self._drain()
             self._release()
+
+    def _drain(self) -> None:
+        """At close, after the relay's thread: read what the children had written and the
+        relay had not (their buses are closed by now, so it is counted as dropped there, not
+        lost unseen); a child's later writes fail, and the child counts them."""
+        self._accept()  # a child that connected but was not accepted yet has written too
+        for connection in list(self._connections.values()):
+            sock = connection.sock
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RD)  # what is in the buffer can still be read
+            # A bus that is still open (no exit) parks what finds no room: left unread.
+            while sock in self._connections and sock not in self._paused:
+                got = self._got.get(sock, 0)
+                self._read(connection)
+                if sock in self._connections and self._got.get(sock, 0) == got:
+                    break  # nothing more (its end was not shut: no EOF to end on)
 
     def _release(self) -> None:
         """Close the sockets and remove the socket's directory (the relay has stopped)."""

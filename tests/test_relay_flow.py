@@ -356,3 +356,95 @@ assert not bus.flush(0.5)  # the relay holds more than there is room for
     # The stuck call holds one event (named apart), the rest were dropped or not delivered.
     assert int(cut[2]) == 1, result.stderr
     assert int(cut[1]) + 1 + int(dropped[-1]) == 500, result.stderr
+
+
+def _log_after_each_go(bus: EventBus, go: Any, out: Any) -> None:
+    """A forked child's task: log one event per byte read from ``go``, saying so on ``out``;
+    then send back ``(to_parent, dropped)``."""
+    for i in range(2):
+        os.read(go, 1)
+        bus.log_event(Event("meant-for-a", TS, {"i": i}))
+        os.write(out, b".")
+    stats = bus.stats()
+    os.write(out, f"{stats['to_parent']} {stats['dropped']}".encode())
+
+
+def test_a_childs_events_for_a_closed_bus_never_reach_another_bus_of_its_name() -> None:
+    """A forked child logging on a bus its parent has closed gets the "closed" answer and
+    counts its events dropped, even when another open bus shares the name (every bus is named
+    "bus" unless told): they used to reach that unrelated bus's handlers."""
+    a, b = EventBus(), EventBus()  # both named "bus"
+    got_a: list[Event] = []
+    got_b: list[Event] = []
+    a.register_event_handler(got_a.append)
+    b.register_event_handler(got_b.append)
+    go_r, go_w = os.pipe()
+    out_r, out_w = os.pipe()
+    child = FORK.Process(target=_log_after_each_go, args=(a, go_r, out_w))
+    child.start()
+    try:
+        assert a.close(10)
+        os.write(go_w, b"!")  # the child announces bus a and sends its first event...
+        assert os.read(out_r, 1) == b"."
+        assert b.flush(10)  # ...which the relay has read and answered by now
+        os.write(go_w, b"!")  # the second send reads the answer first
+        assert os.read(out_r, 1) == b"."
+        assert os.read(out_r, 100) == b"0 2"  # nothing sent to a bus that takes it; 2 dropped
+        child.join(60)
+        assert child.exitcode == 0
+        assert b.flush(10)
+        assert got_a == []
+        assert got_b == []
+    finally:
+        b.close(10)
+        for fd in (go_r, go_w, out_r, out_w):
+            os.close(fd)
+
+
+CLOSE_UNREAD = """
+import os
+from datetime import datetime, timezone
+
+from monitor_bus import Event, EventBus
+from monitor_bus._lifecycle import process
+
+bus = EventBus(name="b")
+bus.register_event_handler(lambda event: None)
+listener = process.listener
+go_r, go_w = os.pipe()
+out_r, out_w = os.pipe()
+child = os.fork()
+if child == 0:  # logs while the parent's relay cannot read, then says what it counted sent
+    os.read(go_r, 1)
+    for i in range(5000):
+        bus.log_event(Event("x", datetime.now(timezone.utc), {"i": i, "pad": "y" * 200}))
+    stats = bus.stats()
+    os.write(out_w, f"{stats['to_parent']} {stats['dropped']}".encode())
+    os._exit(0)
+assert bus.close(10)
+with listener._lock:  # the relay's thread reads nothing meanwhile
+    os.write(go_w, b"!")
+    sent, child_dropped = map(int, os.read(out_r, 100).split())
+os.waitpid(child, 0)
+listener.close()  # at exit, after the buses: what the relay had not read yet
+print(sent, child_dropped, bus.stats()["dropped"])
+"""
+
+
+def test_closing_the_relay_counts_what_the_children_wrote_and_it_had_not_read() -> None:
+    """Every event a child counted as sent is counted by the parent when the relay closes
+    (at exit, after the buses), though the relay had not read it yet: dropped, as its bus is
+    closed. They used to be closed away unread, counted nowhere."""
+    result = subprocess.run(
+        [sys.executable, "-c", CLOSE_UNREAD],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent.parent,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    sent, child_dropped, parent_dropped = map(int, result.stdout.split())
+    assert sent + child_dropped == 5000
+    assert sent > 0
+    assert parent_dropped == sent, result.stderr
