@@ -11,7 +11,9 @@ Guarantees:
 - Counters follow the calls: ``delivered`` grows as each call returns (each event, each list),
   not when the whole inbox is done, so ``stats()`` of a slow handler shows its progress.
   ``settled`` (what ``flush`` waits for) grows only after the sink's ``flush()``: once
-  ``bus.flush()`` returns, what was delivered is written.
+  ``bus.flush()`` returns, what was delivered is written, unless that flush failed (a full
+  disk, logged as the handler's error): what a bundled sink keeps to write again counts as
+  delivered until it is written, or given up and moved to ``dropped``.
 - A cut-off (a timeout of ``close`` or ``unregister_event_handler``) lets the call in progress
   finish and starts no other: the cut-off's warning names both numbers, and what it calls
   undelivered is exactly what is then counted as dropped.
