@@ -169,6 +169,7 @@ class EventBus:
         self._errors_lock = threading.Lock()
         self._from_children = 0  # events the relay queued here
         self._to_parent = 0  # events sent to the parent process
+        self._late_dropped = self._late_said = 0  # from children after the close (_drop_late)
         self._relay_index = 0  # how this process's relay connection names this bus (0: not yet)
         self._dispatcher = Dispatcher(self)
 
@@ -242,20 +243,29 @@ class EventBus:
         ``"block"`` with no room the event is parked (``EventQueue.parked``), and the relay
         reads no more from that child until ``_relay_unpark`` has queued it."""
         if self._closed:  # sent before the child knew: counted, not delivered
-            self._queue.count_dropped(1)
-            if _LATE.ready(self._creator):
-                logger.warning(
-                    "EventBus %r is closed: events child processes sent it are dropped (%d "
-                    "dropped in all)",
-                    self._name,
-                    self._queue.dropped,
-                )
+            self._drop_late(1)
             return
         if not self._handlers:
             return
         queue = self._queue
         if queue.parked or not self._relay_put(item, origin, window):
             queue.parked.append((item, origin, window))  # behind the parked ones: in order
+
+    def _drop_late(self, n: int, *, final: bool = False) -> None:
+        """Count ``n`` events from child processes that found this bus closed, and say so (at
+        most once per 10 s; ``final``: now, as the relay closes)."""
+        if n:
+            self._queue.count_dropped(n, said=True)
+            self._late_dropped += n
+        if self._late_dropped != self._late_said and (final or _LATE.ready(self._creator)):
+            self._late_said = self._late_dropped
+            logger.warning(
+                "EventBus %r is closed: %d events child processes sent it were dropped (%d "
+                "dropped in all)",
+                self._name,
+                self._late_dropped,
+                self._queue.dropped,
+            )
 
     def _relay_put(self, item: _Item, origin: EventOrigin | None, window: bool) -> bool:
         """Queue one event from a child; False (nothing queued) under ``"block"`` with no room."""
@@ -284,7 +294,7 @@ class EventBus:
         parked = queue.parked
         while parked:
             if queue.closed or self._closed:
-                queue.count_dropped(len(parked))
+                self._drop_late(len(parked))
                 parked.clear()
                 break
             item, origin, window = parked[0]

@@ -122,6 +122,8 @@ class Dispatcher:
         self._waiting_for_room = False
         self._room: anyio.Event | None = None
         self._dropped_reported = 0  # the part of the queue's drops already in a warning
+        self._said_reported = 0  # queue.dropped_said already taken into that
+        self._children_reported = 0  # queue.dropped_by_children already in a warning
         self._drop_throttle = Throttle()
         self._read_throttle = Throttle()
         self._start_throttle = Throttle()
@@ -602,18 +604,35 @@ class Dispatcher:
 
     def _report_drops_locked(self, handlers: Iterable[_Handler], final: bool) -> None:
         bus = self.bus
-        dropped = bus._queue.dropped
+        queue = bus._queue
+        dropped, said, by_children = queue.dropped, queue.dropped_said, queue.dropped_by_children
+        # Drops warned about where they happened are not reported again.
+        self._dropped_reported += said - self._said_reported
+        self._said_reported = said
         if dropped != self._dropped_reported and (final or self._drop_throttle.ready()):
-            logger.warning(
-                "EventBus %r: queue full (capacity %d, policy %s): %d events dropped since the "
-                "last report, %d in all",
-                bus._name,
-                bus._capacity,
-                bus._overflow,
-                dropped - self._dropped_reported,
-                dropped,
-            )
+            new = dropped - self._dropped_reported
+            children = min(new, by_children - self._children_reported)
+            full = new - children
+            if children:
+                logger.warning(
+                    "EventBus %r: child processes reported %d events they could not send since "
+                    "the last report, %d in all",
+                    bus._name,
+                    children,
+                    by_children,
+                )
+            if full:
+                logger.warning(
+                    "EventBus %r: queue full (capacity %d, policy %s): %d events dropped since "
+                    "the last report, %d in all",
+                    bus._name,
+                    bus._capacity,
+                    bus._overflow,
+                    full,
+                    dropped,
+                )
             self._dropped_reported = dropped
+            self._children_reported = by_children
         for handler in handlers:
             with handler.cv:  # the sink's own losses, in dropped too, are reported below
                 lost, sink_lost = handler.dropped - handler.lost, handler.lost

@@ -161,6 +161,8 @@ class _Process:
             self.uplink.close()
         if self.listener is not None:
             self.listener.close()
+            for bus in self.buses.snapshot():
+                bus._drop_late(0, final=True)  # what children sent the closed buses, all said
 
     def exit_budget(self, *, combined: bool = False) -> float | None:
         """How long the buses with something to deliver may take at exit: the longest

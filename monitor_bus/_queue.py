@@ -216,6 +216,8 @@ class EventQueue:
         # removal from the head (under ``space``) shortens that run; appends never do.
         self._head_windows = 0
         self.dropped = 0  # events the queue turned away (no handler got them)
+        self.dropped_said = 0  # of those, warned about where they were dropped
+        self.dropped_by_children = 0  # of those, reported by child processes
         self.consumed = 0  # events the dispatcher took
         self.blocked = 0  # producers waiting for room
         self.closed = False
@@ -327,10 +329,16 @@ class EventQueue:
         if on_room is not None:
             on_room()
 
-    def count_dropped(self, n: int) -> None:
-        """Count ``n`` events dropped on their way here (in a child process)."""
+    def count_dropped(self, n: int, *, said: bool = False, by_children: bool = False) -> None:
+        """Count ``n`` events dropped on their way here: ``said`` if a warning was given where
+        they were dropped, ``by_children`` if child processes reported them (neither: the
+        queue was full)."""
         with self.space:
             self.dropped += n
+            if said:
+                self.dropped_said += n
+            if by_children:
+                self.dropped_by_children += n
 
     def count_unreadable(self, n: int) -> None:
         """Count ``n`` events taken whose device values could not be read as dropped."""

@@ -417,7 +417,7 @@ class Uplink:
         if count <= 0:
             return
         queue = bus._queue
-        queue.count_dropped(count)
+        queue.count_dropped(count, said=True)
         if self._broken is None and bus not in self._refused:
             self._unreported[bus] = self._unreported.get(bus, 0) + count
         if self._throttle.ready(why):
@@ -760,7 +760,7 @@ class Listener:
         elif kind == _DROPPED:
             bus = connection.buses.get(message[1])
             if bus is not None:
-                bus._queue.count_dropped(message[2])
+                bus._queue.count_dropped(message[2], by_children=True)
         elif kind == _HELLO:
             connection.origin = EventOrigin(message[1], message[2])
 
@@ -784,6 +784,7 @@ class Listener:
         relay had not (their buses are closed by now, so it is counted as dropped there, not
         lost unseen); a child's later writes fail, and the child counts them."""
         self._accept()  # a child that connected but was not accepted yet has written too
+        self._resume()  # a closed bus counts what was parked for it, and its children are read
         for connection in list(self._connections.values()):
             sock = connection.sock
             with contextlib.suppress(OSError):
