@@ -23,6 +23,13 @@ Guarantees
 - Crash: a child that exits unasked (a crash, SIGKILL) is seen through its sentinel or the
   connection, logged on the ``monitor_bus`` logger with its exit code, and the events it had
   not acknowledged count as dropped, as does every later event: it is not restarted.
+- Told to the bus: every event counted in ``dropped`` is told once to the bus that delivered it
+  (``_monitor_bus_lost``, asked after each batch and when the handler leaves), which moves it
+  from its ``delivered`` to its ``dropped`` and reports it: on the bus, ``delivered`` counts
+  what the child acknowledged or still holds. A loss found from the caller's thread (a
+  ``bus.flush``) is told at the handler's next batch or when it leaves the bus.
+- Exit's warning says why: a child stopped after ``exit_timeout``, or one already gone, with
+  its exit code or signal (then at once: no time is spent on it).
 - Never a hang: every wait has a timeout. Frames are written to the Pipe's socket with a
   timeout (``Connection.send_bytes`` has none); a child that reads nothing for ``timeout``
   seconds is terminated. The child ignores SIGINT (a Ctrl-C reaches the whole process group:
@@ -192,6 +199,8 @@ class ProcessHandler:
         self._errors = 0
         self._dropped = 0
         self._reported = 0  # the part of ``_dropped`` already in a warning
+        self._told = 0  # the part of ``_dropped`` already told to the bus (_monitor_bus_lost)
+        self._stopped = False  # close() stopped a child that had not finished in time
         self._seq = 0  # messages sent
         self._acked = 0  # seq of the last message the child acknowledged
         self._dead = False
@@ -361,6 +370,16 @@ class ProcessHandler:
         finally:
             self._lock.release()
 
+    def _monitor_bus_lost(self, final: bool) -> int:
+        """The bus's question (see ``_handler``), on its handler thread: events dropped since it
+        last asked, all of them events the bus delivered here (fed by one bus, as registered:
+        on several, the first to ask is told). ``final`` changes nothing: what the child still
+        holds is not lost yet, and ``close()`` counts and reports what it then loses. No lock:
+        one read of the count (``_monitor_bus_wait_done`` may hold the lock meanwhile)."""
+        dropped = self._dropped
+        lost, self._told = dropped - self._told, dropped
+        return lost
+
     # -- what the child says --
 
     def _wait(self, done: Callable[[], bool], deadline: float | None) -> bool:
@@ -526,6 +545,7 @@ class ProcessHandler:
         deadline = _deadline(timeout)
         if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
             # The handler thread waits on a stuck child: stopping it releases that thread.
+            self._stopped = True
             self._proc.kill()
             self._proc.join(1.0)
             return False
@@ -546,6 +566,7 @@ class ProcessHandler:
             if done:
                 self._proc.join(_remaining(deadline))
             if self._proc.is_alive():
+                self._stopped = True
                 self._stop_child(f"it did not finish within {timeout} s", lost=0)
                 done = False
             self._dead = True
@@ -596,15 +617,28 @@ class ProcessHandler:
         self._buffer = []
         self._dead = self._closed = True
         self._reason = "a copy in a forked process"
+        self._told = self._dropped  # the bus here starts its counts afresh (``after_fork``)
         self._sock.close()  # this process's descriptor only
         self._finalizer.cancel()
 
     def _close_at_exit(self) -> None:
-        if not self.close(self._exit_timeout):
+        self._stopped = False  # what this close does is what the warning says
+        if self.close(self._exit_timeout):
+            return
+        if self._stopped:
             logger.warning(
                 "ProcessHandler %s: not finished within exit_timeout=%s s at exit; stats: %s",
                 self._name,
                 self._exit_timeout,
+                self.stats(),
+            )
+        else:  # it exited by itself (before exit, or while closing): no time was spent on it
+            logger.warning(
+                "ProcessHandler %s: at exit, the child process (pid %s) is gone (%s); what it "
+                "had not acknowledged is counted as dropped; stats: %s",
+                self._name,
+                self._proc.pid,
+                _exit_status(self._proc.exitcode),
                 self.stats(),
             )
 
@@ -626,6 +660,16 @@ def _deadline(timeout: float | None) -> float | None:
 
 def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+
+def _exit_status(code: int | None) -> str:
+    """A process's exit code in words: ``exit code 1``, ``killed by signal SIGKILL``."""
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by signal {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 def _end(proc: Any) -> None:

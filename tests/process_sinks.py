@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +121,24 @@ class LineSink:
 
 def broken_factory() -> None:
     raise ValueError("no sink today")
+
+
+class HoldSink:
+    """Takes events at once until one named "hold": then sets ``reached`` and waits for
+    ``gate`` (both multiprocessing Events), holding that event and every later one."""
+
+    def __init__(self, reached: Any, gate: Any) -> None:
+        self.reached = reached
+        self.gate = gate
+
+    def __call__(self, event: Event) -> None:
+        if event.name == "hold":
+            self.reached.set()
+            self.gate.wait(NEVER)
+
+
+class Stuck:
+    """Never returns from a call (made with no arguments: its repr holds no address)."""
+
+    def __call__(self, event: Event) -> None:
+        time.sleep(NEVER)

@@ -572,3 +572,120 @@ def test_bus_flush_is_false_once_the_child_is_gone(closing: Any) -> None:
         assert bus.flush(timeout=60) is False
         stats = remote.stats()
         assert (stats["handled"], stats["dropped"], stats["alive"]) == (0, 2, False)
+        # Seen from this thread (bus.flush): told to the bus at the handler's next batch.
+        bus.log_event(event(2))
+        assert bus.flush(timeout=60) is False
+        (handler,) = bus.stats()["handlers"]
+        assert (handler["logged"], handler["delivered"], handler["dropped"]) == (3, 0, 3)
+
+
+def test_what_a_killed_child_never_acknowledged_is_dropped_on_the_bus(
+    closing: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The bus moves the events a SIGKILLed child never acknowledged, and each later one, from
+    delivered to dropped, once (the handler's own count stays its own), and reports them."""
+    reached, gate = SPAWN.Event(), SPAWN.Event()  # gate never set: the child holds "hold"
+    remote = ProcessHandler(functools.partial(process_sinks.HoldSink, reached, gate), timeout=60)
+    closing(remote)
+    with (
+        caplog.at_level(logging.WARNING, logger="monitor_bus"),
+        monitor_bus.EventBus(name="process") as bus,
+    ):
+        bus.register_event_handler(remote, name="remote")
+        for i in range(3):
+            bus.log_event(event(i))
+        assert bus.flush(timeout=60) is True  # acknowledged: these three stay delivered
+        bus.log_event(event(3, "hold"))
+        for i in range(4, 8):
+            bus.log_event(event(i))
+        assert reached.wait(60)  # the child holds "hold": five events unacknowledged
+        os.kill(remote.pid, signal.SIGKILL)
+        assert bus.flush(timeout=60) is False  # the handler thread saw it die
+        (handler,) = bus.stats()["handlers"]
+        assert (handler["logged"], handler["delivered"], handler["dropped"]) == (8, 3, 5)
+        bus.log_event(event(8))  # after it is gone
+        assert bus.flush(timeout=60) is False
+        (handler,) = bus.stats()["handlers"]
+        assert (handler["logged"], handler["delivered"], handler["dropped"]) == (9, 3, 6)
+        assert handler["pending"] == 0
+    stats = remote.stats()
+    assert (stats["received"], stats["handled"], stats["dropped"]) == (9, 3, 6)
+    # The bus's reports, the last one as it let go of the handler: nothing told twice.
+    reports = [r.getMessage() for r in caplog.records if "could not write" in r.getMessage()]
+    assert reports[-1].startswith("EventBus 'process': handler 'remote' could not write ")
+    assert reports[-1].endswith(", 6 in all")
+    assert sum(int(r.split("could not write ")[1].split()[0]) for r in reports) == 6
+
+
+def test_exit_says_a_dead_child_is_gone_not_late(tmp_path: Path) -> None:
+    """At exit, a child that was SIGKILLed before is named gone, with its signal, at once; not
+    "not finished within exit_timeout"."""
+    done = run_program(
+        """
+        import os, signal
+        from datetime import datetime, timezone
+        import monitor_bus
+        from tests import process_sinks
+
+        if __name__ == "__main__":
+            sink = monitor_bus.ProcessHandler(process_sinks.Stuck, max_pending=2, exit_timeout=30)
+            for i in range(2):  # the second sends both: the child holds them
+                sink(monitor_bus.Event("x", datetime.now(timezone.utc), {"i": i}))
+            os.kill(sink.pid, signal.SIGKILL)
+            assert sink.flush() is False
+            print(sink.pid)
+        """,
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout)
+    stats = {
+        "received": 2,
+        "sent": 2,
+        "handled": 0,
+        "errors": 0,
+        "dropped": 2,
+        "pending": 0,
+        "buffered": 0,
+        "alive": False,
+        "exitcode": -signal.SIGKILL,
+    }
+    assert done.stderr.splitlines()[-1] == (
+        f"ProcessHandler <class 'tests.process_sinks.Stuck'>: at exit, the child process "
+        f"(pid {pid}) is gone (killed by signal SIGKILL); what it had not acknowledged is "
+        f"counted as dropped; stats: {stats}"
+    )
+    assert "exit_timeout" not in done.stderr
+
+
+def test_a_forked_copy_tells_its_own_bus_only_its_own_drops(closing: Any) -> None:
+    """A bus with children="own" runs a forked copy of the handler, with counts of its own: the
+    copy tells that bus what it dropped there, not what the parent had not told yet."""
+    gate = SPAWN.Event()  # never set
+    remote = ProcessHandler(
+        functools.partial(process_sinks.GatedSink, gate), max_pending=2, timeout=0.2
+    )
+    closing(remote)
+    with monitor_bus.EventBus(name="own", children="own") as bus:
+        bus.register_event_handler(remote, name="remote")
+        for i in range(2):
+            bus.log_event(event(i))
+        assert bus.flush(timeout=0.5) is False
+        os.kill(remote.pid, signal.SIGKILL)
+        assert bus.flush(timeout=60) is False  # 2 dropped, not told to the bus yet
+
+        def in_child() -> None:
+            bus.log_event(event(9))  # the copy drops it
+            bus.flush(timeout=60)
+            (handler,) = bus.stats()["handlers"]
+            counts = (handler["logged"], handler["delivered"], handler["dropped"])
+            os._exit(0 if counts == (1, 0, 1) else 3)
+
+        child = multiprocessing.get_context("fork").Process(target=in_child)
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0
+        bus.log_event(event(2))
+        assert bus.flush(timeout=60) is False
+        (handler,) = bus.stats()["handlers"]
+        assert (handler["logged"], handler["delivered"], handler["dropped"]) == (3, 0, 3)
