@@ -799,3 +799,93 @@ def test_fuzz_an_authenticated_child_never_fails_the_relay_runs_code_or_forges_a
     assert threads.count("monitor_bus.relay") == 1
     recorder.events.clear()
     assert_children_still_arrive(recorder, bus)
+
+
+# A listener with no descriptor left (a real RLIMIT_NOFILE) while a child connects: the
+# relay's CPU over a second of that, its warnings, then what arrives once descriptors free.
+OUT_OF_DESCRIPTORS = """
+    import logging, os, resource, threading, time
+    import multiprocessing as mp
+    from datetime import datetime
+    import monitor_bus
+    from monitor_bus._lifecycle import process
+
+    warned = threading.Event()
+
+    class Warned(logging.Handler):
+        def emit(self, record):
+            if "could not accept" in record.getMessage():
+                print("warning:", record.getMessage(), flush=True)
+                warned.set()
+
+    logging.getLogger("monitor_bus").addHandler(Warned())
+    got = []
+    monitor_bus.register_event_handler(got.append)
+    relay = process.listener._thread
+    go_r, go_w = os.pipe()
+    sent_r, sent_w = os.pipe()
+
+    def child():
+        os.read(go_r, 1)
+        for i in range(3):
+            monitor_bus.log_event(monitor_bus.Event("child", datetime(2026, 1, 1), {"i": i}))
+        os.write(sent_w, b"!")
+
+    proc = mp.get_context("fork").Process(target=child)
+    proc.start()
+    clock = time.pthread_getcpuclockid(relay.ident)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    spare = os.open(os.devnull, os.O_RDONLY)
+    hog = []
+    try:
+        while True:
+            hog.append(os.dup(spare))
+    except OSError:
+        pass
+    os.write(go_w, b"!")
+    os.read(sent_r, 1)  # its events are in its socket, its connection in the backlog
+    print("warned", warned.wait(30), flush=True)
+    cpu, wall = time.clock_gettime(clock), time.monotonic()
+    threading.Event().wait(1.0)  # a second with no descriptor: the relay should idle
+    print("cpu", time.clock_gettime(clock) - cpu, time.monotonic() - wall, flush=True)
+    for fd in hog:
+        os.close(fd)
+    proc.join(60)
+    print("flushed", monitor_bus.flush(10))
+    print("got", [(e.data["i"], e.origin.pid == proc.pid) for e in got], proc.exitcode)
+"""
+
+
+@pytest.fixture(scope="module")
+def out_of_descriptors() -> list[str]:
+    result = run_program(OUT_OF_DESCRIPTORS)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_out_of_descriptors_the_relay_warns_once_and_accepts_the_child_later(
+    out_of_descriptors: list[str],
+) -> None:
+    """With no descriptor left (EMFILE) when a child connects, the relay says once that it
+    could not accept it (though it tries again meanwhile), and once a descriptor frees it
+    accepts the child, whose events all arrive with its pid."""
+    warnings = [line for line in out_of_descriptors if line.startswith("warning:")]
+    assert warnings == [
+        "warning: monitor_bus: the relay could not accept a child process's connection (Too "
+        "many open files); it tries again, its events wait in its socket meanwhile"
+    ]
+    assert "warned True" in out_of_descriptors
+    assert out_of_descriptors[-2:] == [
+        "flushed True",
+        "got [(0, True), (1, True), (2, True)] 0",
+    ]
+
+
+@pytest.mark.stress
+def test_out_of_descriptors_the_relay_does_not_spin(out_of_descriptors: list[str]) -> None:
+    """With no descriptor left and a child waiting to connect, the relay's thread idles (it
+    waits out a back-off instead of finding the server socket readable at once): under a
+    tenth of a second of CPU over a second (it spun a whole core)."""
+    cpu, wall = next(line for line in out_of_descriptors if line.startswith("cpu ")).split()[1:]
+    assert float(wall) >= 1.0
+    assert float(cpu) < 0.1
