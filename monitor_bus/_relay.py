@@ -13,9 +13,13 @@ Guarantees
   its task's module is imported) reports nowhere.
 - Who is heard: only a process that proves it is a child of the family (``_wire.py``: the
   ``multiprocessing`` key, the peer's pid and uid from the kernel) before anything else; only
-  plain values are decoded. Any other connection (another program of the same user, a plain
-  ``subprocess``, a malformed or hostile message) is closed, unheard, with a warning naming
-  its pid (at most once per 10 s per pid); the relay thread never waits on it. A child checks
+  plain values are decoded, and each message must have its kind's shape and types
+  (``_wire.check``) and name only buses its connection announced. Any other connection
+  (another program of the same user, a plain ``subprocess``) is closed unheard, and a child's
+  at its first message that breaks these rules (what it sent before is taken), with a warning
+  naming its pid and why (at most once per 10 s per pid; a warning, not an error: the relay
+  and every other child go on); the relay thread never waits on it. A child's events carry
+  the pid it proved as their origin, never a pid its messages state. A child checks
   the listener's pid and uid before it sends anything, so nobody else receives its events.
 - Leftovers: the socket's directory is removed when the relay closes; a new listener removes
   those of listeners that died without closing (``_socketdir.py``).
@@ -41,6 +45,10 @@ Guarantees
   send is counted in its ``stats()["dropped"]``, reported on its ``monitor_bus`` logger (at
   most once per 10 s) and, while the parent listens, sent to the parent, which adds it to its
   own ``dropped``.
+- Out of descriptors (EMFILE) when a child connects, the relay warns (throttled), stops
+  watching the listening socket (a pending connection would make it spin) and tries to accept
+  again after a back-off of 50 ms doubling to 1 s, or at a sweep; the child's connection waits
+  in the backlog, its events in its socket.
 - In the parent, one thread reads every child's socket and queues what it reads as
   ``log_event`` does (same queue, capacity, policy and counters), in each child's order, each
   event once, its origin (``Event.origin``) attached. It reads fairly: one chunk (64 KiB) from
