@@ -13,9 +13,13 @@ Guarantees
   its task's module is imported) reports nowhere.
 - Who is heard: only a process that proves it is a child of the family (``_wire.py``: the
   ``multiprocessing`` key, the peer's pid and uid from the kernel) before anything else; only
-  plain values are decoded. Any other connection (another program of the same user, a plain
-  ``subprocess``, a malformed or hostile message) is closed, unheard, with a warning naming
-  its pid (at most once per 10 s per pid); the relay thread never waits on it. A child checks
+  plain values are decoded, and each message must have its kind's shape and types
+  (``_wire.check``) and name only buses its connection announced. Any other connection
+  (another program of the same user, a plain ``subprocess``) is closed unheard, and a child's
+  at its first message that breaks these rules (what it sent before is taken), with a warning
+  naming its pid and why (at most once per 10 s per pid; a warning, not an error: the relay
+  and every other child go on); the relay thread never waits on it. A child's events carry
+  the pid it proved as their origin, never a pid its messages state. A child checks
   the listener's pid and uid before it sends anything, so nobody else receives its events.
 - Leftovers: the socket's directory is removed when the relay closes; a new listener removes
   those of listeners that died without closing (``_socketdir.py``).
@@ -41,6 +45,10 @@ Guarantees
   send is counted in its ``stats()["dropped"]``, reported on its ``monitor_bus`` logger (at
   most once per 10 s) and, while the parent listens, sent to the parent, which adds it to its
   own ``dropped``.
+- Out of descriptors (EMFILE) when a child connects, the relay warns (throttled), stops
+  watching the listening socket (a pending connection would make it spin) and tries to accept
+  again after a back-off of 50 ms doubling to 1 s, or at a sweep; the child's connection waits
+  in the backlog, its events in its socket.
 - In the parent, one thread reads every child's socket and queues what it reads as
   ``log_event`` does (same queue, capacity, policy and counters), in each child's order, each
   event once, its origin (``Event.origin``) attached. It reads fairly: one chunk (64 KiB) from
@@ -93,7 +101,6 @@ from ._wire import WINDOW as _WINDOW
 from ._wire import Refused
 from ._wire import frame as _frame
 from ._wire import stamp as _stamp
-from ._wire import unstamp as _unstamp
 
 if TYPE_CHECKING:
     from ._bus import EventBus
@@ -108,6 +115,8 @@ ENVIRONMENT = "MONITOR_BUS_PARENT"
 _SEND_BUFFER = 4 << 20
 _READ_SIZE = 1 << 16
 _CONNECT_TIMEOUT = 1.0
+# Out of descriptors, the relay tries to accept again after the first, doubling to the second.
+_ACCEPT_BACKOFF = (0.05, 1.0)
 _CLOSED_WHY = "the parent process's bus is closed (the parent is exiting?)"
 _INTERRUPTED = "a signal interrupted a send (the stream lost its framing)"
 
@@ -494,6 +503,9 @@ class Listener:
         self._paused: set[socket.socket] = set()  # not read: their events found no room
         self._waiting: dict[int, EventBus] = {}  # buses with parked events, by id
         self._closed = False
+        # Out of descriptors: when to try accepting again (None: the server socket is watched).
+        self._retry_accept: float | None = None
+        self._accept_backoff = 0.0
         self.received = 0
         self.refused = 0  # connections closed unheard or cut off for a message not allowed
         self._throttle = Throttle()
@@ -568,10 +580,13 @@ class Listener:
         robin: a child writing flat out starves no other), queue what was parked if there is
         room now, and settle the sweeps that are done; False once closed. Never waits for
         room in a queue: a connection whose events find none is not read until there is."""
-        ready = self._selector.select()
+        retry = self._retry_accept
+        ready = self._selector.select(None if retry is None else retry - time.monotonic())
         with self._lock:
             if self._closed:
                 return False
+            if self._retry_accept is not None and time.monotonic() >= self._retry_accept:
+                self._accept()
             for key, _ in ready:
                 sock = key.fileobj
                 if sock is self._server:
@@ -591,11 +606,22 @@ class Listener:
         return True
 
     def _accept(self) -> None:
+        """Take the children waiting to connect. With no descriptor left (EMFILE), stop
+        watching the server socket (a pending connection would keep it readable: a spin) and
+        try again after a back-off the relay's ``select`` waits out; meanwhile the child's
+        connection waits in the kernel's backlog, its events in its socket."""
         while True:
             try:
                 sock, _ = self._server.accept()
-            except OSError:  # BlockingIOError: none pending
+            except BlockingIOError:  # none pending
                 return
+            except OSError as exc:  # EMFILE, ENFILE, ENOBUFS: no room for one more
+                self._accept_later(exc)
+                return
+            if self._retry_accept is not None:  # room again: watch the server again
+                self._retry_accept = None
+                self._accept_backoff = 0.0
+                self._selector.register(self._server, selectors.EVENT_READ)
             sock.setblocking(False)
             connection = _Connection(sock, None)
             try:
@@ -610,6 +636,20 @@ class Listener:
                     continue
             self._connections[sock] = connection
             self._selector.register(sock, selectors.EVENT_READ)
+
+    def _accept_later(self, exc: OSError) -> None:
+        if self._retry_accept is None:
+            self._selector.unregister(self._server)
+        self._accept_backoff = min(
+            _ACCEPT_BACKOFF[1], 2 * self._accept_backoff or _ACCEPT_BACKOFF[0]
+        )
+        self._retry_accept = time.monotonic() + self._accept_backoff
+        if self._throttle.ready("accept"):  # (its other keys: the pids it refused)
+            logger.warning(
+                "monitor_bus: the relay could not accept a child process's connection (%s); "
+                "it tries again, its events wait in its socket meanwhile",
+                exc.strerror or exc,
+            )
 
     def _read(self, connection: _Connection) -> None:
         """Read one chunk of what ``connection`` holds and queue its events; close it at its
@@ -692,6 +732,8 @@ class Listener:
             )
 
     def _messages(self, connection: _Connection) -> None:
+        """Take each whole message in ``connection``'s buffer; ``Refused`` (said once, why and
+        whose) at the first one the protocol does not allow: nothing after it is taken."""
         buffer = connection.buffer
         start = 0
         end = len(buffer)
@@ -701,7 +743,7 @@ class Listener:
             while end - start >= header:
                 (size,) = _HEADER.unpack_from(buffer, start)
                 if size > _wire.MAX_FRAME or (not connection.trusted and size != _wire.AUTH_SIZE):
-                    raise self._refuse(connection, f"it sent a message of {size} bytes")
+                    raise Refused(f"it sent a message of {size} bytes")
                 if end - start - header < size:
                     break
                 with view[start + header : start + header + size] as body:
@@ -712,23 +754,24 @@ class Listener:
                     try:
                         message = _wire.loads(body)
                     except Exception as exc:  # noqa: BLE001 - whatever a bad pickle raises
-                        why = f"its message was refused ({exc!r})"
-                        raise self._refuse(connection, why) from None
-                self._dispatch(connection, message)
+                        raise Refused(f"its message was refused ({exc!r})") from None
+                self._dispatch(connection, _wire.check(message))
+        except Refused as exc:
+            raise self._refuse(connection, str(exc)) from None
         finally:
             view.release()
             del buffer[:start]
 
     def _authenticate(self, connection: _Connection, body: memoryview) -> None:
-        try:
-            _wire.check_credentials(body, connection.peer)
-        except Refused as exc:
-            raise self._refuse(connection, str(exc)) from None
+        pid = _wire.check_credentials(body, connection.peer)
         connection.trusted = True
+        connection.origin = EventOrigin(pid, None)  # its events' origin: the pid it proved
 
     def _refuse(self, connection: _Connection, why: str) -> Refused:
         """Say (throttled, per pid) that ``connection`` is closed unheard; the exception that
-        has ``_read`` close it."""
+        has ``_read`` close it. A warning, not an error: the peer broke the protocol (or is no
+        child), the relay and every other connection go on; the traceback would show only
+        the relay's own frames."""
         self.refused += 1
         if self._throttle.ready(connection.peer):
             logger.warning(
@@ -741,28 +784,41 @@ class Listener:
         return Refused(why)
 
     def _dispatch(self, connection: _Connection, message: tuple[Any, ...]) -> None:
+        """Act on one message (``_wire.check``ed); ``Refused`` if the connection may not send
+        it: an event or drop count of a bus it did not announce, a bus announced twice,
+        another process's pid."""
         kind = message[0]
+        buses = connection.buses
         if kind in (_EVENT, _WINDOW):
-            bus = connection.buses.get(message[1])
-            if bus is not None:
+            if message[1] not in buses:
+                raise Refused(f"it sent an event for bus {message[1]}, never announced")
+            bus = buses[message[1]]
+            if bus is not None:  # else the parent has no such bus (the child is told so)
                 self.received += 1
-                item = (message[2], _unstamp(message[3], message[4]), message[5])
-                bus._relay_in(item, connection.origin, kind == _WINDOW)
+                bus._relay_in(message[2:], connection.origin, kind == _WINDOW)
         elif kind == _BUS:
             _, index, creator, name = message
+            if index in buses:
+                raise Refused(f"it announced bus {index} twice")
             bus = self._route(creator, name)
             verdict = _NO_BUS if bus is None else _CLOSED if bus._closed else _ROUTED
             # A closed bus is kept: what the child sent it before reading the answer is
             # counted dropped here (the child may end first), and the child reports none of it.
-            connection.buses[index] = bus
+            buses[index] = bus
             with contextlib.suppress(OSError):  # the child reads it when it can, if ever
                 connection.sock.send(_VERDICT.pack(index, verdict))
         elif kind == _DROPPED:
-            bus = connection.buses.get(message[1])
+            if message[1] not in buses:
+                raise Refused(f"it reported drops of bus {message[1]}, never announced")
+            bus = buses[message[1]]
             if bus is not None:
                 bus._queue.count_dropped(message[2], by_children=True)
-        elif kind == _HELLO:
-            connection.origin = EventOrigin(message[1], message[2])
+        else:  # _HELLO: its DataLoader worker id
+            origin = connection.origin
+            assert origin is not None  # set when it proved its pid
+            if message[1] != origin.pid:
+                raise Refused(f"it claimed to be process {message[1]}")
+            connection.origin = EventOrigin(origin.pid, message[2])
 
     def close(self) -> None:
         """Stop reading and remove the socket (at exit; children then fail to connect)."""

@@ -19,7 +19,10 @@ Guarantees
   not another user's (or another process's) socket at the same path.
 - What a message may hold: bodies are decoded by an unpickler that makes only what the relay's
   messages hold (tuples, dicts and plain values, ``datetime``, ``timedelta``, ``timezone``);
-  any other global is refused (``pickle.UnpicklingError``), so no body can run code. A child
+  any other global is refused (``pickle.UnpicklingError``), so no body can run code. A decoded
+  message must then have exactly the shape and types its kind has (``check``: an index that
+  fits the answer, an event's name, timestamp and data as ``Event`` holds them, a drop count
+  from 1 to 2**63 - 1), or it is refused (``Refused``) before it touches a bus. A child
   sends its timestamps in that form (``stamp``): a ``ZoneInfo`` by its key, another tzinfo as
   its fixed offset, a ``datetime`` subclass as a ``datetime``.
 - On a platform without ``SO_PEERCRED`` the key alone decides, on the pid the peer states.
@@ -52,6 +55,12 @@ AUTH_SIZE = _CREDENTIALS.size
 MAX_FRAME = 64 << 20
 _LABEL = b"monitor_bus relay: a child of listener %d, process %d"
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
+# A bus's index travels back in its answer (VERDICT: 4 unsigned bytes); a drop count is a
+# child's counter.
+_MAX_INDEX = 2**32 - 1
+_MAX_COUNT = 2**63 - 1
+_PLAIN = (str, int, float, bool)  # an event's data values (as ``Event`` holds them)
+_KINDS = {HELLO: "HELLO", BUS: "BUS", EVENT: "EVENT", WINDOW: "WINDOW", DROPPED: "DROPPED"}
 
 
 class Refused(Exception):
@@ -138,6 +147,82 @@ class _Unpickler(pickle.Unpickler):
 def loads(body: bytes | memoryview) -> Any:
     """A message decoded, making nothing but plain values (see the guarantees)."""
     return _Unpickler(io.BytesIO(body)).load()
+
+
+def check(message: Any) -> tuple[Any, ...]:
+    """``message`` if it is one of the relay's messages, each item of its kind's type (an
+    event's as ``(kind, index, name, timestamp, data)``, its timestamp made); raises
+    ``Refused`` saying what is wrong otherwise. Exact classes: nothing else unpickles."""
+    if message.__class__ is not tuple or not message:
+        raise Refused(f"it sent {_show(message)}, not a message")
+    kind = message[0]
+    name = _KINDS.get(kind) if kind.__class__ is int else None
+    if name is None:
+        raise Refused(f"it sent a message of unknown kind {_show(kind)}")
+    size = len(message)
+    if size != (4 if kind == BUS else 6 if kind in (EVENT, WINDOW) else 3):
+        raise Refused(f"it sent a {name} message of {size} items")
+    if kind == HELLO:
+        _, pid, worker = message
+        if pid.__class__ is not int or not (worker is None or worker.__class__ is int):
+            raise Refused(f"it sent a HELLO of {_show(pid)}, {_show(worker)}")
+        return message
+    index = message[1]
+    if index.__class__ is not int or not 0 < index <= _MAX_INDEX:
+        raise Refused(f"it sent a {name} message for bus {_show(index)}")
+    if kind == BUS:
+        _, _, creator, bus = message
+        if (
+            creator.__class__ is not tuple
+            or len(creator) != 2
+            or any(n.__class__ is not int for n in creator)
+            or bus.__class__ is not str
+        ):
+            raise Refused(f"it announced bus {index} as {_show(creator)}, {_show(bus)}")
+        return message
+    if kind == DROPPED:
+        count = message[2]
+        if count.__class__ is not int or not 0 < count <= _MAX_COUNT:
+            raise Refused(f"it reported {_show(count)} events of bus {index} dropped")
+        return message
+    _, _, event, micros, zone, data = message
+    if event.__class__ is not str:
+        raise Refused(f"it sent a {name} named {_show(event)}")
+    if data.__class__ is not dict or any(
+        key.__class__ is not str or value.__class__ not in _PLAIN for key, value in data.items()
+    ):
+        raise Refused(f"it sent a {name} whose data is not str keys to plain values")
+    return kind, index, event, _timestamp(micros, zone), data
+
+
+def _timestamp(micros: Any, zone: Any) -> datetime:
+    """``unstamp`` of what a peer sent, or ``Refused``."""
+    if micros.__class__ is int:
+        valid = zone is None or (zone.__class__ is int and zone == 0)
+    else:
+        valid = (
+            micros is None
+            and zone.__class__ is tuple
+            and len(zone) == 2
+            and zone[0].__class__ is datetime
+            and zone[0].tzinfo is None
+            and (zone[1] is None or zone[1].__class__ in (timezone, str))
+        )
+    if valid:
+        try:
+            return unstamp(micros, zone)
+        except Exception as exc:  # noqa: BLE001 - out of range, no such zone: all the peer's
+            raise Refused(f"it sent a timestamp that is not one ({exc!r})") from None
+    raise Refused(f"it sent a timestamp of {_show(micros)}, {_show(zone)}")
+
+
+def _show(value: object) -> str:
+    """A peer's value in a warning: its type and the start of its repr."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - an int past repr's digits, a tuple nested too deep
+        text = "..."
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
 _EPOCH = datetime(1970, 1, 1)
