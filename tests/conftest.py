@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -79,3 +80,17 @@ class LoopGate:
         self.release.clear()
         bus.log_event(monitor_bus.Event("gate", datetime.now(timezone.utc), {"name": "gate"}))
         assert self.entered.wait(10)
+
+
+class LogSeen(logging.Handler):
+    """Sets ``seen`` once a record holding ``text`` in its message is emitted (add it to the
+    ``monitor_bus`` logger to wait for a warning instead of polling the log)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()

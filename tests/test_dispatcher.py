@@ -14,8 +14,8 @@ import pytest
 
 from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, EventHandlerHandle, Stat
 
+from .conftest import LogSeen, Recorder
 from .conftest import LoopGate as Gate
-from .conftest import Recorder
 
 TS = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -226,19 +226,6 @@ def test_queue_drops_are_reported_once_per_interval(
 # -- a dispatcher that keeps failing, and what a failure does to handlers --
 
 
-class _LogSeen(logging.Handler):
-    """Sets ``seen`` once a monitor_bus record holding ``text`` is emitted."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-        self.seen = threading.Event()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if self.text in record.getMessage():
-            self.seen.set()
-
-
 def test_a_dispatcher_failing_again_and_again_stops_restarting(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, recorder: Recorder
 ) -> None:
@@ -257,7 +244,7 @@ def test_a_dispatcher_failing_again_and_again_stops_restarting(
 
     monkeypatch.setattr(Dispatcher, "_timer_pass", fail_once_told)
     caplog.set_level(logging.WARNING, logger="monitor_bus")
-    gave_up = _LogSeen("it is not started again")
+    gave_up = LogSeen("it is not started again")
     logging.getLogger("monitor_bus").addHandler(gave_up)
     try:
         bus = EventBus(name="doomed")
@@ -300,7 +287,7 @@ def test_a_failure_does_not_blame_an_async_handler(
         return original(self, next_end)
 
     monkeypatch.setattr(Dispatcher, "_timer_pass", fail_when_told)
-    restarted = _LogSeen("a new one runs")
+    restarted = LogSeen("a new one runs")
     logging.getLogger("monitor_bus").addHandler(restarted)
     got: list[int] = []
     entered = threading.Event()

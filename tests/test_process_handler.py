@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import monitor_bus
 from monitor_bus import Event, EventOrigin, JsonlEventHandler, ProcessHandler
 
 from . import child_workers, process_sinks
+from .conftest import LogSeen
 
 SPAWN = multiprocessing.get_context("spawn")
 T0 = datetime(2026, 3, 29, 0, 30, tzinfo=timezone.utc)
@@ -501,19 +501,6 @@ def test_the_child_calls_the_sink_as_a_bus_would(
     assert (remote.stats()["handled"], remote.stats()["errors"]) == (3, 0)
 
 
-class _Said(logging.Handler):
-    """Sets ``seen`` once a record with ``text`` in its message is logged."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-        self.seen = threading.Event()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if self.text in record.getMessage():
-            self.seen.set()
-
-
 def test_flush_waits_for_what_an_earlier_flush_left_unacknowledged(closing: Any) -> None:
     """A flush that gave up on a slow child leaves its events pending: the next flush, with
     nothing new to send, waits for them too instead of saying True at once."""
@@ -537,7 +524,7 @@ def test_bus_flush_is_true_only_once_the_child_has_handled_everything(closing: A
     gate = SPAWN.Event()
     remote = ProcessHandler(functools.partial(process_sinks.GatedSink, gate), timeout=0.2)
     closing(remote)
-    gave_up = _Said("the child did not finish a flush within 0.2 s")
+    gave_up = LogSeen("the child did not finish a flush within 0.2 s")
     logging.getLogger("monitor_bus").addHandler(gave_up)
     try:
         with monitor_bus.EventBus(name="process") as bus:
