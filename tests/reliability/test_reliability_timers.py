@@ -35,7 +35,7 @@ def test_ten_thousand_stats_log_each_window_exactly_once(figures: Figures) -> No
 def test_ten_thousand_stats_log_each_window_on_time(figures: Figures) -> None:
     """With 10,000 Stats of 100 ms windows, each getting one value every other window (so
     that only the dispatcher's timer can close its windows), every window with data is logged
-    within 50 ms of its end, exactly once (measured in a fresh interpreter; stress: a loaded
+    before the next window ends (within 100 ms of its end), exactly once (measured in a fresh interpreter; stress: a loaded
     machine delays the timer)."""
     figures.describe(
         load=f"{STATS:,} live Stats, 100 ms windows, {ROUNDS} windows; each Stat gets one add "
