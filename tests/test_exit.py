@@ -290,20 +290,26 @@ print("stopped gracefully", flush=True)
 """
 
 
-def test_a_later_handler_that_calls_ours_owns_sigterm(tmp_path: Path) -> None:
-    """A SIGTERM handler installed after the run started that calls the previous one (as
-    Lightning's does): ours does nothing, the program stops its own way, the run ends at exit."""
-    out = tmp_path / "events.jsonl"
+def _terminated_once_ready(tmp_path: Path, code: str, out: Path) -> tuple[int, str]:
+    """Run ``code`` (writing its events to ``out``), send it SIGTERM once it prints "ready",
+    and return its exit status and what it printed after."""
     with subprocess.Popen(
-        [sys.executable, str(_script(tmp_path, _CHAINED)), str(out)],
+        [sys.executable, str(_script(tmp_path, code)), str(out)],
         stdout=subprocess.PIPE,
         text=True,
     ) as proc:
         assert proc.stdout is not None
         assert proc.stdout.readline() == "ready\n"
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
-        assert proc.stdout.read() == "stopped gracefully\n"
+        status = proc.wait(60)
+        return status, proc.stdout.read()
+
+
+def test_a_later_handler_that_calls_ours_owns_sigterm(tmp_path: Path) -> None:
+    """A SIGTERM handler installed after the run started that calls the previous one (as
+    Lightning's does): ours does nothing, the program stops its own way, the run ends at exit."""
+    out = tmp_path / "events.jsonl"
+    assert _terminated_once_ready(tmp_path, _CHAINED, out) == (0, "stopped gracefully\n")
     events = list(monitor_bus.read_jsonl(out))
     assert [e.data.get("status") for e in events] == [None, "success"]
 
@@ -312,15 +318,7 @@ def test_a_users_sigterm_handler_is_left_in_place(tmp_path: Path) -> None:
     """With a SIGTERM handler of the user's installed, Run installs none: the user's runs
     (here: sys.exit(7), which ends the run at exit as success)."""
     out = tmp_path / "events.jsonl"
-    with subprocess.Popen(
-        [sys.executable, str(_script(tmp_path, _USER_HANDLER)), str(out)],
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as proc:
-        assert proc.stdout is not None
-        assert proc.stdout.readline() == "ready\n"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 7
+    assert _terminated_once_ready(tmp_path, _USER_HANDLER, out) == (7, "")
     events = list(monitor_bus.read_jsonl(out))
     assert [e.data.get("status") for e in events] == [None, "success"]
 
