@@ -442,7 +442,7 @@ class Stat:
         # Every aggregate in Aggregation order, then the requested ones picked by position:
         # the timer closes thousands of windows per pass, so no per-window enum hashing.
         total = self._sum
-        mean = total / count if self._scaled is None else _mean(total, self._scaled, count)
+        mean = _mean(total, self._scaled, count)
         last = self._pick((self._value, mean, count, total, self._max, self._min))  # type: ignore[arg-type]  # no device value pending: a float
         data = dict(zip(self._keys, last, strict=True))
         # Queued before the window is emptied: a Ctrl-C in between can log it twice at worst,
