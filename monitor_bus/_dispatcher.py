@@ -497,9 +497,12 @@ class Dispatcher:
         return [(h, self._retire(h)) for h in handlers]
 
     def drain_targets(self) -> list[tuple[_Handler, int]]:
-        """Hand everything queued over; return each handler with its delivery target."""
+        """Hand everything queued over; return each handler with its delivery target, those
+        still delivering after being replaced or unregistered included."""
+        bus = self.bus
         self._drain(force=True)
-        return [(h, h.offered) for h in self.bus._handlers]
+        leaving = [h for h in tuple(bus._leaving) if not h.registered]
+        return [(h, h.offered) for h in (*bus._handlers, *leaving)]
 
     # -- distribution --
 

@@ -494,6 +494,26 @@ def test_named_handler_replaces_the_previous_one(bus: EventBus) -> None:
     assert [h["name"] for h in bus.stats()["handlers"]] == ["sink"]
 
 
+def test_flush_waits_for_a_replaced_handler_still_delivering(bus: EventBus) -> None:
+    """flush() covers what a replaced keyed handler still owes, not only the current handlers."""
+    entered, release = threading.Event(), threading.Event()
+    got: list[int] = []
+
+    def slow(event: Event) -> None:
+        entered.set()
+        release.wait(30)
+        got.append(event.data["i"])
+
+    bus.register_event_handler(slow, name="sink")
+    bus.log_event(ev(0))
+    assert entered.wait(10)
+    bus.register_event_handler(Recorder(), name="sink")
+    assert not bus.flush(0.2)
+    release.set()
+    assert bus.flush(10)
+    assert got == [0]
+
+
 def test_flush_hook_runs_after_each_batch(bus: EventBus) -> None:
     """A handler's flush() runs after its batch, so after bus.flush() the sink has written everything."""
 
