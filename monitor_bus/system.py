@@ -424,6 +424,7 @@ class SystemMetrics:
         self._stats: dict[str, Stat] = {}
         self._throttle = Throttle(LOG_INTERVAL)
         self._sample_lock = threading.Lock()  # one sample at a time: rates need the last
+        self._baseline = threading.Event()  # set once the thread's first sample is taken
         with _running_lock:
             other = _running.get(id(bus))
             if other is not None and other._pid == self._pid and not other._closed:
@@ -507,6 +508,7 @@ class SystemMetrics:
         ticks = 0
         while not self.bus.closed:
             self.sample()
+            self._baseline.set()
             # On a grid from the start: a slow sample does not shift the next ones.
             ticks = max(ticks + 1, math.ceil((time.monotonic() - start) / self.interval))
             if self._stop.wait(start + ticks * self.interval - time.monotonic()):
