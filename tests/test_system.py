@@ -121,9 +121,18 @@ def test_host_metrics_only_on_local_rank_0(bus: monitor_bus.EventBus) -> None:
     tree = {"system.process_cpu_percent", "system.process_rss_bytes"}
     for environ, expected in (({}, tree | host), ({"LOCAL_RANK": "1"}, tree)):
         metrics = started(SystemMetrics(NEVER, bus=bus, gpus=None, _environ=environ))
-        metrics.sample()
-        assert set(metrics.metrics) == expected, environ
-        assert metrics.close()
+        try:
+            # Rates need the kernel's counters to move (CPU times in clock ticks) between two
+            # samples: sample until the CPU's is there.
+            deadline = time.monotonic() + 30
+            while "system.process_cpu_percent" not in metrics.metrics or (
+                environ == {} and "system.host_cpu_percent" not in metrics.metrics
+            ):
+                assert time.monotonic() < deadline, metrics.metrics
+                metrics.sample()
+            assert set(metrics.metrics) == expected, environ
+        finally:
+            assert metrics.close()
 
 
 @pytest.mark.parametrize(
