@@ -373,9 +373,12 @@ class SystemMetrics:
             closed.
 
     Examples:
+        >>> from datetime import timedelta
         >>> from monitor_bus.system import SystemMetrics
-        >>> with SystemMetrics(interval=1.0):  # doctest: +SKIP
-        ...     train()
+        >>> with SystemMetrics(interval=1.0, window=timedelta(seconds=10)) as metrics:
+        ...     pass  # train here: the sampler reads the machine every second meanwhile
+        >>> metrics.closed
+        True
     """
 
     def __init__(
