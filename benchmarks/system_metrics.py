@@ -25,18 +25,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from _machine import cpu_model, positive
+from idle_stats import thread_cpu
 
 import monitor_bus
 from monitor_bus.system import SystemMetrics
 
 BEGIN, END = "<!-- system:begin -->", "<!-- system:end -->"
-
-
-def thread_cpu(thread: threading.Thread) -> float:
-    """CPU seconds of ``thread`` (Linux: /proc, in clock ticks)."""
-    with open(f"/proc/self/task/{thread.native_id}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(seconds: float, workers: int, interval: float, device: str) -> dict[str, object]:

@@ -411,3 +411,34 @@ def test_nvml_without_a_driver_is_one_warning(
     assert "system.process_rss_bytes" in metrics.metrics
     assert not [m for m in metrics.metrics if ".gpu" in m]
     assert metrics.close()
+
+
+def report_sampler(conn: Any) -> None:
+    """In a spawned child: whether it reports to the parent, and whether its default bus has a
+    sampler (a spawn child's target, so at module level)."""
+    from monitor_bus._lifecycle import process
+
+    bus = monitor_bus.get_default_bus()
+    conn.send((process.uplink is not None, running(bus) is not None))
+    conn.close()
+
+
+def test_a_child_reporting_to_its_parent_starts_no_sampler(
+    monkeypatch: pytest.MonkeyPatch, recorder: Recorder
+) -> None:
+    """MONITOR_BUS_SYSTEM_INTERVAL, inherited by a spawned worker, starts no sampler there: the
+    parent's process tree already counts the worker."""
+    import multiprocessing
+
+    monkeypatch.setenv("MONITOR_BUS_SYSTEM_INTERVAL", "3600")
+    monitor_bus.register_event_handler(recorder)  # the parent listens for its children
+    assert running(monitor_bus.get_default_bus()) is not None
+    ctx = multiprocessing.get_context("spawn")
+    ours, theirs = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=report_sampler, args=(theirs,))
+    child.start()
+    theirs.close()
+    assert ours.recv() == (True, False)
+    child.join(60)
+    assert child.exitcode == 0
+    ours.close()
