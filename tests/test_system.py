@@ -442,3 +442,23 @@ def test_a_child_reporting_to_its_parent_starts_no_sampler(
     child.join(60)
     assert child.exitcode == 0
     ours.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_may_run_its_own_sampler(bus: monitor_bus.EventBus) -> None:
+    """A forked child's copy of the parent's sampler runs no thread: closing it does nothing
+    there, and the child may start a sampler of its own on the bus."""
+    metrics = started(SystemMetrics(NEVER, bus=bus, gpus=None))
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status
+        code = 1
+        try:
+            copy_closed = metrics.close(timeout=0) is True
+            own = SystemMetrics(NEVER, bus=bus, gpus=None)
+            code = 0 if copy_closed and started(own).close() else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not metrics.closed  # the parent's sampler runs on
+    assert metrics.close()
