@@ -260,7 +260,9 @@ class _Host:
         psutil = self._psutil
         times = psutil.cpu_times()
         idle = times.idle + getattr(times, "iowait", 0.0)
-        cpu = (sum(times), idle)
+        # Linux counts guest time in user and nice already.
+        guest = getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
+        cpu = (sum(times) - guest, idle)
         counters = self._counters()
         readings = [("host_memory_percent", float(psutil.virtual_memory().percent))]
         if self._last is not None:
