@@ -403,7 +403,8 @@ def test_nvml_without_a_driver_is_one_warning(
     """GPUs asked for where NVML cannot load (no driver here): one warning saying so, and the
     process metrics go on."""
     require(importlib.util.find_spec("pynvml") is not None, "nvidia-ml-py is not installed")
-    require(not os.path.exists("/dev/nvidiactl"), "this host has an NVIDIA driver")
+    if os.path.exists("/dev/nvidiactl"):  # not a missing dependency: CI=true skips it too
+        pytest.skip("this host has an NVIDIA driver, so NVML loads")
     metrics = started(SystemMetrics(NEVER, bus=bus, gpus=[0]))
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warned) == 1
