@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Any
 
 from ._bus import Children, EventBus, Overflow, check_setting
@@ -21,6 +22,8 @@ _ENVIRONMENT = {
     "MONITOR_BUS_EXIT_TIMEOUT": "exit_timeout",
     "MONITOR_BUS_CHILDREN": "children",
     "MONITOR_BUS_LINGER": "linger",
+    # Not an EventBus setting: starts a monitor_bus.system.SystemMetrics on the default bus.
+    "MONITOR_BUS_SYSTEM_INTERVAL": "system_interval",
 }
 
 
@@ -32,13 +35,18 @@ def configure_default_bus(
     exit_timeout: float | None = None,
     children: Children | None = None,
     linger: float | None = None,
+    system_interval: float | None = None,
 ) -> None:
     """Set the default bus's settings before its first use; see ``EventBus`` for each.
 
+    ``system_interval`` (seconds; 0: off) starts a ``monitor_bus.system.SystemMetrics``
+    sampling every that many seconds on the default bus when it is made, except in a child
+    process that reports to a monitor_bus parent (whose process tree already counts it).
+
     An argument left as None keeps its environment variable's value, if set
     (``MONITOR_BUS_CAPACITY``, ``MONITOR_BUS_OVERFLOW``, ``MONITOR_BUS_BLOCK_TIMEOUT``,
-    ``MONITOR_BUS_EXIT_TIMEOUT``, ``MONITOR_BUS_CHILDREN``, ``MONITOR_BUS_LINGER``; a timeout of
-    ``inf`` or ``none``
+    ``MONITOR_BUS_EXIT_TIMEOUT``, ``MONITOR_BUS_CHILDREN``, ``MONITOR_BUS_LINGER``,
+    ``MONITOR_BUS_SYSTEM_INTERVAL``; a timeout of ``inf`` or ``none``
     means no limit), or else the ``EventBus`` default. Arguments are checked now. A spawned
     child process makes its default bus afresh: where it must differ from the default, set the
     environment variable (children inherit it), not only this call.
@@ -61,10 +69,11 @@ def configure_default_bus(
         "exit_timeout": exit_timeout,
         "children": children,
         "linger": linger,
+        "system_interval": system_interval,
     }
     settings = {key: value for key, value in settings.items() if value is not None}
     for key, value in settings.items():
-        check_setting(key, value)  # now, not at the default bus's first use
+        _check(key, value)  # now, not at the default bus's first use
     with process.default_lock:
         if process.default_bus is not None:
             raise RuntimeError(
@@ -72,6 +81,28 @@ def configure_default_bus(
                 " register_event_handler(), Stat() or get_default_bus()"
             )
         process.default_settings = settings
+
+
+def _check(argument: str, value: object) -> Any:
+    """A default bus setting, checked: an ``EventBus`` one, or ``system_interval``."""
+    if argument != "system_interval":
+        return check_setting(argument, value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise wrong_type(argument, "a number of seconds", value)
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(
+            f"{argument} must be a finite number of seconds >= 0 (0: off), got {value}"
+        )
+    return float(value)
+
+
+def _start_system_metrics(bus: EventBus, interval: float) -> None:
+    """The default bus's ``SystemMetrics``, if asked for; not in a child that reports to a
+    monitor_bus parent: the parent's process tree holds it."""
+    if interval and process.uplink is None:
+        from .system import SystemMetrics
+
+        SystemMetrics(interval, bus=bus)
 
 
 def _from_environment() -> dict[str, Any]:
@@ -86,11 +117,13 @@ def _from_environment() -> dict[str, Any]:
                 value: object = int(text)
             elif argument in ("overflow", "children"):
                 value = text
+            elif argument == "system_interval":
+                value = 0.0 if text.lower() == "off" else float(text)
             elif text.lower() in ("none", "inf", "infinity"):
                 value = math.inf  # no limit
             else:
                 value = float(text)
-            check_setting(argument, value)  # now, to name the variable; EventBus keeps it
+            _check(argument, value)  # now, to name the variable; EventBus keeps it
             settings[argument] = value
         except (TypeError, ValueError) as exc:
             raise ValueError(
@@ -106,7 +139,8 @@ def get_default_bus() -> EventBus:
     Its settings come from ``configure_default_bus()``, else from the environment variables
     ``MONITOR_BUS_CAPACITY``, ``MONITOR_BUS_OVERFLOW``, ``MONITOR_BUS_BLOCK_TIMEOUT``,
     ``MONITOR_BUS_EXIT_TIMEOUT``, ``MONITOR_BUS_CHILDREN`` and ``MONITOR_BUS_LINGER``, else the
-    ``EventBus`` defaults.
+    ``EventBus`` defaults. With ``MONITOR_BUS_SYSTEM_INTERVAL`` (or ``system_interval``) set,
+    a ``monitor_bus.system.SystemMetrics`` starts sampling on it.
 
     Raises:
         ValueError: an environment variable holds an invalid value (the message names it).
@@ -116,7 +150,14 @@ def get_default_bus() -> EventBus:
         with process.default_lock:
             if process.default_bus is None:
                 settings = {**_from_environment(), **process.default_settings}
-                process.default_bus = EventBus(**settings, name="default")
+                interval = settings.pop("system_interval", 0.0)
+                made = EventBus(**settings, name="default")
+                try:
+                    _start_system_metrics(made, interval)
+                except BaseException:
+                    made.close(timeout=5.0)
+                    raise
+                process.default_bus = made
             bus = process.default_bus
     return bus
 
@@ -175,4 +216,7 @@ def _reset_default_bus() -> None:
         bus, process.default_bus = process.default_bus, None
         process.default_settings = {}
     if bus is not None:
+        system = sys.modules.get("monitor_bus.system")
+        if system is not None:
+            system._close_for(bus)
         bus.close(timeout=5.0)

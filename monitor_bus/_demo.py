@@ -3,14 +3,16 @@
 A producer task shuffles a synthetic two-spirals data set into minibatches and sends them
 over a memory stream; the training task fits a two-layer tanh network with Adam, logs one
 ``demo.epoch`` event per epoch (losses, held-out accuracy) and feeds ``Stat`` windows of a
-quarter second for step time, throughput and training loss. The bus writes everything to a JSON-lines
-file and to TensorBoard under the log directory, and a tally handler measures how long events
-take to reach a handler. Needs the ``demo`` extra (numpy; tensorboard unless disabled).
+quarter second for step time, throughput and training loss; a ``SystemMetrics`` adds the
+process's and the host's CPU and memory as ``system.*`` Stats. The bus writes everything to a
+JSON-lines file and to TensorBoard under the log directory, and a tally handler measures how
+long events take to reach a handler. Needs the ``demo`` extra (numpy; tensorboard unless disabled).
 
 In TensorBoard every chart's x axis is the training step: an epoch is drawn at the steps done
 by its end (its ``"step"`` key), a Stat window at the steps done when it closed (added to the
 window as ``"step"``, which ``TensorboardEventHandler`` takes as the global step). Stat tags are
-grouped under ``stats/`` and the epoch metrics under ``epoch/``, one section each; the files go
+grouped under ``stats/``, the system metrics under ``system/`` and the epoch metrics under
+``epoch/``, one section each; the files go
 in the run's own subdirectory, ``<log dir>/demo``.
 """
 
@@ -36,6 +38,8 @@ from ._jsonl import JsonlEventHandler
 from ._run import Run
 from ._stat import STAT_EVENT, Aggregation, Stat
 from ._tensorboard_handler import TensorboardEventHandler
+from .system import PREFIX as SYSTEM_PREFIX
+from .system import SystemMetrics
 
 EPOCH_EVENT = "demo.epoch"
 JSONL_NAME = "events.jsonl"
@@ -43,8 +47,12 @@ JSONL_NAME = "events.jsonl"
 TENSORBOARD_RUN = "demo"
 #: TensorBoard's section of the Stat tags (``stats/step_time_ms.mean``, ...).
 STAT_GROUP = "stats"
+#: TensorBoard's section of the system metrics (``system/process_cpu_percent.mean``, ...).
+SYSTEM_GROUP = "system"
 # A quarter second: a default run (about 4 s) draws some 16 points per chart, not 4.
 WINDOW = timedelta(milliseconds=250)
+# Seconds between system metrics samples: a few per window.
+SYSTEM_INTERVAL = 0.1
 BATCH = 256
 HIDDEN = 128
 SAMPLES = 8192
@@ -121,18 +129,27 @@ class _AtStep:
     TensorBoard handler draws it at the same x as the epoch metrics.
     """
 
-    def __init__(self, handler: TensorboardEventHandler, progress: _Progress) -> None:
+    def __init__(
+        self, handler: TensorboardEventHandler, progress: _Progress, system: TensorboardEventHandler
+    ) -> None:
         self._handler = handler
         self._progress = progress
+        self._system = system  # the system.* Stats' windows, in a section of their own
 
     def __call__(self, event: Event) -> None:
+        handler = self._handler
         if event.name == STAT_EVENT:
             step = self._progress.steps_by(event.timestamp)
-            event = Event(event.name, event.timestamp, {**event.data, "step": step})
-        self._handler(event)
+            data = event.data
+            if next(iter(data), "").startswith(SYSTEM_PREFIX):
+                data = {key.removeprefix(SYSTEM_PREFIX): value for key, value in data.items()}
+                handler = self._system
+            event = Event(event.name, event.timestamp, {**data, "step": step})
+        handler(event)
 
     def flush(self) -> None:
         self._handler.flush()
+        self._system.flush()
 
 
 class _EpochScalars:
@@ -219,14 +236,22 @@ def run_demo(
         bus.register_event_handler(jsonl, name="jsonl")
         if writer is not None:
             stat_scalars = TensorboardEventHandler(writer, group=STAT_GROUP)
-            bus.register_event_handler(_AtStep(stat_scalars, progress_of_steps), name="tensorboard")
+            system_scalars = TensorboardEventHandler(writer, group=SYSTEM_GROUP)
+            bus.register_event_handler(
+                _AtStep(stat_scalars, progress_of_steps, system_scalars), name="tensorboard"
+            )
             bus.register_event_handler(_EpochScalars(writer), name="tensorboard-epochs")
         bus.register_event_handler(tally, name="tally")
         started = time.perf_counter()
         # The run's start and end (success, or interrupted by Ctrl-C) for every sink.
         config = {"steps": steps, "seed": seed, "samples": SAMPLES, "holdout": HOLDOUT}
         hparams = {"batch": BATCH, "hidden": HIDDEN}
-        with Run("demo", config=config, hparams=hparams, bus=bus):
+        # The machine as the run used it: system.* Stats, drawn next to the training's (their
+        # last windows logged before the run's end).
+        with (
+            Run("demo", config=config, hparams=hparams, bus=bus),
+            SystemMetrics(SYSTEM_INTERVAL, bus=bus, window=WINDOW),
+        ):
             epochs, accuracy = _run_interruptible(
                 _train, bus, steps, seed, progress, progress_of_steps
             )

@@ -316,3 +316,27 @@ def test_device_values_benchmark_counts_every_sample_and_prints_its_tables() -> 
         ["grad_norm", all_steps, all_steps, "yes"],
         ["accuracy", all_steps, all_steps, "yes"],
     ]
+
+
+def test_system_metrics_benchmark_writes_the_figures_it_measured(tmp_path: Path) -> None:
+    """benchmarks/system_metrics.py samples its worker processes each interval, prints the
+    sampler's CPU, and --write puts exactly the printed text between the page's markers."""
+    begin, end = "<!-- system:begin -->", "<!-- system:end -->"
+    page = tmp_path / "performance.md"
+    page.write_text(f"before\n{begin}\nold figures\n{end}\nafter\n")
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "system_metrics.py"),
+            *("--seconds", "2", "--workers", "2", "--interval", "0.5", "--write", str(page)),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    rows = dict(line.strip("| ").split(" | ") for line in out.splitlines() if line.startswith("| "))
+    assert int(rows["samples taken"]) >= 1
+    assert int(rows["metrics sampled"]) >= 2  # the tree's CPU and RSS at least
+    assert _number(rows["sampler's thread, % of one core"]) > 0
+    assert page.read_text() == f"before\n{begin}\n{out}{end}\nafter\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import struct
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -44,6 +45,13 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
     events = read_jsonl(tmp_path / "events.jsonl")
     epochs = [e for e in events if e.name == EPOCH_EVENT]
     stats = [e for e in events if e.name == STAT_EVENT]
+    # The demo's SystemMetrics: as many windows as its samples made, each of one system.* Stat.
+    system = [e for e in stats if next(iter(e.data)).startswith("system.")]
+    stats = [e for e in stats if e not in system]
+    system_keys = {key for e in system for key in e.data}
+    for e in system:
+        metric = next(iter(e.data)).rpartition(".")[0]
+        assert list(e.data) == [f"{metric}.mean", f"{metric}.max", f"{metric}.min"]
     start, end = events[0], events[-1]
     assert (start.name, end.name) == (RUN_START_EVENT, RUN_END_EVENT)
     assert (start.data["run_name"], start.data["config.steps"], start.data["hparams.batch"]) == (
@@ -52,7 +60,7 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
         256,
     )
     assert (end.data["status"], end.data["exception"]) == ("success", "")
-    assert len(events) == len(epochs) + len(stats) + 2 == result.written
+    assert len(events) == len(epochs) + len(stats) + len(system) + 2 == result.written
     assert [(e.data["epoch"], e.data["step"]) for e in epochs] == [(1, 32), (2, 64), (3, 70)]
     assert all(list(e.data) == EPOCH_KEYS for e in epochs)
     assert all(0.0 <= e.data["val_accuracy"] <= 1.0 for e in epochs)
@@ -65,10 +73,14 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
     }
     assert sum(len(windows) for windows in by_stat.values()) == len(stats)
     assert all(by_stat.values())
-    assert result.stat_windows == {name: len(windows) for name, windows in by_stat.items()}
+    system_windows = Counter(next(iter(e.data)).rpartition(".")[0] for e in system)
+    assert result.stat_windows == {
+        **{name: len(windows) for name, windows in by_stat.items()},
+        **system_windows,
+    }
     assert result.events_by_name == {
         EPOCH_EVENT: 3,
-        STAT_EVENT: len(stats),
+        STAT_EVENT: len(stats) + len(system),
         RUN_START_EVENT: 1,
         RUN_END_EVENT: 1,
     }
@@ -84,7 +96,8 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo", "events.jsonl"]
     acc = EventAccumulator(str(tmp_path / "demo"), size_guidance={"scalars": 0})
     acc.Reload()
-    assert set(acc.Tags()["scalars"]) == {f"stats/{k}" for k in STAT_KEYS} | {
+    system_tags = {"system/" + k.removeprefix("system.") for k in system_keys}
+    assert set(acc.Tags()["scalars"]) == {f"stats/{k}" for k in STAT_KEYS} | system_tags | {
         f"epoch/{k}" for k in EPOCH_KEYS[2:]
     }
     for name, keys in STAT_GROUPS.items():
@@ -213,7 +226,11 @@ def test_a_stat_window_is_drawn_at_the_steps_done_when_it_closed() -> None:
     progress = _Progress()
     progress.done_at.extend([10.0, 11.0, 12.0])
     writer = Writer()
-    handler = _AtStep(TensorboardEventHandler(writer, group="stats"), progress)
+    handler = _AtStep(
+        TensorboardEventHandler(writer, group="stats"),
+        progress,
+        TensorboardEventHandler(writer, group="system"),
+    )
 
     def at(seconds: float) -> datetime:
         return datetime.fromtimestamp(seconds, timezone.utc)
@@ -221,9 +238,12 @@ def test_a_stat_window_is_drawn_at_the_steps_done_when_it_closed() -> None:
     for seconds in (9.5, 11.0, 11.5, 30.0):
         handler(Event(STAT_EVENT, at(seconds), {"loss.mean": seconds}))
     handler(Event(EPOCH_EVENT, at(12.0), {"epoch": 1, "step": 3}))  # not a window: not written
+    # A system metric's window goes to the system section, without the "system." prefix.
+    handler(Event(STAT_EVENT, at(11.0), {"system.process_cpu_percent.mean": 5.0}))
     assert writer.calls == [
         ("stats/loss.mean", 9.5, 0),
         ("stats/loss.mean", 11.0, 2),
         ("stats/loss.mean", 11.5, 2),
         ("stats/loss.mean", 30.0, 3),
+        ("system/process_cpu_percent.mean", 5.0, 2),
     ]
