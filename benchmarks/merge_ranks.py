@@ -15,8 +15,10 @@ Three parts, every rank on CPU with gloo:
    reached dst's handler minus the window's end (p50, p99).
 3. A rank dies: a fresh bus merged with ``timeout=2``; all ranks add samples for 4 s, and the
    last rank ends with ``os._exit(0)`` (a zero exit: torchrun stops every rank on a non-zero
-   one) at 1.5 s. Reported: when dst named it lost, after its death; whether the others' close()
-   finished and how long it took; the samples each rank added against what dst merged.
+   one) at 1.5 s; the others close() with a timeout of 10 s. Reported: when dst named it lost,
+   after its death; whether the others' close() finished and how long it took; the samples
+   each rank added against what dst merged (in merged windows or ones logged on their own,
+   ``late``) and what the live ranks logged themselves (``local``).
 
 Rank 0 prints a markdown table. The ranks share results through files in a temporary
 directory named after the torchrun job.
@@ -125,10 +127,9 @@ class Warnings(logging.Handler):
 
 def a_rank_dies(rank: int, world: int, out: Path) -> None:
     """Part 3: every rank but the last runs 4 s; the last exits at 1.5 s."""
-    merged: list[dict[str, Any]] = []
+    merged: list[dict[str, Any]] = []  # dst: merged and late windows; others: local ones
     bus = monitor.EventBus(name="dies")
-    if rank == 0:
-        bus.register_event_handler(lambda event: merged.append(dict(event.data)))
+    bus.register_event_handler(lambda event: merged.append(dict(event.data)))
     warnings = Warnings()
     logging.getLogger("monitor_bus").addHandler(warnings)
     merge = merge_stats_across_ranks(bus=bus, timeout=2.0)
@@ -146,7 +147,7 @@ def a_rank_dies(rank: int, world: int, out: Path) -> None:
         loss.add(step()[0])
         added += 1
     started = time.monotonic()
-    finished = merge.close()
+    finished = merge.close(timeout=10.0)
     took = time.monotonic() - started
     bus.close()
     result = {
@@ -158,6 +159,9 @@ def a_rank_dies(rank: int, world: int, out: Path) -> None:
         "merged": sum(d["loss.count"] for d in merged),
         "windows": [d["loss.ranks"] for d in merged],
         "missing": merge.missing,
+        "late": merge.late,
+        "local": merge.local,
+        "unfinished": sorted(merge.unfinished_ranks),
     }
     (out / f"rank{rank}.json").write_text(json.dumps(result))
 
@@ -189,6 +193,7 @@ def main() -> None:
         time.sleep(0.1)
     dst = results[0]
     live_added = sum(results[r]["added"] for r in range(world - 1))
+    local = sum(results[r]["merged"] for r in range(1, world - 1))
     dead_added = results[world - 1]["added"]
     ms = [d * 1000 for d in delays]
     print(
@@ -221,8 +226,14 @@ def main() -> None:
     print(f"| ... close() on ranks 0-{world - 2} | {closes} |")
     print(
         f"| ... samples: added by ranks 0-{world - 2} / by rank {world - 1} before it died / "
-        f"merged on dst | {live_added} / {dead_added} / {dst['merged']} "
-        f"({dst['merged'] - live_added} beyond the live ranks' samples) |"
+        f"reached dst / logged by ranks 1-{world - 2} themselves | {live_added} / {dead_added} / "
+        f"{dst['merged']} / {local} ({dst['merged'] + local - live_added} beyond the live "
+        "ranks' samples) |"
+    )
+    print(
+        f"| ... dst's counters: windows merged without a rank (missing) / logged on their own "
+        f"(late) / ranks whose goodbye did not come | {dst['missing']} / {dst['late']} / "
+        f"{dst['unfinished']} |"
     )
     windows = dst["windows"]
     by_ranks = ", ".join(f"{n} ranks: {windows.count(n)}" for n in sorted(set(windows)))

@@ -8,12 +8,14 @@ every window its Stats closed (seen through the bus's window tap) and the merge'
 ``OUT_DIR/rank<r>.json``. Scenarios: ``normal``; ``at_exit`` (no rank calls close()); ``peer_dies`` (rank 2 ends with ``os._exit(0)``
 halfway: a zero exit, as a non-zero one makes torchrun stop every rank); ``dst_dies`` (rank 0
 does); ``dst_hangs`` (rank 0 stops itself halfway with SIGSTOP; rank 1 resumes it after its
-close()).
+close()); ``starved`` (rank 2 stops itself halfway with SIGSTOP; rank 1 resumes it once dst
+named it lost, after the others' steps, so dst is closing by then).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -80,7 +82,13 @@ def main() -> None:
         result = {"added": added, "closed": windows, "counters": counters, **extra}
         (out / f"rank{rank}.json").write_text(json.dumps(result))
 
+    if scenario == "starved" and rank == 0:
+        # A handler of its own: the warnings still reach stderr, as without one.
+        logging.getLogger("monitor_bus").addHandler(logging.StreamHandler())
+        logging.getLogger("monitor_bus").addHandler(SignalLost())
     for step in range(STEPS):
+        if step == STEPS // 2 and rank == 2 and scenario == "starved":
+            os.kill(os.getpid(), signal.SIGSTOP)  # starved past the timeout, not dead
         if step == STEPS // 2 and rank == dies:
             report()
             os._exit(0)
@@ -102,9 +110,14 @@ def main() -> None:
     # The last window is open: close() merges it.
     started = time.monotonic()
     # dst_hangs: the sends waiting on the stopped dst time out within the merge's 2 s.
-    finished = merge.close(timeout=10.0 if scenario == "dst_hangs" else None)
+    finished = merge.close(timeout={"dst_hangs": 10.0, "starved": 20.0}.get(scenario))
     took = time.monotonic() - started
     assert bus.close(timeout=10)
+    if scenario == "starved" and rank == 1:
+        job_store().wait(["rank2_lost"], timedelta(seconds=20))
+        # Starved a while longer: dst is closing, with rank 2 lost, when rank 2 speaks again.
+        time.sleep(1.0)
+        os.kill(pids[2], signal.SIGCONT)
     if scenario == "dst_hangs" and rank == 1:
         # Once rank 2 is done too, so that both gave dst up before it runs again. The
         # rendezvous store is torchrun's agent's, so it answers while rank 0 is stopped.
@@ -112,9 +125,22 @@ def main() -> None:
             job_store().wait(["rank2_closed"], timedelta(seconds=20))
         finally:
             os.kill(pids[0], signal.SIGCONT)
-    report(finished=finished, close_seconds=took, lost=sorted(merge.lost_ranks))
+    report(
+        finished=finished,
+        close_seconds=took,
+        lost=sorted(merge.lost_ranks),
+        unfinished=sorted(merge.unfinished_ranks),
+    )
     if scenario == "dst_hangs" and rank == 2:
         job_store().set("rank2_closed", "1")
+
+
+class SignalLost(logging.Handler):
+    """dst's log: once it names rank 2 lost, tell rank 1 (through the job's store)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "rank 2 silent for" in record.getMessage():
+            job_store().set("rank2_lost", "1")
 
 
 def job_store() -> dist.Store:

@@ -147,14 +147,16 @@ def test_interpreter_exit_closes_a_merge_left_open(tmp_path: Path) -> None:
 
 
 def test_a_rank_that_exits_costs_only_what_it_had_not_sent(tmp_path: Path) -> None:
-    """With rank 2 gone halfway, ranks 0 and 1 finish, dst names rank 2 lost and merges every window of 0 and 1 with a prefix of rank 2's."""
+    """With rank 2 gone halfway, rank 1 finishes, dst names rank 2 lost, merges every window of 0 and 1 with a prefix of rank 2's, and its close says (returns False, names rank 2) that rank 2's last windows never came."""
     proc = run_job(tmp_path, str(tmp_path), "peer_dies")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [load(tmp_path, r) for r in range(3)]
-    assert results[0]["finished"] is True
+    assert results[0]["finished"] is False
+    assert results[0]["unfinished"] == [2]
     assert results[1]["finished"] is True
     assert results[0]["lost"] == [2]
     assert "rank 2 silent for" in proc.stderr
+    assert "closed without the last windows of rank(s) 2" in proc.stderr
     merged = as_counter(events(tmp_path, 0))
     live = [(rank, w) for rank in (0, 1) for w in results[rank]["closed"]]
     dead = results[2]["closed"]
@@ -243,3 +245,25 @@ def test_a_hung_dst_is_given_up_after_timeout_and_nothing_is_delivered_twice(
     own = len(results[0]["added"]["loss"])
     assert sum(d["loss.count"] for d in merged if "loss.count" in d) == own + sent_samples
     assert results[0]["lost"] == [1, 2]
+
+
+def test_a_starved_rank_named_lost_rejoins_and_dst_waits_for_its_last_windows(
+    tmp_path: Path,
+) -> None:
+    """Rank 2 stopped past the timeout is named lost, rejoins when resumed, and dst's close waits for its goodbye: every sample of every rank reaches dst, in a merged window or one logged on its own (late), and the windows merged without it count as missing."""
+    proc = run_job(tmp_path, str(tmp_path), "starved")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 2 silent for" in proc.stderr
+    assert "rank 2 is heard from again" in proc.stderr
+    results = [load(tmp_path, r) for r in range(3)]
+    assert [r["finished"] for r in results] == [True, True, True]
+    assert (results[0]["lost"], results[0]["unfinished"]) == ([], [])
+    merged = events(tmp_path, 0)
+    added = [v for result in results for v in result["added"]["loss"]]
+    assert sum(d["loss.count"] for d in merged if "loss.count" in d) == len(added)
+    assert sum(d["loss.sum"] for d in merged if "loss.sum" in d) == sum(added)
+    counters = results[0]["counters"]
+    assert counters["missing"] >= 1
+    assert counters["late"] >= 1
+    assert counters["received"] == len(results[1]["closed"]) + len(results[2]["closed"])
+    assert results[2]["counters"]["sent"] == len(results[2]["closed"])

@@ -13,7 +13,14 @@ Guarantees
   when ``dst`` died) ``dst`` is gone for good and the rank logs its own windows locally,
   marked ``"<name>.rank"`` and counted in ``local``. ``dst`` merges a window once every rank
   it still expects has said it is past the window's end, or ``timeout`` after the end; a rank
-  silent for ``timeout`` is lost (warned, rate-limited) and no longer waited for.
+  silent for ``timeout`` is lost (warned, rate-limited) and no longer waited for, and every
+  window merged before it said it was past the window counts in ``missing``.
+- Starved is not dead: a lost rank may only be short of CPU. When it speaks again it rejoins
+  (warned), its windows merged, or, if their window was merged already, logged on their own
+  and counted in ``late``. ``dst``'s ``close()`` waits, within its timeout, for the goodbye of
+  every rank it has heard from, lost or not; a rank whose goodbye did not come is named
+  (warning, ``unfinished_ranks``) and what it still sends is logged on its own, counted in
+  ``late``, for as long as ``dst``'s process lives.
 - Exact and once: counts and sums add, max of maxes, min of mins, mean is sum over count,
   value is the one of the rank whose window closed last (on a tie, the higher rank). Each
   window of each rank is merged once; one arriving after its window was merged is logged on
@@ -162,6 +169,7 @@ class RankMerge:
         self._closed = False
         self._dst_gone = False
         self._lost: set[int] = set()
+        self._spoken: set[int] = set()  # the ranks dst has had a message from
         self._throttle = Throttle(LOG_INTERVAL)
         # dst's view of each rank: how far its clock is, when it was last heard of, and
         # whether it said goodbye.
@@ -181,6 +189,11 @@ class RankMerge:
     def lost_ranks(self) -> frozenset[int]:
         """The ranks dst stopped waiting for: silent for ``timeout`` (dst only)."""
         return frozenset(self._lost)
+
+    @property
+    def unfinished_ranks(self) -> frozenset[int]:
+        """The ranks whose goodbye dst still waits for, or did not get by its close (dst only)."""
+        return frozenset(self._unfinished() if self.rank == self.dst else ())
 
     # -- the Stat's side: never blocks --
 
@@ -430,6 +443,15 @@ class RankMerge:
                 logger.exception("merge_stats_across_ranks: dst rank %d failed a round", self.rank)
                 final = closing and not self._left()
             if final:
+                unfinished = self._unfinished()
+                if unfinished:
+                    logger.warning(
+                        "merge_stats_across_ranks: dst rank %d closed without the last windows "
+                        "of rank(s) %s (no goodbye within its timeout); what they still send is "
+                        "logged on its own and counted in late while this process lives",
+                        self.rank,
+                        ", ".join(map(str, sorted(unfinished))),
+                    )
                 self._finish()
                 return
 
@@ -450,6 +472,7 @@ class RankMerge:
         while inbox:
             source, message = inbox.popleft()
             self._heard[source] = time.monotonic()
+            self._spoken.add(source)
             if source in self._lost:
                 self._lost.discard(source)
                 logger.warning("merge_stats_across_ranks: rank %d is heard from again", source)
@@ -473,8 +496,14 @@ class RankMerge:
     def _expected(self) -> set[int]:
         return set(range(self.world_size)) - self._finished - self._lost
 
+    def _unfinished(self) -> set[int]:
+        """The other ranks without a goodbye, but for lost ones never heard from (dead at start)."""
+        return (
+            set(range(self.world_size)) - self._finished - {self.rank} - (self._lost - self._spoken)
+        )
+
     def _everyone_done(self) -> bool:
-        return not (set(range(self.world_size)) - self._finished - self._lost - {self.rank})
+        return not self._unfinished()
 
     def _merge_due(self, *, final: bool) -> None:
         now = self._now()
@@ -491,11 +520,17 @@ class RankMerge:
         expected = self._expected()
         for key in sorted(self._buckets, key=lambda k: k[2] * k[3]):
             end = key[2] * key[3]
-            behind = [r for r in expected if self._mark[r] < end]
             late = key in self._merged_keys
-            if behind and not late and not final and now < end + self.timeout:
+            if (
+                not late
+                and not final
+                and now < end + self.timeout
+                and any(self._mark[r] < end for r in expected)
+            ):
                 continue
             bucket = self._buckets.pop(key)
+            # Lost ranks too: a starved rank's window may come later, logged on its own.
+            behind = [r for r in range(self.world_size) if self._mark[r] < end]
             if behind and not late:
                 self.missing += 1
                 if self._throttle.ready(("missing", tuple(behind))):
@@ -539,8 +574,8 @@ class RankMerge:
             timeout: seconds to wait; None waits the merge's ``timeout``.
 
         Returns:
-            Whether the exchange finished in time (on dst: every rank's last windows arrived
-            or the rank was already lost).
+            Whether the exchange finished in time (on dst: the goodbye of every rank it heard
+            from arrived, lost ones included; see ``unfinished_ranks``).
         """
         limit = check_timeout("timeout", timeout)
         if limit is None:
@@ -616,7 +651,10 @@ def merge_stats_across_ranks(
     that dies or hangs costs only what it had not sent: ``dst`` waits ``timeout`` past a
     window's end at most, merges the window among the ranks that reported it and logs a
     warning naming the others. If ``dst`` is gone, each rank logs its own windows with
-    ``"<name>.rank"`` (its rank) added, and counts them in ``local``.
+    ``"<name>.rank"`` (its rank) added, and counts them in ``local``. A rank named lost
+    may only be starved of CPU: when it speaks again it rejoins, and ``dst``'s ``close()``
+    waits (within its timeout) for every rank it has heard from; windows that come after
+    theirs was merged are logged on their own and counted in ``late``.
 
     Args:
         bus: the bus whose Stats are merged; the default bus if omitted.
