@@ -9,7 +9,9 @@ every window its Stats closed (seen through the bus's window tap) and the merge'
 halfway: a zero exit, as a non-zero one makes torchrun stop every rank); ``dst_dies`` (rank 0
 does); ``dst_hangs`` (rank 0 stops itself halfway with SIGSTOP; rank 1 resumes it after its
 close()); ``starved`` (rank 2 stops itself halfway with SIGSTOP; rank 1 resumes it once dst
-named it lost, after the others' steps, so dst is closing by then).
+named it lost, after the others' steps, so dst is closing by then); ``straggler`` (run as two
+torchrun "nodes" of 2 ranks: the last rank's ``step_time`` is 3 times the others' for a while,
+then back; rank 0 also writes TensorBoard to ``OUT_DIR/tb``).
 """
 
 from __future__ import annotations
@@ -41,10 +43,17 @@ def main() -> None:
     rank = dist.get_rank()
     bus = monitor.EventBus(name="merge")
     bus.register_event_handler(monitor.JsonlEventHandler(out / f"rank{rank}.jsonl"))
-    timeout = 2.0 if scenario != "normal" else 10.0
+    timeout = 2.0 if scenario not in ("normal", "straggler") else 10.0
     # Made before the merge: its open window must move to the wall-clock alignment too.
     loss = monitor.Stat("loss", ALL, timedelta(seconds=WINDOW), bus=bus)
-    merge = merge_stats_across_ranks(bus=bus, timeout=timeout)
+    stragglers = {"step_time": 1.5} if scenario == "straggler" else None
+    if stragglers and rank == 0:
+        from monitor_bus.tensorboard import SummaryWriter
+
+        bus.register_event_handler(monitor.TensorboardEventHandler(SummaryWriter(out / "tb")))
+    merge = merge_stats_across_ranks(
+        bus=bus, timeout=timeout, stragglers=stragglers, straggler_windows=2
+    )
     closed: list[Any] = []  # every window the Stats closed, as the tap saw them
     tap = bus._window_tap
     assert tap is not None
@@ -55,7 +64,12 @@ def main() -> None:
 
     bus._window_tap = record
     grad = monitor.Stat("grad", [monitor.Aggregation.MEAN], timedelta(seconds=WINDOW), bus=bus)
-    added: dict[str, list[float]] = {"loss": [], "grad": []}
+    step_time = monitor.Stat(
+        "step_time", [monitor.Aggregation.MEAN], timedelta(seconds=WINDOW), bus=bus
+    )
+    added: dict[str, list[float]] = {"loss": [], "grad": [], "step_time": []}
+    world = dist.get_world_size()
+    steps = STEPS if scenario != "straggler" else 160
     dies = {"peer_dies": 2, "dst_dies": 0}.get(scenario)
     pids: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(pids, os.getpid())
@@ -79,14 +93,20 @@ def main() -> None:
             ]
             for w in closed
         ]
-        result = {"added": added, "closed": windows, "counters": counters, **extra}
+        result = {
+            "added": added,
+            "closed": windows,
+            "counters": counters,
+            "hosts": merge.hosts,
+            **extra,
+        }
         (out / f"rank{rank}.json").write_text(json.dumps(result))
 
     if scenario == "starved" and rank == 0:
         # A handler of its own: the warnings still reach stderr, as without one.
         logging.getLogger("monitor_bus").addHandler(logging.StreamHandler())
         logging.getLogger("monitor_bus").addHandler(SignalLost())
-    for step in range(STEPS):
+    for step in range(steps):
         if step == STEPS // 2 and rank == 2 and scenario == "starved":
             os.kill(os.getpid(), signal.SIGSTOP)  # starved past the timeout, not dead
         if step == STEPS // 2 and rank == dies:
@@ -103,6 +123,10 @@ def main() -> None:
         elif rank == 2:
             grad.add(-value)
             added["grad"].append(-value)
+        if scenario == "straggler":  # slow for at least 0.8 s (3 windows), then 0.6 s not
+            seconds = 3.0 if rank == world - 1 and 20 <= step < 100 else 1.0
+            step_time.add(seconds)
+            added["step_time"].append(seconds)
         time.sleep(0.01)  # the training step
     if scenario == "at_exit":  # no close(): interpreter exit closes the merge
         report()

@@ -10,6 +10,8 @@ import json
 import math
 import os
 import shutil
+import socket
+import statistics
 import subprocess
 import sys
 from collections import Counter
@@ -51,7 +53,7 @@ def run_job(tmp_path: Path, *args: str, script: Path = JOB) -> subprocess.Comple
         ],
         capture_output=True,
         text=True,
-        timeout=50,  # well over a job's few seconds plus the merge's 2 s timeout
+        timeout=120,  # well over a job's few seconds plus the merge's 2 s, on a loaded machine
         env=env,
         cwd=tmp_path,
     )
@@ -62,15 +64,36 @@ def load(tmp_path: Path, rank: int) -> dict[str, Any]:
     return result
 
 
-def events(tmp_path: Path, rank: int) -> list[dict[str, Any]]:
-    return [dict(e.data) for e in monitor.read_jsonl(tmp_path / f"rank{rank}.jsonl")]
+def events(tmp_path: Path, rank: int, name: str = monitor.STAT_EVENT) -> list[dict[str, Any]]:
+    """The data of the events named ``name`` that ``rank``'s bus logged."""
+    return [
+        dict(e.data) for e in monitor.read_jsonl(tmp_path / f"rank{rank}.jsonl") if e.name == name
+    ]
 
 
 WINDOW = 0.25  # as in merge_ranks_job.py
-AGGS = {"loss": ["value", "mean", "count", "sum", "max", "min"], "grad": ["mean"]}
+AGGS = {
+    "loss": ["value", "mean", "count", "sum", "max", "min"],
+    "grad": ["mean"],
+    "step_time": ["mean"],
+}
 
 
-def expected_events(windows: list[tuple[int, list[Any]]]) -> Counter[str]:
+def spread(name: str, members: list[tuple[int, list[Any]]]) -> dict[str, Any]:
+    """The spread keys: min, median and max of the ranks' window means, and the slowest rank."""
+    means = {rank: w[3] / w[2] for rank, w in members}
+    slowest = max(means.values())
+    return {
+        f"{name}.rank_min": min(means.values()),
+        f"{name}.rank_p50": statistics.median(means.values()),
+        f"{name}.rank_max": slowest,
+        f"{name}.slowest_rank": min(rank for rank, mean in means.items() if mean == slowest),
+    }
+
+
+def expected_events(
+    windows: list[tuple[int, list[Any]]], *, with_spread: bool = True
+) -> Counter[str]:
     """The merged events the ranks' closed windows make: (rank, window) pairs in, as JSON."""
     groups: dict[tuple[str, int], list[tuple[int, list[Any]]]] = {}
     for rank, w in windows:
@@ -90,6 +113,8 @@ def expected_events(windows: list[tuple[int, list[Any]]]) -> Counter[str]:
         }
         data: dict[str, Any] = {f"{name}.{agg}": values[agg] for agg in AGGS[name]}
         data[f"{name}.ranks"] = len({rank for rank, _ in members})
+        if with_spread:
+            data.update(spread(name, members))
         out[json.dumps(data, sort_keys=True)] += 1
     return out
 
@@ -189,7 +214,7 @@ def test_when_dst_is_gone_each_rank_logs_its_own_windows_marked(tmp_path: Path) 
         unsent = [(rank, w) for w in closed[counters["sent"] :]]
         expected: Counter[str] = Counter()
         for _, w in unsent:
-            one = json.loads(next(iter(expected_events([(rank, w)]))))
+            one = json.loads(next(iter(expected_events([(rank, w)], with_spread=False))))
             one[f"{w[0]}.rank"] = rank
             expected[json.dumps(one, sort_keys=True)] += 1
         assert as_counter(local) == expected
@@ -267,3 +292,106 @@ def test_a_starved_rank_named_lost_rejoins_and_dst_waits_for_its_last_windows(
     assert counters["late"] >= 1
     assert counters["received"] == len(results[1]["closed"]) + len(results[2]["closed"])
     assert results[2]["counters"]["sent"] == len(results[2]["closed"])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_two_nodes_merge_exactly_and_name_the_straggler_once_then_its_recovery(
+    tmp_path: Path,
+) -> None:
+    """Two torchrun "nodes" of 2 ranks on one machine: global rank 0 merges every window exactly, with the spread across ranks; rank 3, slow for a while, is named a straggler once (event, warning, TensorBoard text, `monitor-bus summary`) with its host, then once recovered."""
+    require(torchrun_available(), "torch with torch.distributed is not installed")
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    port = free_port()
+    nodes = [
+        subprocess.Popen(
+            [
+                torchrun,
+                "--nnodes=2",
+                f"--node_rank={node}",
+                "--nproc_per_node=2",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                str(JOB),
+                str(tmp_path),
+                "straggler",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
+        for node in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=120) for node in nodes]
+    for node, (_, stderr) in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, stderr[-3000:]
+    results = [load(tmp_path, r) for r in range(4)]
+    host = socket.gethostname()
+    assert [r["hosts"] for r in results] == [[host] * 4] * 4
+    windows = [(rank, w) for rank, result in enumerate(results) for w in result["closed"]]
+    assert as_counter(events(tmp_path, 0)) == expected_events(windows)
+    added = [v for result in results for v in result["added"]["step_time"]]
+    merged = [d for d in events(tmp_path, 0) if "step_time.mean" in d]
+    assert {d["step_time.slowest_rank"] for d in merged if d["step_time.rank_max"] == 3.0} == {3}
+    assert sum(results[r]["counters"]["sent"] for r in range(4)) == len(windows)
+    assert len(added) == 4 * 160
+
+    named, recovered = events(tmp_path, 0, "monitor_bus.straggler")
+    assert named == {
+        "stat": "step_time",
+        "rank": 3,
+        "ratio": 3.0,  # a full slow window: 3.0 over the others' 1.0
+        "windows": 2,
+        "host": host,
+        "recovered": False,
+    }
+    assert (recovered["stat"], recovered["rank"], recovered["host"]) == ("step_time", 3, host)
+    assert recovered["recovered"] is True
+    assert recovered["ratio"] <= 1.5
+    assert recovered["windows"] >= 2
+    assert f"rank 3 ({host}) is a straggler" in outputs[0][1]
+    assert f"rank 3 ({host}) has recovered" in outputs[0][1]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    texts = [e.tensor_proto.string_val[0].decode() for e in acc.Tensors("stragglers")]
+    assert len(texts) == 2
+    assert "| rank | 3 |" in texts[0]
+    assert "| recovered | False |" in texts[0]
+    assert "| recovered | True |" in texts[1]
+
+    summary = subprocess.run(
+        [sys.executable, "-m", "monitor_bus", "summary", str(tmp_path / "rank0.jsonl")],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
+    lines = summary.split("stragglers\n", 1)[1].splitlines()
+    assert lines[0].endswith(
+        f"  straggler  stat step_time  rank 3 ({host})  3.00x the median  2 windows"
+    )
+    assert f"  recovered  stat step_time  rank 3 ({host})  " in lines[1]
+
+
+def test_the_find_slow_rank_example_names_the_slow_rank_once_then_its_recovery(
+    tmp_path: Path,
+) -> None:
+    """examples/find_slow_rank.py under torchrun: rank 0 names rank 2 (slowed on purpose, 8 times the others' step) a straggler once, with its host, then once recovered, and the spread names it slowest."""
+    proc = run_job(tmp_path, script=ROOT / "examples" / "find_slow_rank.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    host = socket.gethostname()
+    named = [line.split(",")[0] for line in lines if line.startswith(("straggler", "recovered"))]
+    assert named == [f"straggler: rank 2 on {host}", f"recovered: rank 2 on {host}"]
+    assert any(line.endswith("(rank 2)") for line in lines)
