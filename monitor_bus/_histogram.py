@@ -232,7 +232,7 @@ class Histogram:
             samples = list(map(float, values))
         except (TypeError, ValueError) as exc:
             raise TypeError(f"values must be an iterable of real numbers: {exc}") from None
-        return _of_floats(samples, max_buckets)
+        return of_floats(samples, max_buckets)
 
     # -- fields --
 
@@ -372,12 +372,29 @@ class Histogram:
             return self._max
         if rank == 1:
             return self._min
-        seen = 0
-        for low, high, c in self.buckets():
-            seen += c
+        return _clamp(self._rank_estimate(rank), self._min, self._max)
+
+    def _rank_estimate(self, rank: int) -> float:
+        """The estimate of the sample of 1-based ``rank`` in ascending order (bounds are
+        computed for its bucket only: a Stat reads four quantiles per window)."""
+        seen = self._ninf
+        if seen >= rank:
+            return -math.inf
+        scale = self._scale
+        offset, counts = self._neg
+        for i in range(len(counts) - 1, -1, -1):
+            seen += counts[i]
             if seen >= rank:
-                return _clamp(_estimate(low, high), self._min, self._max)
-        raise AssertionError("unreachable: the counts add up to count")
+                return -_estimate(_bound(offset + i, scale), _bound(offset + i + 1, scale))
+        seen += self._zero
+        if seen >= rank:
+            return 0.0
+        offset, counts = self._pos
+        for i, n in enumerate(counts):
+            seen += n
+            if seen >= rank:
+                return _estimate(_bound(offset + i, scale), _bound(offset + i + 1, scale))
+        return math.inf
 
     # -- combining --
 
@@ -526,7 +543,7 @@ _FIELDS = frozenset(
 # -- bucketing --
 
 
-def _of_floats(samples: list[float], max_buckets: int) -> Histogram:
+def of_floats(samples: list[float], max_buckets: int) -> Histogram:
     """The Histogram of float samples (the fold of a Stat's chunk calls this too)."""
     count = len(samples)
     nan = inf = ninf = 0
@@ -666,15 +683,11 @@ def _bound(index: int, scale: int) -> float:
 
 
 def _estimate(low: float, high: float) -> float:
-    """The point of ``(low, high]`` whose largest relative error to a value there is least:
-    ``2 * low * high / (low + high)`` (signs mirrored for negative buckets)."""
-    if low == high:  # zero, or an infinity
-        return low
-    if low < 0:
-        return -_estimate(-high, -low)
+    """The point of ``(low, high]`` (``0 < low``) whose largest relative error to a value
+    there is least: ``2 * low * high / (low + high)``."""
     if math.isinf(high):
         return 2 * low
-    return 2 / (1 / low + 1 / high) if low else high
+    return 2 / (1 / low + 1 / high) if low else high  # low underflows below 2**-1074
 
 
 def _clamp(value: float, low: float, high: float) -> float:
