@@ -35,6 +35,7 @@ from monitor_bus.integrations.torch import merge_stats_across_ranks
 WINDOW = 0.25
 STEPS = 120
 ALL = list(monitor.Aggregation)[:6]  # torch.monitor's six
+A = monitor.Aggregation
 
 
 def main() -> None:
@@ -67,7 +68,15 @@ def main() -> None:
     step_time = monitor.Stat(
         "step_time", [monitor.Aggregation.MEAN], timedelta(seconds=WINDOW), bus=bus
     )
-    added: dict[str, list[float]] = {"loss": [], "grad": [], "step_time": []}
+    # normal: a distribution whose samples differ by rank, in one window (an hour long, from
+    # the merge's start to close()).
+    latency = monitor.Stat(
+        "latency",
+        [A.COUNT, A.P50, A.P99, A.STDDEV],
+        timedelta(hours=1),
+        bus=bus,
+    )
+    added: dict[str, list[float]] = {"loss": [], "grad": [], "step_time": [], "latency": []}
     world = dist.get_world_size()
     steps = STEPS if scenario != "straggler" else 160
     dies = {"peer_dies": 2, "dst_dies": 0}.get(scenario)
@@ -123,6 +132,10 @@ def main() -> None:
         elif rank == 2:
             grad.add(-value)
             added["grad"].append(-value)
+        if scenario == "normal":
+            sample = (rank + 1) * 10.0 + (step * 7919 % 101) * 0.5
+            latency.add(sample)
+            added["latency"].append(sample)
         if scenario == "straggler":  # slow for at least 0.8 s (3 windows), then 0.6 s not
             seconds = 3.0 if rank == world - 1 and 20 <= step < 100 else 1.0
             step_time.add(seconds)

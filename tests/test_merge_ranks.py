@@ -128,7 +128,7 @@ def test_every_window_of_every_rank_is_merged_exactly_once(tmp_path: Path) -> No
     proc = run_job(tmp_path, str(tmp_path), "normal")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [load(tmp_path, r) for r in range(3)]
-    merged = events(tmp_path, 0)
+    merged = [d for d in events(tmp_path, 0) if "latency.count" not in d]
     for rank, result in enumerate(results):
         assert result["finished"] is True
         for name in ("loss", "grad"):
@@ -138,7 +138,12 @@ def test_every_window_of_every_rank_is_merged_exactly_once(tmp_path: Path) -> No
         if rank:
             assert events(tmp_path, rank) == []
             assert result["counters"]["sent"] == len(result["closed"])
-    windows = [(rank, w) for rank, result in enumerate(results) for w in result["closed"]]
+    windows = [
+        (rank, w)
+        for rank, result in enumerate(results)
+        for w in result["closed"]
+        if w[0] != "latency"
+    ]
     for _, w in windows:  # on the wall clock: open when it closed (close() ends one early)
         end = w[1] * WINDOW
         assert end - WINDOW <= w[7] < end + 30
@@ -152,11 +157,22 @@ def test_every_window_of_every_rank_is_merged_exactly_once(tmp_path: Path) -> No
     assert min(d["loss.min"] for d in loss) == min(added)
     assert {d["grad.ranks"] for d in merged if "grad.mean" in d} <= {1, 2}  # rank 1 adds none
     counters = results[0]["counters"]
-    assert counters["merged"] == len(merged)
+    assert counters["merged"] == len(merged) + 1  # and the latency window
     assert counters["received"] == len(results[1]["closed"]) + len(results[2]["closed"])
     assert (counters["missing"], counters["late"], counters["local"], counters["errors"]) == (
         0,
     ) * 4
+
+    # The distribution: one window of every rank's samples (they differ by rank), its
+    # percentiles read from the ranks' Histograms merged, its STDDEV from their moments.
+    (latency,) = [d for d in events(tmp_path, 0) if "latency.count" in d]
+    samples = sorted(v for result in results for v in result["added"]["latency"])
+    assert latency["latency.count"] == len(samples) == 3 * 120
+    assert latency["latency.ranks"] == 3
+    for q in (0.5, 0.99):
+        exact = samples[math.ceil(q * len(samples)) - 1]
+        assert latency[f"latency.p{round(q * 100)}"] == pytest.approx(exact, rel=0.01)
+    assert latency["latency.stddev"] == pytest.approx(statistics.pstdev(samples), rel=1e-9)
 
 
 def test_interpreter_exit_closes_a_merge_left_open(tmp_path: Path) -> None:

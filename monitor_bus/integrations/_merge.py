@@ -22,7 +22,9 @@ Guarantees
   (warning, ``unfinished_ranks``) and what it still sends is logged on its own, counted in
   ``late``, for as long as ``dst``'s process lives.
 - Exact and once: counts and sums add, max of maxes, min of mins, mean is sum over count,
-  value is the one of the rank whose window closed last (on a tie, the higher rank). Each
+  value is the one of the rank whose window closed last (on a tie, the higher rank); STDDEV
+  from the ranks' moments (Chan et al.'s pairwise update), the percentiles read from, and
+  HISTOGRAM is, the ranks' Histograms merged (``Histogram.merge``: exact). Each
   window of each rank is merged once; one arriving after its window was merged is logged on
   its own, counted in ``late``.
 - Spread (``spread=True``): a merged window of a Stat with MEAN also holds
@@ -64,8 +66,9 @@ from typing import TYPE_CHECKING, Any
 from .. import _stat
 from .._check import check_int, check_timeout, type_name, wrong_type
 from .._event import Event
+from .._histogram import Histogram
 from .._ratelimit import LOG_INTERVAL, Throttle
-from .._stat import STAT_EVENT, ClosedWindow
+from .._stat import STAT_EVENT, AggregateValue, ClosedWindow, merge_moments
 
 if TYPE_CHECKING:
     from .._bus import EventBus
@@ -93,7 +96,7 @@ _FOREVER = timedelta(days=365)
 _EPSILON = 1e-3
 
 # Record fields: name, aggregation values, window size, window index, count, sum, max, min,
-# value, close time (wall seconds).
+# value, close time (wall seconds), moments (STDDEV), Histogram.to_dict() or None.
 _Record = list[Any]
 
 
@@ -111,13 +114,15 @@ def _record(window: ClosedWindow) -> _Record:
         window.low,
         window.value,
         window.stamp.timestamp(),
+        list(window.moments),
+        None if window.histogram is None else window.histogram.to_dict(),
     ]
 
 
 class _Bucket:
     """The windows of one (stat, window) from the ranks that reported it so far."""
 
-    __slots__ = ("count", "high", "last", "low", "parts", "total", "value")
+    __slots__ = ("count", "high", "histogram", "last", "low", "moments", "parts", "total", "value")
 
     # ``last``: (close time, rank) of the window whose value is kept: two ranks' timers can
     # close a window in the same microsecond, and the higher rank wins that tie.
@@ -130,6 +135,8 @@ class _Bucket:
         self.low = math.inf
         self.value: float = math.nan
         self.last: tuple[float, int] = (-math.inf, -1)
+        self.moments: _stat.Moments = (0, 0.0, 0.0, 0.0)
+        self.histogram: Histogram | None = None
 
     def add(self, rank: int, record: _Record) -> None:
         count, total, high, low, value, closed = record[4:10]
@@ -140,6 +147,11 @@ class _Bucket:
         self.low = min(self.low, low)
         if (closed, rank) > self.last:
             self.last, self.value = (closed, rank), value
+        moments, histogram = record[10:12]
+        self.moments = merge_moments(self.moments, tuple(moments))
+        if histogram is not None:
+            theirs = Histogram.from_dict(histogram)
+            self.histogram = theirs if self.histogram is None else self.histogram.merge(theirs)
 
 
 class RankMerge:
@@ -651,11 +663,19 @@ class RankMerge:
             )
 
     @staticmethod
-    def _data(record: _Record, bucket: _Bucket) -> dict[str, float | int]:
+    def _data(record: _Record, bucket: _Bucket) -> dict[str, AggregateValue]:
         name, aggs = record[0], record[1]
         count = bucket.count
-        values = (bucket.value, bucket.total / count, count, bucket.total, bucket.high, bucket.low)
-        data: dict[str, float | int] = {}
+        values = (
+            bucket.value,
+            bucket.total / count,
+            count,
+            bucket.total,
+            bucket.high,
+            bucket.low,
+            *_stat._distribution(bucket.moments, bucket.histogram),
+        )
+        data: dict[str, AggregateValue] = {}
         for agg in aggs:
             data[f"{name}.{_AGG_NAMES[agg]}"] = values[agg - 1]
         data[f"{name}.ranks"] = len(bucket.parts)
