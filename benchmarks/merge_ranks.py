@@ -95,14 +95,21 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
-def step_cost(rank: int, rounds: int, steps: int) -> tuple[list[float], list[float]]:
-    """Part 1 and 2: (on/off ratio per round on this rank, dst's delays)."""
-    delays: list[float] = []
+def delay_recorder(delays: list[float]) -> Any:
+    """dst's handler: for each merged window, seconds from the window's end until now."""
 
     def on_dst(event: monitor.Event) -> None:
         if any(key.endswith(".ranks") for key in event.data):
             end = math.floor(event.timestamp.timestamp() / WINDOW) * WINDOW
             delays.append(time.time() - end)
+
+    return on_dst
+
+
+def step_cost(rank: int, rounds: int, steps: int) -> tuple[list[float], list[float]]:
+    """Part 1 and 2: (on/off ratio per round on this rank, dst's delays)."""
+    delays: list[float] = []
+    on_dst = delay_recorder(delays)
 
     merged_bus = monitor.EventBus(name="merged")
     plain_bus = monitor.EventBus(name="plain")
@@ -193,11 +200,7 @@ def scale_rank(seconds: float, out: Path) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     bus = monitor.EventBus(name="scale")
     delays: list[float] = []
-
-    def on_dst(event: monitor.Event) -> None:
-        if any(key.endswith(".ranks") for key in event.data):
-            end = math.floor(event.timestamp.timestamp() / WINDOW) * WINDOW
-            delays.append(time.time() - end)
+    on_dst = delay_recorder(delays)
 
     bus.register_event_handler(on_dst if rank == 0 else (lambda event: None))
     merge = merge_stats_across_ranks(bus=bus, timeout=30.0)

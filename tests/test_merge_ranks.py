@@ -254,6 +254,19 @@ def test_arguments_are_checked_before_anything_starts() -> None:
         merge_stats_across_ranks(timeout=math.nan)
     with pytest.raises(TypeError, match="keep_local must be a bool"):
         merge_stats_across_ranks(keep_local=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="spread must be a bool"):
+        merge_stats_across_ranks(spread=None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="stragglers must be a mapping"):
+        merge_stats_across_ranks(stragglers=["step_time"])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="stragglers keys must be Stat names"):
+        merge_stats_across_ranks(stragglers={1: 2.0})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match=r"stragglers\['step_time'\] must be a number"):
+        merge_stats_across_ranks(stragglers={"step_time": "2"})  # type: ignore[dict-item]
+    for factor in (1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match=r"stragglers\['step_time'\] must be a finite factor"):
+            merge_stats_across_ranks(stragglers={"step_time": factor})
+    with pytest.raises(ValueError, match="straggler_windows must be at least 1"):
+        merge_stats_across_ranks(straggler_windows=0)
     with pytest.raises(RuntimeError, match="init_process_group"):
         merge_stats_across_ranks()
 
