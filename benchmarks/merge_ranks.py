@@ -15,11 +15,21 @@ Three parts, every rank on CPU with gloo:
    reached dst's handler minus the window's end (p50, p99).
 3. A rank dies: a fresh bus merged with ``timeout=2``; all ranks add samples for 4 s, and the
    last rank ends with ``os._exit(0)`` (a zero exit: torchrun stops every rank on a non-zero
-   one) at 1.5 s. Reported: when dst named it lost, after its death; whether the others' close()
-   finished and how long it took; the samples each rank added against what dst merged.
+   one) at 1.5 s; the others close() with a timeout of 10 s. Reported: when dst named it lost,
+   after its death; whether the others' close() finished and how long it took; the samples
+   each rank added against what dst merged (in merged windows or ones logged on their own,
+   ``late``) and what the live ranks logged themselves (``local``).
 
 Rank 0 prints a markdown table. The ranks share results through files in a temporary
 directory named after the torchrun job.
+
+Scale (issue 23): ``python benchmarks/merge_ranks.py --scale 2,4,8,16 --seconds 6`` starts
+one torchrun job per size. In each, every rank adds to 3 Stats (windows of 250 ms) between
+5 ms sleeps (a step waiting on its device) for ``--seconds``; dst reports the delay from each
+window's end to its merged event (p50, p99), the CPU time of dst's two merge threads per
+merged window per rank (from /proc, in the steady part: before close()), and the bytes each
+rank sends per window. ``--write`` puts the table into docs/performance.md and the
+projection to 1,024 ranks into docs/multihost.md, between their ``merge-scale`` markers.
 """
 
 from __future__ import annotations
@@ -35,6 +45,8 @@ import logging  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from datetime import timedelta  # noqa: E402
@@ -47,6 +59,7 @@ import torch.distributed as dist  # noqa: E402
 from _machine import cpu_model, numpy_mlp_step, positive  # noqa: E402
 
 import monitor_bus as monitor  # noqa: E402
+from monitor_bus.integrations import _merge as merge_module  # noqa: E402
 from monitor_bus.integrations.torch import merge_stats_across_ranks  # noqa: E402
 
 WINDOW = 0.25
@@ -82,14 +95,21 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
-def step_cost(rank: int, rounds: int, steps: int) -> tuple[list[float], list[float]]:
-    """Part 1 and 2: (on/off ratio per round on this rank, dst's delays)."""
-    delays: list[float] = []
+def delay_recorder(delays: list[float]) -> Any:
+    """dst's handler: for each merged window, seconds from the window's end until now."""
 
     def on_dst(event: monitor.Event) -> None:
         if any(key.endswith(".ranks") for key in event.data):
             end = math.floor(event.timestamp.timestamp() / WINDOW) * WINDOW
             delays.append(time.time() - end)
+
+    return on_dst
+
+
+def step_cost(rank: int, rounds: int, steps: int) -> tuple[list[float], list[float]]:
+    """Part 1 and 2: (on/off ratio per round on this rank, dst's delays)."""
+    delays: list[float] = []
+    on_dst = delay_recorder(delays)
 
     merged_bus = monitor.EventBus(name="merged")
     plain_bus = monitor.EventBus(name="plain")
@@ -125,10 +145,9 @@ class Warnings(logging.Handler):
 
 def a_rank_dies(rank: int, world: int, out: Path) -> None:
     """Part 3: every rank but the last runs 4 s; the last exits at 1.5 s."""
-    merged: list[dict[str, Any]] = []
+    merged: list[dict[str, Any]] = []  # dst: merged and late windows; others: local ones
     bus = monitor.EventBus(name="dies")
-    if rank == 0:
-        bus.register_event_handler(lambda event: merged.append(dict(event.data)))
+    bus.register_event_handler(lambda event: merged.append(dict(event.data)))
     warnings = Warnings()
     logging.getLogger("monitor_bus").addHandler(warnings)
     merge = merge_stats_across_ranks(bus=bus, timeout=2.0)
@@ -146,7 +165,7 @@ def a_rank_dies(rank: int, world: int, out: Path) -> None:
         loss.add(step()[0])
         added += 1
     started = time.monotonic()
-    finished = merge.close()
+    finished = merge.close(timeout=10.0)
     took = time.monotonic() - started
     bus.close()
     result = {
@@ -158,15 +177,161 @@ def a_rank_dies(rank: int, world: int, out: Path) -> None:
         "merged": sum(d["loss.count"] for d in merged),
         "windows": [d["loss.ranks"] for d in merged],
         "missing": merge.missing,
+        "late": merge.late,
+        "local": merge.local,
+        "unfinished": sorted(merge.unfinished_ranks),
     }
     (out / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def thread_cpu(threads: list[Any]) -> float:
+    """CPU seconds (user + system) the threads used so far, from /proc (Linux)."""
+    ticks = 0
+    for thread in threads:
+        fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1]
+        utime, stime = fields.split()[11:13]
+        ticks += int(utime) + int(stime)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def scale_rank(seconds: float, out: Path) -> None:
+    """One rank of a scale job: add to 3 Stats for ``seconds``; rank 0 writes the figures."""
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    bus = monitor.EventBus(name="scale")
+    delays: list[float] = []
+    on_dst = delay_recorder(delays)
+
+    bus.register_event_handler(on_dst if rank == 0 else (lambda event: None))
+    merge = merge_stats_across_ranks(bus=bus, timeout=30.0)
+    trio = stats(bus)
+    dist.barrier()
+    threads = [merge._thread, merge._receiver] if rank == 0 else []
+    cpu0, merged0, started = thread_cpu(threads), merge.merged, time.time()
+    step = 0
+    while time.time() < started + seconds:
+        for stat in trio:
+            stat.add(step % 7)
+        step += 1
+        time.sleep(0.005)
+    cpu, merged = thread_cpu(threads) - cpu0, merge.merged - merged0
+    assert merge.close(timeout=30.0)
+    bus.flush()
+    bus.close()
+    sent: list[Any] = [None] * world
+    dist.all_gather_object(sent, (merge.frames, merge.sent))
+    if rank == 0:
+        frames = sum(f for f, _ in sent[1:])
+        windows = sum(w for _, w in sent[1:])
+        ms = [d * 1000 for d in delays]
+        result = {
+            "ranks": world,
+            "windows": merged,
+            "p50": percentile(ms, 0.5),
+            "p99": percentile(ms, 0.99),
+            "cpu_us": cpu / merged / world * 1e6,
+            "bytes": frames * merge_module.FRAME_BYTES / windows,
+            "frames_per_s": frames / (world - 1) / seconds,
+            "load": os.getloadavg()[0],
+        }
+        out.write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def scale(sizes: list[int], seconds: float, write: bool) -> None:
+    """One torchrun job per size; print (and with ``write``, publish) the figures."""
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in sizes:
+            out = Path(tmp) / f"scale{size}.json"
+            subprocess.run(
+                [
+                    torchrun,
+                    f"--nproc_per_node={size}",
+                    "--rdzv-backend=c10d",
+                    "--rdzv-endpoint=localhost:0",
+                    __file__,
+                    "--scale-rank",
+                    str(out),
+                    "--seconds",
+                    str(seconds),
+                ],
+                check=True,
+            )
+            rows.append(json.loads(out.read_text()))
+    table = scale_table(rows, seconds)
+    projection = project(rows)
+    print(table)
+    print()
+    print(projection)
+    if write:
+        docs = Path(__file__).resolve().parent.parent / "docs"
+        replace_between(docs / "performance.md", table)
+        replace_between(docs / "multihost.md", projection)
+
+
+def scale_table(rows: list[dict[str, Any]], seconds: float) -> str:
+    loads = ", ".join(f"{r['load']:.1f}" for r in rows)
+    lines = [
+        f"Measured on {time.strftime('%Y-%m-%d')}: one host, gloo over loopback, CPU: "
+        f"{cpu_model()}, {os.cpu_count()} cores (shared with other jobs: load average "
+        f"{loads} at the end of each run), "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}, "
+        f"torch {torch.__version__}; 3 Stats of 250 ms windows, {seconds:g} s per size.",
+        "",
+        "| ranks | merged windows | window end to merged event, p50 / p99 | dst CPU per merged "
+        "window per rank | bytes each rank sends per window | messages per rank per second |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['ranks']} | {r['windows']} | {r['p50']:.0f} ms / {r['p99']:.0f} ms "
+            f"| {r['cpu_us']:.0f} µs | {r['bytes'] / 1024:.1f} KiB | {r['frames_per_s']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def project(rows: list[dict[str, Any]]) -> str:
+    """dst's cost at 1,024 ranks, from the largest measured size."""
+    last = rows[-1]
+    per_second = 3 / WINDOW  # merged windows per second of the benchmark's 3 Stats
+    cpu = last["cpu_us"] * 1e-6 * 1024 * per_second
+    inbound = last["frames_per_s"] * 1023 * merge_module.FRAME_BYTES / 2**20
+    return (
+        f"From the {last['ranks']}-rank figures ({last['cpu_us']:.0f} µs of dst's CPU per "
+        f"merged window per rank, {last['frames_per_s']:.1f} messages of "
+        f"{merge_module.FRAME_BYTES // 1024} KiB per rank per second): 1,024 ranks with 3 Stats "
+        f"of 250 ms windows would cost dst's merge threads about {cpu:.2f} CPU-seconds per "
+        f"second ({cpu * 100:.0f}% of one core, under the GIL with the training's own Python "
+        f"threads) and {inbound:.0f} MiB/s of inbound frames, received one at a time."
+    )
+
+
+def replace_between(path: Path, text: str) -> None:
+    """Put ``text`` between the ``merge-scale`` markers of ``path``."""
+    start, end = "<!-- merge-scale:start -->", "<!-- merge-scale:end -->"
+    page = path.read_text()
+    head, rest = page.split(start, 1)
+    tail = rest.split(end, 1)[1]
+    path.write_text(f"{head}{start}\n{text}\n{end}{tail}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=positive, default=12)
     parser.add_argument("--steps", type=positive, default=300)
+    parser.add_argument("--scale", help="sizes, comma-separated: one torchrun job each")
+    parser.add_argument("--seconds", type=positive, default=6)
+    parser.add_argument("--write", action="store_true", help="publish the scale figures")
+    parser.add_argument("--scale-rank", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.scale:
+        scale([int(n) for n in args.scale.split(",")], args.seconds, args.write)
+        return
+    if args.scale_rank:
+        scale_rank(args.seconds, args.scale_rank)
+        return
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     job = os.environ.get("TORCHELASTIC_RUN_ID", "") + os.environ.get("MASTER_PORT", "")
@@ -189,6 +354,7 @@ def main() -> None:
         time.sleep(0.1)
     dst = results[0]
     live_added = sum(results[r]["added"] for r in range(world - 1))
+    local = sum(results[r]["merged"] for r in range(1, world - 1))
     dead_added = results[world - 1]["added"]
     ms = [d * 1000 for d in delays]
     print(
@@ -221,8 +387,14 @@ def main() -> None:
     print(f"| ... close() on ranks 0-{world - 2} | {closes} |")
     print(
         f"| ... samples: added by ranks 0-{world - 2} / by rank {world - 1} before it died / "
-        f"merged on dst | {live_added} / {dead_added} / {dst['merged']} "
-        f"({dst['merged'] - live_added} beyond the live ranks' samples) |"
+        f"reached dst / logged by ranks 1-{world - 2} themselves | {live_added} / {dead_added} / "
+        f"{dst['merged']} / {local} ({dst['merged'] + local - live_added} beyond the live "
+        "ranks' samples) |"
+    )
+    print(
+        f"| ... dst's counters: windows merged without a rank (missing) / logged on their own "
+        f"(late) / ranks whose goodbye did not come | {dst['missing']} / {dst['late']} / "
+        f"{dst['unfinished']} |"
     )
     windows = dst["windows"]
     by_ranks = ", ".join(f"{n} ranks: {windows.count(n)}" for n in sorted(set(windows)))

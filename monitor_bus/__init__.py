@@ -19,6 +19,7 @@ from ._event import EventOrigin as EventOrigin
 from ._event import data_value_t as data_value_t
 from ._handler import EventHandler as EventHandler
 from ._handler import EventHandlerHandle as EventHandlerHandle
+from ._histogram import Histogram as Histogram
 from ._jsonl import JsonlEventHandler as JsonlEventHandler
 from ._jsonl import read_jsonl as read_jsonl
 from ._process_handler import ProcessHandler as ProcessHandler
@@ -42,6 +43,7 @@ __all__ = [
     "EventHandler",
     "EventHandlerHandle",
     "EventOrigin",
+    "Histogram",
     "JsonlEventHandler",
     "METRICS_EVENT",
     "ProcessHandler",

@@ -32,6 +32,7 @@ from . import __version__
 from ._event import Event, EventOrigin
 from ._run import RUN_END_EVENT, RUN_START_EVENT
 from ._stat import STAT_EVENT
+from .integrations._merge import STRAGGLER_EVENT
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -396,6 +397,8 @@ class _Summary:
         self.origins: Counter[tuple[EventOrigin | None, str]] = Counter()
         # run id -> name, status, duration, exception (start and end events; see Run)
         self.runs: dict[str, list[str]] = {}
+        # One line per straggler named or recovered (the rank merge logs few: once each way).
+        self.stragglers: list[str] = []
 
 
 def _summarize(events: Iterable[Event]) -> _Summary:
@@ -409,6 +412,8 @@ def _summarize(events: Iterable[Event]) -> _Summary:
         summary.origins[event.origin, event.name] += 1
         if event.name in (RUN_START_EVENT, RUN_END_EVENT):
             _fold_run(summary.runs, event)
+        elif event.name == STRAGGLER_EVENT:
+            summary.stragglers.append(_straggler(event))
         ts = event.timestamp
         if summary.first is None or ts < summary.first:
             summary.first = ts
@@ -437,6 +442,19 @@ def _fold_run(runs: dict[str, list[str]], event: Event) -> None:
     run[3] = str(data.get("exception", ""))
 
 
+def _straggler(event: Event) -> str:
+    """One line of ``summary``'s stragglers: when, which rank, how slow."""
+    data = event.data
+    what = "recovered" if data.get("recovered") else "straggler"
+    ratio = data.get("ratio")
+    ratio_text = f"{ratio:.2f}x" if isinstance(ratio, (int, float)) else "?"
+    return (
+        f"{event.timestamp.isoformat(timespec='seconds')}  {what}  stat {data.get('stat')}  "
+        f"rank {data.get('rank')} ({data.get('host')})  {ratio_text} the median  "
+        f"{data.get('windows')} windows"
+    )
+
+
 def _summary(args: argparse.Namespace) -> int:
     skips = _Skips(args.run)
     summary = _summarize(_events(args.run, skips))
@@ -461,6 +479,11 @@ def _summary(args: argparse.Namespace) -> int:
                 "  "
                 + "  ".join(cell.ljust(w) for cell, w in zip(run, widths, strict=True)).rstrip()
             )
+        print()
+    if summary.stragglers:
+        print("stragglers")
+        for line in summary.stragglers:
+            print(f"  {line}")
         print()
     if args.by_origin:
         _print_origins(summary.origins)

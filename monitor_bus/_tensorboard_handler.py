@@ -18,8 +18,9 @@ from ._skipped import (
     is_utf8,
 )
 from ._stat import STAT_EVENT
+from .integrations._merge import STRAGGLER_EVENT
 
-_RUN_EVENTS = frozenset((RUN_START_EVENT, RUN_END_EVENT, METRICS_EVENT))
+_RUN_EVENTS = frozenset((RUN_START_EVENT, RUN_END_EVENT, METRICS_EVENT, STRAGGLER_EVENT))
 _WANTED = _RUN_EVENTS | {STAT_EVENT}
 
 
@@ -36,8 +37,9 @@ class TensorboardEventHandler:
     """Write every ``Stat`` window to TensorBoard as scalars.
 
     Each ``STAT_EVENT`` becomes ``writer.add_scalar(key, value, global_step=step,
-    walltime=...)`` per key, with the event's timestamp as wall time. Run start and end and
-    framework metrics (``RUN_START_EVENT``, ``RUN_END_EVENT``, ``METRICS_EVENT``) go to the
+    walltime=...)`` per key, with the event's timestamp as wall time. Run start and end,
+    framework metrics and the rank merge's stragglers (``RUN_START_EVENT``, ``RUN_END_EVENT``,
+    ``METRICS_EVENT``, ``STRAGGLER_EVENT``) go to the
     writer's ``add_run_event`` where it has one (``monitor_bus.tensorboard.SummaryWriter``: the
     HPARAMS tab, texts and scalars); other events are ignored, as in ``torch.monitor``. The bus
     hands it whole batches as they were queued, so the events it ignores cost next to nothing.

@@ -52,6 +52,7 @@ from ._event import Event
 from ._event_file import EventFile
 from ._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
 from ._skipped import INT64_MAX, INT64_MIN, is_utf8
+from .integrations._merge import STRAGGLER_EVENT
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -113,6 +114,7 @@ class SummaryWriter:
         self._suffix = filename_suffix
         self._lock = threading.Lock()
         self._closed = False
+        self._stragglers = 0  # the next step of the text "stragglers"
         self._pid = os.getpid()  # the process that owns the files
         self._writer = self._open(self._log_dir)
         # add_scalars keeps one file per (main_tag, tag) pair, in its own subdirectory.
@@ -327,6 +329,8 @@ class SummaryWriter:
           end data as text ``run/end``, which names the exact status.
         - ``METRICS_EVENT``: each number as a scalar at the event's int ``"step"`` (strings
           are left out).
+        - ``STRAGGLER_EVENT`` (the rank merge naming a slow rank, or its recovery): its data
+          as a Markdown table, text ``stragglers``, at step 0, 1, 2, ... in turn.
 
         The event's timestamp is the wall time. Thread-safe.
 
@@ -349,6 +353,10 @@ class SummaryWriter:
             for key, value in data.items():
                 if key != "step" and value.__class__ in (int, float, bool) and is_utf8(key):
                     self._add(_event(_summary_value(key, float(value), False, False), at, walltime))
+        elif event.name == STRAGGLER_EVENT:
+            with self._lock:
+                step, self._stragglers = self._stragglers, self._stragglers + 1
+            self.add_text("stragglers", _table(data), step, walltime)
         else:
             return False
         return True

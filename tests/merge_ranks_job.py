@@ -8,12 +8,16 @@ every window its Stats closed (seen through the bus's window tap) and the merge'
 ``OUT_DIR/rank<r>.json``. Scenarios: ``normal``; ``at_exit`` (no rank calls close()); ``peer_dies`` (rank 2 ends with ``os._exit(0)``
 halfway: a zero exit, as a non-zero one makes torchrun stop every rank); ``dst_dies`` (rank 0
 does); ``dst_hangs`` (rank 0 stops itself halfway with SIGSTOP; rank 1 resumes it after its
-close()).
+close()); ``starved`` (rank 2 stops itself halfway with SIGSTOP; rank 1 resumes it once dst
+named it lost, after the others' steps, so dst is closing by then); ``straggler`` (run as two
+torchrun "nodes" of 2 ranks: the last rank's ``step_time`` is 3 times the others' for a while,
+then back; rank 0 also writes TensorBoard to ``OUT_DIR/tb``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -30,7 +34,8 @@ from monitor_bus.integrations.torch import merge_stats_across_ranks
 
 WINDOW = 0.25
 STEPS = 120
-ALL = list(monitor.Aggregation)
+ALL = list(monitor.Aggregation)[:6]  # torch.monitor's six
+A = monitor.Aggregation
 
 
 def main() -> None:
@@ -39,10 +44,17 @@ def main() -> None:
     rank = dist.get_rank()
     bus = monitor.EventBus(name="merge")
     bus.register_event_handler(monitor.JsonlEventHandler(out / f"rank{rank}.jsonl"))
-    timeout = 2.0 if scenario != "normal" else 10.0
+    timeout = 2.0 if scenario not in ("normal", "straggler") else 10.0
     # Made before the merge: its open window must move to the wall-clock alignment too.
     loss = monitor.Stat("loss", ALL, timedelta(seconds=WINDOW), bus=bus)
-    merge = merge_stats_across_ranks(bus=bus, timeout=timeout)
+    stragglers = {"step_time": 1.5} if scenario == "straggler" else None
+    if stragglers and rank == 0:
+        from monitor_bus.tensorboard import SummaryWriter
+
+        bus.register_event_handler(monitor.TensorboardEventHandler(SummaryWriter(out / "tb")))
+    merge = merge_stats_across_ranks(
+        bus=bus, timeout=timeout, stragglers=stragglers, straggler_windows=2
+    )
     closed: list[Any] = []  # every window the Stats closed, as the tap saw them
     tap = bus._window_tap
     assert tap is not None
@@ -53,7 +65,20 @@ def main() -> None:
 
     bus._window_tap = record
     grad = monitor.Stat("grad", [monitor.Aggregation.MEAN], timedelta(seconds=WINDOW), bus=bus)
-    added: dict[str, list[float]] = {"loss": [], "grad": []}
+    step_time = monitor.Stat(
+        "step_time", [monitor.Aggregation.MEAN], timedelta(seconds=WINDOW), bus=bus
+    )
+    # normal: a distribution whose samples differ by rank, in one window (an hour long, from
+    # the merge's start to close()).
+    latency = monitor.Stat(
+        "latency",
+        [A.COUNT, A.P50, A.P99, A.STDDEV],
+        timedelta(hours=1),
+        bus=bus,
+    )
+    added: dict[str, list[float]] = {"loss": [], "grad": [], "step_time": [], "latency": []}
+    world = dist.get_world_size()
+    steps = STEPS if scenario != "straggler" else 160
     dies = {"peer_dies": 2, "dst_dies": 0}.get(scenario)
     pids: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(pids, os.getpid())
@@ -77,10 +102,22 @@ def main() -> None:
             ]
             for w in closed
         ]
-        result = {"added": added, "closed": windows, "counters": counters, **extra}
+        result = {
+            "added": added,
+            "closed": windows,
+            "counters": counters,
+            "hosts": merge.hosts,
+            **extra,
+        }
         (out / f"rank{rank}.json").write_text(json.dumps(result))
 
-    for step in range(STEPS):
+    if scenario == "starved" and rank == 0:
+        # A handler of its own: the warnings still reach stderr, as without one.
+        logging.getLogger("monitor_bus").addHandler(logging.StreamHandler())
+        logging.getLogger("monitor_bus").addHandler(SignalLost())
+    for step in range(steps):
+        if step == STEPS // 2 and rank == 2 and scenario == "starved":
+            os.kill(os.getpid(), signal.SIGSTOP)  # starved past the timeout, not dead
         if step == STEPS // 2 and rank == dies:
             report()
             os._exit(0)
@@ -95,6 +132,14 @@ def main() -> None:
         elif rank == 2:
             grad.add(-value)
             added["grad"].append(-value)
+        if scenario == "normal":
+            sample = (rank + 1) * 10.0 + (step * 7919 % 101) * 0.5
+            latency.add(sample)
+            added["latency"].append(sample)
+        if scenario == "straggler":  # slow for at least 0.8 s (3 windows), then 0.6 s not
+            seconds = 3.0 if rank == world - 1 and 20 <= step < 100 else 1.0
+            step_time.add(seconds)
+            added["step_time"].append(seconds)
         time.sleep(0.01)  # the training step
     if scenario == "at_exit":  # no close(): interpreter exit closes the merge
         report()
@@ -102,9 +147,14 @@ def main() -> None:
     # The last window is open: close() merges it.
     started = time.monotonic()
     # dst_hangs: the sends waiting on the stopped dst time out within the merge's 2 s.
-    finished = merge.close(timeout=10.0 if scenario == "dst_hangs" else None)
+    finished = merge.close(timeout={"dst_hangs": 10.0, "starved": 20.0}.get(scenario))
     took = time.monotonic() - started
     assert bus.close(timeout=10)
+    if scenario == "starved" and rank == 1:
+        job_store().wait(["rank2_lost"], timedelta(seconds=20))
+        # Starved a while longer: dst is closing, with rank 2 lost, when rank 2 speaks again.
+        time.sleep(1.0)
+        os.kill(pids[2], signal.SIGCONT)
     if scenario == "dst_hangs" and rank == 1:
         # Once rank 2 is done too, so that both gave dst up before it runs again. The
         # rendezvous store is torchrun's agent's, so it answers while rank 0 is stopped.
@@ -112,9 +162,22 @@ def main() -> None:
             job_store().wait(["rank2_closed"], timedelta(seconds=20))
         finally:
             os.kill(pids[0], signal.SIGCONT)
-    report(finished=finished, close_seconds=took, lost=sorted(merge.lost_ranks))
+    report(
+        finished=finished,
+        close_seconds=took,
+        lost=sorted(merge.lost_ranks),
+        unfinished=sorted(merge.unfinished_ranks),
+    )
     if scenario == "dst_hangs" and rank == 2:
         job_store().set("rank2_closed", "1")
+
+
+class SignalLost(logging.Handler):
+    """dst's log: once it names rank 2 lost, tell rank 1 (through the job's store)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "rank 2 silent for" in record.getMessage():
+            job_store().set("rank2_lost", "1")
 
 
 def job_store() -> dist.Store:

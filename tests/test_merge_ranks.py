@@ -10,6 +10,8 @@ import json
 import math
 import os
 import shutil
+import socket
+import statistics
 import subprocess
 import sys
 from collections import Counter
@@ -51,7 +53,7 @@ def run_job(tmp_path: Path, *args: str, script: Path = JOB) -> subprocess.Comple
         ],
         capture_output=True,
         text=True,
-        timeout=50,  # well over a job's few seconds plus the merge's 2 s timeout
+        timeout=120,  # well over a job's few seconds plus the merge's 2 s, on a loaded machine
         env=env,
         cwd=tmp_path,
     )
@@ -62,15 +64,36 @@ def load(tmp_path: Path, rank: int) -> dict[str, Any]:
     return result
 
 
-def events(tmp_path: Path, rank: int) -> list[dict[str, Any]]:
-    return [dict(e.data) for e in monitor.read_jsonl(tmp_path / f"rank{rank}.jsonl")]
+def events(tmp_path: Path, rank: int, name: str = monitor.STAT_EVENT) -> list[dict[str, Any]]:
+    """The data of the events named ``name`` that ``rank``'s bus logged."""
+    return [
+        dict(e.data) for e in monitor.read_jsonl(tmp_path / f"rank{rank}.jsonl") if e.name == name
+    ]
 
 
 WINDOW = 0.25  # as in merge_ranks_job.py
-AGGS = {"loss": ["value", "mean", "count", "sum", "max", "min"], "grad": ["mean"]}
+AGGS = {
+    "loss": ["value", "mean", "count", "sum", "max", "min"],
+    "grad": ["mean"],
+    "step_time": ["mean"],
+}
 
 
-def expected_events(windows: list[tuple[int, list[Any]]]) -> Counter[str]:
+def spread(name: str, members: list[tuple[int, list[Any]]]) -> dict[str, Any]:
+    """The spread keys: min, median and max of the ranks' window means, and the slowest rank."""
+    means = {rank: w[3] / w[2] for rank, w in members}
+    slowest = max(means.values())
+    return {
+        f"{name}.rank_min": min(means.values()),
+        f"{name}.rank_p50": statistics.median(means.values()),
+        f"{name}.rank_max": slowest,
+        f"{name}.slowest_rank": min(rank for rank, mean in means.items() if mean == slowest),
+    }
+
+
+def expected_events(
+    windows: list[tuple[int, list[Any]]], *, with_spread: bool = True
+) -> Counter[str]:
     """The merged events the ranks' closed windows make: (rank, window) pairs in, as JSON."""
     groups: dict[tuple[str, int], list[tuple[int, list[Any]]]] = {}
     for rank, w in windows:
@@ -90,6 +113,8 @@ def expected_events(windows: list[tuple[int, list[Any]]]) -> Counter[str]:
         }
         data: dict[str, Any] = {f"{name}.{agg}": values[agg] for agg in AGGS[name]}
         data[f"{name}.ranks"] = len({rank for rank, _ in members})
+        if with_spread:
+            data.update(spread(name, members))
         out[json.dumps(data, sort_keys=True)] += 1
     return out
 
@@ -103,7 +128,7 @@ def test_every_window_of_every_rank_is_merged_exactly_once(tmp_path: Path) -> No
     proc = run_job(tmp_path, str(tmp_path), "normal")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [load(tmp_path, r) for r in range(3)]
-    merged = events(tmp_path, 0)
+    merged = [d for d in events(tmp_path, 0) if "latency.count" not in d]
     for rank, result in enumerate(results):
         assert result["finished"] is True
         for name in ("loss", "grad"):
@@ -113,7 +138,12 @@ def test_every_window_of_every_rank_is_merged_exactly_once(tmp_path: Path) -> No
         if rank:
             assert events(tmp_path, rank) == []
             assert result["counters"]["sent"] == len(result["closed"])
-    windows = [(rank, w) for rank, result in enumerate(results) for w in result["closed"]]
+    windows = [
+        (rank, w)
+        for rank, result in enumerate(results)
+        for w in result["closed"]
+        if w[0] != "latency"
+    ]
     for _, w in windows:  # on the wall clock: open when it closed (close() ends one early)
         end = w[1] * WINDOW
         assert end - WINDOW <= w[7] < end + 30
@@ -127,11 +157,22 @@ def test_every_window_of_every_rank_is_merged_exactly_once(tmp_path: Path) -> No
     assert min(d["loss.min"] for d in loss) == min(added)
     assert {d["grad.ranks"] for d in merged if "grad.mean" in d} <= {1, 2}  # rank 1 adds none
     counters = results[0]["counters"]
-    assert counters["merged"] == len(merged)
+    assert counters["merged"] == len(merged) + 1  # and the latency window
     assert counters["received"] == len(results[1]["closed"]) + len(results[2]["closed"])
     assert (counters["missing"], counters["late"], counters["local"], counters["errors"]) == (
         0,
     ) * 4
+
+    # The distribution: one window of every rank's samples (they differ by rank), its
+    # percentiles read from the ranks' Histograms merged, its STDDEV from their moments.
+    (latency,) = [d for d in events(tmp_path, 0) if "latency.count" in d]
+    samples = sorted(v for result in results for v in result["added"]["latency"])
+    assert latency["latency.count"] == len(samples) == 3 * 120
+    assert latency["latency.ranks"] == 3
+    for q in (0.5, 0.99):
+        exact = samples[math.ceil(q * len(samples)) - 1]
+        assert latency[f"latency.p{round(q * 100)}"] == pytest.approx(exact, rel=0.01)
+    assert latency["latency.stddev"] == pytest.approx(statistics.pstdev(samples), rel=1e-9)
 
 
 def test_interpreter_exit_closes_a_merge_left_open(tmp_path: Path) -> None:
@@ -147,14 +188,16 @@ def test_interpreter_exit_closes_a_merge_left_open(tmp_path: Path) -> None:
 
 
 def test_a_rank_that_exits_costs_only_what_it_had_not_sent(tmp_path: Path) -> None:
-    """With rank 2 gone halfway, ranks 0 and 1 finish, dst names rank 2 lost and merges every window of 0 and 1 with a prefix of rank 2's."""
+    """With rank 2 gone halfway, rank 1 finishes, dst names rank 2 lost, merges every window of 0 and 1 with a prefix of rank 2's, and its close says (returns False, names rank 2) that rank 2's last windows never came."""
     proc = run_job(tmp_path, str(tmp_path), "peer_dies")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [load(tmp_path, r) for r in range(3)]
-    assert results[0]["finished"] is True
+    assert results[0]["finished"] is False
+    assert results[0]["unfinished"] == [2]
     assert results[1]["finished"] is True
     assert results[0]["lost"] == [2]
     assert "rank 2 silent for" in proc.stderr
+    assert "closed without the last windows of rank(s) 2" in proc.stderr
     merged = as_counter(events(tmp_path, 0))
     live = [(rank, w) for rank in (0, 1) for w in results[rank]["closed"]]
     dead = results[2]["closed"]
@@ -187,7 +230,7 @@ def test_when_dst_is_gone_each_rank_logs_its_own_windows_marked(tmp_path: Path) 
         unsent = [(rank, w) for w in closed[counters["sent"] :]]
         expected: Counter[str] = Counter()
         for _, w in unsent:
-            one = json.loads(next(iter(expected_events([(rank, w)]))))
+            one = json.loads(next(iter(expected_events([(rank, w)], with_spread=False))))
             one[f"{w[0]}.rank"] = rank
             expected[json.dumps(one, sort_keys=True)] += 1
         assert as_counter(local) == expected
@@ -211,6 +254,19 @@ def test_arguments_are_checked_before_anything_starts() -> None:
         merge_stats_across_ranks(timeout=math.nan)
     with pytest.raises(TypeError, match="keep_local must be a bool"):
         merge_stats_across_ranks(keep_local=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="spread must be a bool"):
+        merge_stats_across_ranks(spread=None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="stragglers must be a mapping"):
+        merge_stats_across_ranks(stragglers=["step_time"])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="stragglers keys must be Stat names"):
+        merge_stats_across_ranks(stragglers={1: 2.0})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match=r"stragglers\['step_time'\] must be a number"):
+        merge_stats_across_ranks(stragglers={"step_time": "2"})  # type: ignore[dict-item]
+    for factor in (1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match=r"stragglers\['step_time'\] must be a finite factor"):
+            merge_stats_across_ranks(stragglers={"step_time": factor})
+    with pytest.raises(ValueError, match="straggler_windows must be at least 1"):
+        merge_stats_across_ranks(straggler_windows=0)
     with pytest.raises(RuntimeError, match="init_process_group"):
         merge_stats_across_ranks()
 
@@ -243,3 +299,128 @@ def test_a_hung_dst_is_given_up_after_timeout_and_nothing_is_delivered_twice(
     own = len(results[0]["added"]["loss"])
     assert sum(d["loss.count"] for d in merged if "loss.count" in d) == own + sent_samples
     assert results[0]["lost"] == [1, 2]
+
+
+def test_a_starved_rank_named_lost_rejoins_and_dst_waits_for_its_last_windows(
+    tmp_path: Path,
+) -> None:
+    """Rank 2 stopped past the timeout is named lost, rejoins when resumed, and dst's close waits for its goodbye: every sample of every rank reaches dst, in a merged window or one logged on its own (late), and the windows merged without it count as missing."""
+    proc = run_job(tmp_path, str(tmp_path), "starved")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 2 silent for" in proc.stderr
+    assert "rank 2 is heard from again" in proc.stderr
+    results = [load(tmp_path, r) for r in range(3)]
+    assert [r["finished"] for r in results] == [True, True, True]
+    assert (results[0]["lost"], results[0]["unfinished"]) == ([], [])
+    merged = events(tmp_path, 0)
+    added = [v for result in results for v in result["added"]["loss"]]
+    assert sum(d["loss.count"] for d in merged if "loss.count" in d) == len(added)
+    assert sum(d["loss.sum"] for d in merged if "loss.sum" in d) == sum(added)
+    counters = results[0]["counters"]
+    assert counters["missing"] >= 1
+    assert counters["late"] >= 1
+    assert counters["received"] == len(results[1]["closed"]) + len(results[2]["closed"])
+    assert results[2]["counters"]["sent"] == len(results[2]["closed"])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_two_nodes_merge_exactly_and_name_the_straggler_once_then_its_recovery(
+    tmp_path: Path,
+) -> None:
+    """Two torchrun "nodes" of 2 ranks on one machine: global rank 0 merges every window exactly, with the spread across ranks; rank 3, slow for a while, is named a straggler once (event, warning, TensorBoard text, `monitor-bus summary`) with its host, then once recovered."""
+    require(torchrun_available(), "torch with torch.distributed is not installed")
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    port = free_port()
+    nodes = [
+        subprocess.Popen(
+            [
+                torchrun,
+                "--nnodes=2",
+                f"--node_rank={node}",
+                "--nproc_per_node=2",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                str(JOB),
+                str(tmp_path),
+                "straggler",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
+        for node in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=120) for node in nodes]
+    for node, (_, stderr) in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, stderr[-3000:]
+    results = [load(tmp_path, r) for r in range(4)]
+    host = socket.gethostname()
+    assert [r["hosts"] for r in results] == [[host] * 4] * 4
+    windows = [(rank, w) for rank, result in enumerate(results) for w in result["closed"]]
+    assert as_counter(events(tmp_path, 0)) == expected_events(windows)
+    added = [v for result in results for v in result["added"]["step_time"]]
+    merged = [d for d in events(tmp_path, 0) if "step_time.mean" in d]
+    assert {d["step_time.slowest_rank"] for d in merged if d["step_time.rank_max"] == 3.0} == {3}
+    assert sum(results[r]["counters"]["sent"] for r in range(4)) == len(windows)
+    assert len(added) == 4 * 160
+
+    named, recovered = events(tmp_path, 0, "monitor_bus.straggler")
+    assert named == {
+        "stat": "step_time",
+        "rank": 3,
+        "ratio": 3.0,  # a full slow window: 3.0 over the others' 1.0
+        "windows": 2,
+        "host": host,
+        "recovered": False,
+    }
+    assert (recovered["stat"], recovered["rank"], recovered["host"]) == ("step_time", 3, host)
+    assert recovered["recovered"] is True
+    assert recovered["ratio"] <= 1.5
+    assert recovered["windows"] >= 2
+    assert f"rank 3 ({host}) is a straggler" in outputs[0][1]
+    assert f"rank 3 ({host}) has recovered" in outputs[0][1]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    texts = [e.tensor_proto.string_val[0].decode() for e in acc.Tensors("stragglers")]
+    assert len(texts) == 2
+    assert "| rank | 3 |" in texts[0]
+    assert "| recovered | False |" in texts[0]
+    assert "| recovered | True |" in texts[1]
+
+    summary = subprocess.run(
+        [sys.executable, "-m", "monitor_bus", "summary", str(tmp_path / "rank0.jsonl")],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
+    lines = summary.split("stragglers\n", 1)[1].splitlines()
+    assert lines[0].endswith(
+        f"  straggler  stat step_time  rank 3 ({host})  3.00x the median  2 windows"
+    )
+    assert f"  recovered  stat step_time  rank 3 ({host})  " in lines[1]
+
+
+def test_the_find_slow_rank_example_names_the_slow_rank_once_then_its_recovery(
+    tmp_path: Path,
+) -> None:
+    """examples/find_slow_rank.py under torchrun: rank 0 names rank 2 (slowed on purpose, 8 times the others' step) a straggler once, with its host, then once recovered, and the spread names it slowest."""
+    proc = run_job(tmp_path, script=ROOT / "examples" / "find_slow_rank.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    host = socket.gethostname()
+    named = [line.split(",")[0] for line in lines if line.startswith(("straggler", "recovered"))]
+    assert named == [f"straggler: rank 2 on {host}", f"recovered: rank 2 on {host}"]
+    assert any(line.endswith("(rank 2)") for line in lines)

@@ -13,11 +13,29 @@ Guarantees
   when ``dst`` died) ``dst`` is gone for good and the rank logs its own windows locally,
   marked ``"<name>.rank"`` and counted in ``local``. ``dst`` merges a window once every rank
   it still expects has said it is past the window's end, or ``timeout`` after the end; a rank
-  silent for ``timeout`` is lost (warned, rate-limited) and no longer waited for.
+  silent for ``timeout`` is lost (warned, rate-limited) and no longer waited for, and every
+  window merged before it said it was past the window counts in ``missing``.
+- Starved is not dead: a lost rank may only be short of CPU. When it speaks again it rejoins
+  (warned), its windows merged, or, if their window was merged already, logged on their own
+  and counted in ``late``. ``dst``'s ``close()`` waits, within its timeout, for the goodbye of
+  every rank it has heard from, lost or not; a rank whose goodbye did not come is named
+  (warning, ``unfinished_ranks``) and what it still sends is logged on its own, counted in
+  ``late``, for as long as ``dst``'s process lives.
 - Exact and once: counts and sums add, max of maxes, min of mins, mean is sum over count,
-  value is the one of the rank whose window closed last (on a tie, the higher rank). Each
+  value is the one of the rank whose window closed last (on a tie, the higher rank); STDDEV
+  from the ranks' moments (Chan et al.'s pairwise update), the percentiles read from, and
+  HISTOGRAM is, the ranks' Histograms merged (``Histogram.merge``: exact). Each
   window of each rank is merged once; one arriving after its window was merged is logged on
   its own, counted in ``late``.
+- Spread (``spread=True``): a merged window of a Stat with MEAN also holds
+  ``<name>.rank_min``, ``.rank_p50``, ``.rank_max`` over the window means of the ranks that
+  contributed (NaN means left out) and ``<name>.slowest_rank``, the rank of the highest
+  mean (on a tie, the lower rank). ``hosts[rank]`` names its host.
+- Stragglers (dst only): a rank whose window mean of a watched Stat exceeds the median of the
+  ranks' means by its factor for ``straggler_windows`` merged windows in a row is named once
+  by a ``STRAGGLER_EVENT`` (and a warning, rate-limited per Stat), and once more with
+  ``recovered: True`` in its first merged window back under the factor. Windows it has no
+  samples in, and late windows, leave its count as it was.
 - Windows line up: the bus's windows are moved to wall-clock multiples of their size
   (``bus._clock_offset``); a rank whose clock is off by ``d`` puts its samples ``d`` late.
 - Fork: in a forked child (a DataLoader worker) the tap declines, so the child's windows take
@@ -35,26 +53,36 @@ import json
 import logging
 import math
 import os
+import socket
+import statistics
 import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from .. import _stat
-from .._check import check_int, check_timeout, wrong_type
+from .._check import check_int, check_timeout, type_name, wrong_type
+from .._event import Event
+from .._histogram import Histogram
 from .._ratelimit import LOG_INTERVAL, Throttle
-from .._stat import STAT_EVENT, ClosedWindow
+from .._stat import STAT_EVENT, AggregateValue, ClosedWindow, merge_moments
 
 if TYPE_CHECKING:
     from .._bus import EventBus
 
 logger = logging.getLogger("monitor_bus")
 
+#: The name of the event ``dst`` logs when it names a straggler, or one recovers: data
+#: ``stat``, ``rank``, ``ratio`` (the rank's window mean over the ranks' median), ``windows``
+#: (how many merged windows in a row it was over), ``host`` and ``recovered``.
+STRAGGLER_EVENT = "monitor_bus.straggler"
+
 # Every message is one frame of this many bytes: a 4-byte length, then JSON. One fixed size
 # lets dst take a frame from any rank with a single receive (gloo needs sizes to match).
-_FRAME = 16384
+_FRAME = FRAME_BYTES = 16384
 _TAG = 7301
 # How often a rank says how far its clock is, when it has nothing else to send.
 _HEARTBEAT = 1.0
@@ -68,7 +96,7 @@ _FOREVER = timedelta(days=365)
 _EPSILON = 1e-3
 
 # Record fields: name, aggregation values, window size, window index, count, sum, max, min,
-# value, close time (wall seconds).
+# value, close time (wall seconds), moments (STDDEV), Histogram.to_dict() or None.
 _Record = list[Any]
 
 
@@ -86,35 +114,44 @@ def _record(window: ClosedWindow) -> _Record:
         window.low,
         window.value,
         window.stamp.timestamp(),
+        list(window.moments),
+        None if window.histogram is None else window.histogram.to_dict(),
     ]
 
 
 class _Bucket:
     """The windows of one (stat, window) from the ranks that reported it so far."""
 
-    __slots__ = ("count", "high", "last", "low", "ranks", "total", "value")
+    __slots__ = ("count", "high", "histogram", "last", "low", "moments", "parts", "total", "value")
 
     # ``last``: (close time, rank) of the window whose value is kept: two ranks' timers can
     # close a window in the same microsecond, and the higher rank wins that tie.
 
     def __init__(self) -> None:
-        self.ranks: set[int] = set()
+        self.parts: dict[int, tuple[int, float]] = {}  # rank -> its count and sum
         self.count = 0
         self.total = 0.0
         self.high = -math.inf
         self.low = math.inf
         self.value: float = math.nan
         self.last: tuple[float, int] = (-math.inf, -1)
+        self.moments: _stat.Moments = (0, 0.0, 0.0, 0.0)
+        self.histogram: Histogram | None = None
 
     def add(self, rank: int, record: _Record) -> None:
         count, total, high, low, value, closed = record[4:10]
-        self.ranks.add(rank)
+        self.parts[rank] = (count, total)
         self.count += count
         self.total += total
         self.high = max(self.high, high)
         self.low = min(self.low, low)
         if (closed, rank) > self.last:
             self.last, self.value = (closed, rank), value
+        moments, histogram = record[10:12]
+        self.moments = merge_moments(self.moments, tuple(moments))
+        if histogram is not None:
+            theirs = Histogram.from_dict(histogram)
+            self.histogram = theirs if self.histogram is None else self.histogram.merge(theirs)
 
 
 class RankMerge:
@@ -125,7 +162,18 @@ class RankMerge:
     """
 
     def __init__(
-        self, bus: EventBus, dist: Any, group: Any, dst: int, timeout: float, keep_local: bool
+        self,
+        bus: EventBus,
+        dist: Any,
+        group: Any,
+        dst: int,
+        timeout: float,
+        keep_local: bool,
+        *,
+        spread: bool = True,
+        stragglers: Mapping[str, float] | None = None,
+        straggler_windows: int = 3,
+        hosts: list[str] | None = None,
     ) -> None:
         self.bus = bus
         self.rank: int = dist.get_rank()
@@ -133,6 +181,14 @@ class RankMerge:
         self.dst = dst
         self.timeout = timeout
         self.keep_local = keep_local
+        self.spread = spread
+        self.stragglers = dict(stragglers or {})
+        self.straggler_windows = straggler_windows
+        #: The host name of each rank, by rank.
+        self.hosts: list[str] = hosts or [""] * self.world_size
+        #: The (Stat name, rank) pairs dst names stragglers now (dst only).
+        self.straggling: set[tuple[str, int]] = set()
+        self._streaks: dict[tuple[str, int], int] = {}
         #: Windows this rank handed to dst (dst counts its own here too).
         self.sent = 0
         #: Merged windows dst logged (dst only).
@@ -147,6 +203,9 @@ class RankMerge:
         self.local = 0
         #: Windows lost because their device values could not be read (logged).
         self.errors = 0
+        #: Messages this rank sent to dst (dst: received), each ``FRAME_BYTES`` long.
+        self.frames = 0
+        self._receiver: threading.Thread | None = None  # dst's receiving thread
         self._dist = dist
         self._group = group
         self._windows: deque[ClosedWindow] = deque()
@@ -162,6 +221,7 @@ class RankMerge:
         self._closed = False
         self._dst_gone = False
         self._lost: set[int] = set()
+        self._spoken: set[int] = set()  # the ranks dst has had a message from
         self._throttle = Throttle(LOG_INTERVAL)
         # dst's view of each rank: how far its clock is, when it was last heard of, and
         # whether it said goodbye.
@@ -181,6 +241,11 @@ class RankMerge:
     def lost_ranks(self) -> frozenset[int]:
         """The ranks dst stopped waiting for: silent for ``timeout`` (dst only)."""
         return frozenset(self._lost)
+
+    @property
+    def unfinished_ranks(self) -> frozenset[int]:
+        """The ranks whose goodbye dst still waits for, or did not get by its close (dst only)."""
+        return frozenset(self._unfinished() if self.rank == self.dst else ())
 
     # -- the Stat's side: never blocks --
 
@@ -226,9 +291,10 @@ class RankMerge:
             stat._close()
         bus._window_tap = self._tap
         if self.rank == self.dst:
-            threading.Thread(
+            self._receiver = threading.Thread(
                 target=self._receive, name="monitor_bus-merge-receive", daemon=True
-            ).start()
+            )
+            self._receiver.start()
         self._thread.start()
         atexit.register(self._close_at_exit)
 
@@ -318,6 +384,7 @@ class RankMerge:
                 self._log_local(sent)
                 continue
             self.sent += len(sent)
+            self.frames += 1
 
     def _frames(
         self, records: list[_Record], mark: float, bye: bool
@@ -381,6 +448,7 @@ class RankMerge:
             except Exception:
                 logger.exception("merge_stats_across_ranks: dst rank %d: receive failed", self.dst)
                 return
+            self.frames += 1
             raw = buf.numpy().tobytes()
             (length,) = struct.unpack_from("<I", raw)
             source = work._source_rank()  # source_rank() warns: deprecated
@@ -430,6 +498,15 @@ class RankMerge:
                 logger.exception("merge_stats_across_ranks: dst rank %d failed a round", self.rank)
                 final = closing and not self._left()
             if final:
+                unfinished = self._unfinished()
+                if unfinished:
+                    logger.warning(
+                        "merge_stats_across_ranks: dst rank %d closed without the last windows "
+                        "of rank(s) %s (no goodbye within its timeout); what they still send is "
+                        "logged on its own and counted in late while this process lives",
+                        self.rank,
+                        ", ".join(map(str, sorted(unfinished))),
+                    )
                 self._finish()
                 return
 
@@ -450,6 +527,7 @@ class RankMerge:
         while inbox:
             source, message = inbox.popleft()
             self._heard[source] = time.monotonic()
+            self._spoken.add(source)
             if source in self._lost:
                 self._lost.discard(source)
                 logger.warning("merge_stats_across_ranks: rank %d is heard from again", source)
@@ -473,8 +551,14 @@ class RankMerge:
     def _expected(self) -> set[int]:
         return set(range(self.world_size)) - self._finished - self._lost
 
+    def _unfinished(self) -> set[int]:
+        """The other ranks without a goodbye, but for lost ones never heard from (dead at start)."""
+        return (
+            set(range(self.world_size)) - self._finished - {self.rank} - (self._lost - self._spoken)
+        )
+
     def _everyone_done(self) -> bool:
-        return not (set(range(self.world_size)) - self._finished - self._lost - {self.rank})
+        return not self._unfinished()
 
     def _merge_due(self, *, final: bool) -> None:
         now = self._now()
@@ -491,11 +575,17 @@ class RankMerge:
         expected = self._expected()
         for key in sorted(self._buckets, key=lambda k: k[2] * k[3]):
             end = key[2] * key[3]
-            behind = [r for r in expected if self._mark[r] < end]
             late = key in self._merged_keys
-            if behind and not late and not final and now < end + self.timeout:
+            if (
+                not late
+                and not final
+                and now < end + self.timeout
+                and any(self._mark[r] < end for r in expected)
+            ):
                 continue
             bucket = self._buckets.pop(key)
+            # Lost ranks too: a starved rank's window may come later, logged on its own.
+            behind = [r for r in range(self.world_size) if self._mark[r] < end]
             if behind and not late:
                 self.missing += 1
                 if self._throttle.ready(("missing", tuple(behind))):
@@ -509,8 +599,14 @@ class RankMerge:
                     )
             record: _Record = [key[0], list(key[1])]
             data = self._data(record, bucket)
-            self.bus._log_window((STAT_EVENT, _stamp(bucket.last[0]), data))
+            means = _means(bucket)
+            if self.spread and _MEAN in key[1]:
+                data.update(_spread(key[0], means))
+            stamp = _stamp(bucket.last[0])
+            self.bus._log_window((STAT_EVENT, stamp, data))
             self.merged += 1
+            if key[0] in self.stragglers and not late:
+                self._watch(key[0], means, stamp)
             self._merged_keys[key] = end
         # A window merged long ago cannot come back but as a late one: forget it.
         horizon = now - 4 * self.timeout - 60.0
@@ -518,15 +614,71 @@ class RankMerge:
             if end < horizon:
                 del self._merged_keys[key]
 
+    def _watch(self, name: str, means: dict[int, float], stamp: datetime) -> None:
+        """dst: count each rank's windows over the factor; name a straggler, or its recovery."""
+        if not means:
+            return
+        median = statistics.median(means.values())
+        if not median > 0:  # no ratio to speak of
+            return
+        factor = self.stragglers[name]
+        for rank, mean in sorted(means.items()):
+            key = (name, rank)
+            ratio = mean / median
+            if ratio > factor:
+                streak = self._streaks[key] = self._streaks.get(key, 0) + 1
+                if streak == self.straggler_windows:
+                    self.straggling.add(key)
+                    self._name_straggler(name, rank, ratio, streak, stamp, recovered=False)
+            else:
+                streak = self._streaks.pop(key, 0)
+                if key in self.straggling:
+                    self.straggling.discard(key)
+                    self._name_straggler(name, rank, ratio, streak, stamp, recovered=True)
+
+    def _name_straggler(
+        self, name: str, rank: int, ratio: float, windows: int, stamp: datetime, *, recovered: bool
+    ) -> None:
+        host = self.hosts[rank]
+        data: dict[str, str | float | int | bool] = {
+            "stat": name,
+            "rank": rank,
+            "ratio": ratio,
+            "windows": windows,
+            "host": host,
+            "recovered": recovered,
+        }
+        self.bus.log_event(Event(STRAGGLER_EVENT, stamp, data))
+        if self._throttle.ready(("straggler", name, recovered)):
+            logger.warning(
+                "merge_stats_across_ranks: rank %d (%s) %s: its %r mean is %.2f times the ranks' "
+                "median (%d merged windows%s)",
+                rank,
+                host,
+                "has recovered" if recovered else "is a straggler",
+                name,
+                ratio,
+                windows,
+                "" if recovered else f" in a row over {self.stragglers[name]}",
+            )
+
     @staticmethod
-    def _data(record: _Record, bucket: _Bucket) -> dict[str, float | int]:
+    def _data(record: _Record, bucket: _Bucket) -> dict[str, AggregateValue]:
         name, aggs = record[0], record[1]
         count = bucket.count
-        values = (bucket.value, bucket.total / count, count, bucket.total, bucket.high, bucket.low)
-        data: dict[str, float | int] = {}
+        values = (
+            bucket.value,
+            bucket.total / count,
+            count,
+            bucket.total,
+            bucket.high,
+            bucket.low,
+            *_stat._distribution(bucket.moments, bucket.histogram),
+        )
+        data: dict[str, AggregateValue] = {}
         for agg in aggs:
             data[f"{name}.{_AGG_NAMES[agg]}"] = values[agg - 1]
-        data[f"{name}.ranks"] = len(bucket.ranks)
+        data[f"{name}.ranks"] = len(bucket.parts)
         return data
 
     # -- ending --
@@ -539,8 +691,8 @@ class RankMerge:
             timeout: seconds to wait; None waits the merge's ``timeout``.
 
         Returns:
-            Whether the exchange finished in time (on dst: every rank's last windows arrived
-            or the rank was already lost).
+            Whether the exchange finished in time (on dst: the goodbye of every rank it heard
+            from arrived, lost ones included; see ``unfinished_ranks``).
         """
         limit = check_timeout("timeout", timeout)
         if limit is None:
@@ -584,6 +736,32 @@ class RankMerge:
 
 
 _AGG_NAMES = {agg.value: agg.name.lower() for agg in _stat.Aggregation}
+_MEAN = _stat.Aggregation.MEAN.value
+
+
+def _means(bucket: _Bucket) -> dict[int, float]:
+    """Each contributing rank's window mean, but for empty windows and NaN means."""
+    means = {}
+    for rank, (count, total) in bucket.parts.items():
+        if count:
+            mean = total / count
+            if not math.isnan(mean):
+                means[rank] = mean
+    return means
+
+
+def _spread(name: str, means: dict[int, float]) -> dict[str, float | int]:
+    """The spread keys of a merged window: the ranks' means' min, median, max, slowest."""
+    if not means:
+        return {}
+    ordered = sorted(means.values())
+    return {
+        f"{name}.rank_min": ordered[0],
+        f"{name}.rank_p50": statistics.median(ordered),
+        f"{name}.rank_max": ordered[-1],
+        # The highest mean; on a tie, the lower rank.
+        f"{name}.slowest_rank": min(means, key=lambda rank: (-means[rank], rank)),
+    }
 
 
 def _stamp(seconds: float) -> datetime:
@@ -596,6 +774,9 @@ def merge_stats_across_ranks(
     dst: int = 0,
     timeout: float = 30.0,
     keep_local: bool = False,
+    spread: bool = True,
+    stragglers: Mapping[str, float] | None = None,
+    straggler_windows: int = 3,
 ) -> RankMerge:
     """Merge the Stat windows of every ``torch.distributed`` rank into one stream on ``dst``.
 
@@ -612,11 +793,25 @@ def merge_stats_across_ranks(
     aggregations make events of their own).
     Plain events are not merged.
 
+    With ``spread`` (the default), the merged window of a Stat with MEAN also holds
+    ``"<name>.rank_min"``, ``"<name>.rank_p50"`` and ``"<name>.rank_max"`` over the window
+    means of the ranks that contributed, and ``"<name>.slowest_rank"`` (an int: the rank of the
+    highest mean; on a tie, the lower rank); ``RankMerge.hosts`` names each rank's host.
+
+    ``stragglers`` maps Stat names to a factor: ``dst`` names a rank whose window mean of that
+    Stat exceeds the median of the ranks' means by the factor for ``straggler_windows`` merged
+    windows in a row, once, by a ``STRAGGLER_EVENT`` (``"monitor_bus.straggler"``: ``stat``,
+    ``rank``, ``ratio``, ``windows``, ``host``, ``recovered``) and a rate-limited warning, and
+    once more (``recovered`` True) when it falls back under the factor.
+
     The other ranks do not log their Stat windows (``keep_local=True`` logs them too). A rank
     that dies or hangs costs only what it had not sent: ``dst`` waits ``timeout`` past a
     window's end at most, merges the window among the ranks that reported it and logs a
     warning naming the others. If ``dst`` is gone, each rank logs its own windows with
-    ``"<name>.rank"`` (its rank) added, and counts them in ``local``.
+    ``"<name>.rank"`` (its rank) added, and counts them in ``local``. A rank named lost
+    may only be starved of CPU: when it speaks again it rejoins, and ``dst``'s ``close()``
+    waits (within its timeout) for every rank it has heard from; windows that come after
+    theirs was merged are logged on their own and counted in ``late``.
 
     Args:
         bus: the bus whose Stats are merged; the default bus if omitted.
@@ -625,6 +820,9 @@ def merge_stats_across_ranks(
             end dst waits for a rank, how long a rank may stay silent before dst stops
             waiting for it, and ``close()``'s default.
         keep_local: also log each rank's own windows on its bus, as without the merge.
+        spread: add the spread across ranks to each merged window of a Stat with MEAN.
+        stragglers: Stat name -> factor (a number above 1) for naming straggling ranks.
+        straggler_windows: how many merged windows in a row make a straggler (at least 1).
 
     Returns:
         The running merge: ``close()`` it (or use it as a context manager) before the
@@ -632,7 +830,8 @@ def merge_stats_across_ranks(
 
     Raises:
         TypeError: an argument has the wrong type.
-        ValueError: ``dst`` is not a rank of the job or ``timeout`` is not positive.
+        ValueError: ``dst`` is not a rank of the job, ``timeout`` is not positive, a factor of
+            ``stragglers`` is not above 1 or ``straggler_windows`` is below 1.
         RuntimeError: ``torch.distributed`` is not initialized, or the bus is merged already.
         ImportError: torch is not installed.
 
@@ -655,6 +854,10 @@ def merge_stats_across_ranks(
         raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout}")
     if not isinstance(keep_local, bool):
         raise wrong_type("keep_local", "a bool", keep_local)
+    if not isinstance(spread, bool):
+        raise wrong_type("spread", "a bool", spread)
+    factors = _check_stragglers(stragglers)
+    check_int("straggler_windows", straggler_windows, 1)
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -670,6 +873,37 @@ def merge_stats_across_ranks(
     # The group's timeout bounds its making (a rank that never calls this); dst's receives
     # pass a timeout of their own.
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=seconds))
-    merge = RankMerge(bus, dist, group, dst, seconds, keep_local)
+    hosts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    merge = RankMerge(
+        bus,
+        dist,
+        group,
+        dst,
+        seconds,
+        keep_local,
+        spread=spread,
+        stragglers=factors,
+        straggler_windows=straggler_windows,
+        hosts=hosts,
+    )
     merge._start()
     return merge
+
+
+def _check_stragglers(stragglers: object) -> dict[str, float]:
+    """``stragglers`` checked: a mapping of Stat names to factors above 1."""
+    if stragglers is None:
+        return {}
+    if not isinstance(stragglers, Mapping):
+        raise wrong_type("stragglers", "a mapping of Stat names to factors, or None", stragglers)
+    factors = {}
+    for name, factor in stragglers.items():
+        if not isinstance(name, str):
+            raise TypeError(f"stragglers keys must be Stat names (str), not {type_name(name)}")
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+            raise TypeError(f"stragglers[{name!r}] must be a number, not {type_name(factor)}")
+        if not (factor > 1 and math.isfinite(factor)):
+            raise ValueError(f"stragglers[{name!r}] must be a finite factor above 1, got {factor}")
+        factors[name] = float(factor)
+    return factors

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._event import Event
 from .._lifecycle import module_lock
+from ._merge import STRAGGLER_EVENT as STRAGGLER_EVENT
 from ._merge import RankMerge as RankMerge
 from ._merge import merge_stats_across_ranks as merge_stats_across_ranks
 
