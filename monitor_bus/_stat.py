@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Union
 from . import _device
 from ._check import check_int, wrong_type
 from ._device import ARRAY_CLASSES, Deferred
-from ._histogram import Histogram, of_floats
+from ._histogram import Accumulator, Histogram
 from ._lifecycle import module_lock, process
 
 if TYPE_CHECKING:
@@ -145,6 +145,7 @@ class Stat:
         "_bus",
         "_count",
         "_dirty",
+        "_dist_chunks",
         "_end",
         "_fold_at",
         "_hist",
@@ -326,7 +327,9 @@ class Stat:
         self._max = self._min = math.nan
         self._value: float | Deferred = math.nan
         self._moments: Moments = _NO_MOMENTS
-        self._hist: Histogram | None = None
+        self._hist: Accumulator | None = None  # the percentiles' and HISTOGRAM's
+        # Chunks the distribution aggregates have still to fold (on the dispatcher's thread).
+        self._dist_chunks: list[list[float]] = []
         if self._buf.__class__ is deque:
             self._buf = []
         # The window's first add folds at once and marks the Stat for the timer: an idle Stat
@@ -365,7 +368,10 @@ class Stat:
 
     def _fold(self) -> None:
         with self._lock:
+            waiting = len(self._dist_chunks)
             self._take()
+            # The first chunk to wait: the dispatcher folds it (and those after it).
+            fold_soon = not waiting and bool(self._dist_chunks)
             first = not self._marked  # the window's first fold
             if first:
                 self._marked = True
@@ -380,6 +386,8 @@ class Stat:
             # Device values hold memory until read: the dispatcher reads those that are ready
             # now rather than at the window's end.
             self._bus._dispatcher.call_soon(self._read_pending)
+        if fold_soon:  # not under the lock: on the dispatcher's thread this runs it now
+            self._bus._dispatcher.call_soon(self._fold_distributions_soon)
         if first and self._bus._dispatcher.loop is None:
             # Stopped: a forked child's, which nothing else starts for a Stat it inherited.
             self._bus._dispatcher.start_for_stats()
@@ -447,9 +455,12 @@ class Stat:
             (self._sum, self._max, self._min, self._scaled),
             (self._want_sum, self._want_max, self._want_min),
         )
-        moments, hist = self._moments, self._hist
-        if self._want_hist or self._want_moments:
-            moments, hist = _fold_distribution(values, moments, hist, self)
+        dist_chunks = self._dist_chunks
+        if (self._want_hist or self._want_moments) and values:
+            if len(dist_chunks) >= _DIST_BACKLOG:  # the dispatcher is behind: fold here
+                self._fold_distributions()
+                dist_chunks = self._dist_chunks
+            dist_chunks = dist_chunks + [values]
         last = chunk[-1]
         # Committed without a call or a backward jump in between, the only points where
         # CPython runs a signal handler: the samples move from the buffer to the aggregates
@@ -461,14 +472,30 @@ class Stat:
         self._max = high
         self._min = low
         self._value = last
-        self._moments = moments
-        self._hist = hist
+        self._dist_chunks = dist_chunks
         self._count += n
+
+    def _fold_distributions(self) -> None:
+        """Fold the chunks waiting for the distribution aggregates (under the lock)."""
+        chunks = self._dist_chunks
+        if not chunks:
+            return
+        moments, hist = self._moments, self._hist
+        for values in chunks:
+            moments, hist = _fold_distribution(values, moments, hist, self)
+        self._moments, self._hist, self._dist_chunks = moments, hist, []
+
+    def _fold_distributions_soon(self) -> None:
+        """The dispatcher's side of the distribution aggregates: bucketing off the caller's
+        thread."""
+        with self._lock:
+            self._fold_distributions()
 
     def _emit(self, stamp: datetime | None = None) -> None:
         count = self._count
         if not count:
             return
+        self._fold_distributions()
         bus = self._bus
         if self._pending or bus._window_tap is not None:
             closed = ClosedWindow(
@@ -517,6 +544,7 @@ class Stat:
         self._lock = threading.Lock()
         self._buf = []
         self._pending = []
+        self._dist_chunks = []
         self._dirty.discard(self)
         self._open_window(_clock())
 
@@ -613,7 +641,7 @@ class ClosedWindow:
         "count",
         "end",
         "high",
-        "histogram",
+        "_accumulator",
         "low",
         "moments",
         "pending",
@@ -633,7 +661,7 @@ class ClosedWindow:
         aggregates: _Aggregates,
         value: float | Deferred,
         pending: list[Deferred],
-        distribution: tuple[Moments, Histogram | None] = (_NO_MOMENTS, None),
+        distribution: tuple[Moments, Accumulator | None] = (_NO_MOMENTS, None),
     ) -> None:
         self.stat = stat
         self.stamp = stamp  # when it closed: the event's timestamp
@@ -646,9 +674,7 @@ class ClosedWindow:
         #: windows' (Chan et al.), ``stddev`` reads them. ``(0, 0.0, 0.0, 0.0)`` unless the
         #: Stat reports STDDEV.
         self.moments: Moments = distribution[0]
-        #: The window's samples as a Histogram, for the percentiles and HISTOGRAM; None
-        #: unless the Stat reports one of them. ``Histogram.merge`` combines two exactly.
-        self.histogram: Histogram | None = distribution[1]
+        self._accumulator = distribution[1]
 
     def ready(self) -> bool:
         """Whether its device values can be read without waiting for a device."""
@@ -677,12 +703,20 @@ class ClosedWindow:
                 (stat._want_sum, stat._want_max, stat._want_min),
             )
             if stat._want_hist or stat._want_moments:
-                self.moments, self.histogram = _fold_distribution(
-                    values, self.moments, self.histogram, stat
+                self.moments, self._accumulator = _fold_distribution(
+                    values, self.moments, self._accumulator, stat
                 )
             if self.value.__class__ is Deferred:
                 self.value = float(self.value.value())
             self.pending = []
+
+    @property
+    def histogram(self) -> Histogram | None:
+        """The window's samples as a Histogram (after ``resolve``), for the percentiles and
+        HISTOGRAM; None unless the Stat reports one of them. ``Histogram.merge`` combines two
+        windows' exactly."""
+        accumulator = self._accumulator
+        return None if accumulator is None else accumulator.histogram()
 
     def aggregates(self) -> tuple[AggregateValue, ...]:
         """Every aggregate, in ``Aggregation`` order (after ``resolve``); the distribution's
@@ -698,7 +732,7 @@ class ClosedWindow:
             self.low,
         )
         if self.stat._want_hist or self.stat._want_moments:
-            values += _distribution(self.moments, self.histogram)
+            values += _distribution(self.moments, self._accumulator)
         return values  # type: ignore[return-value]
 
     def picked(self) -> tuple[AggregateValue, ...]:
@@ -767,9 +801,10 @@ def _chunk_moments(values: list[float], shift: float) -> Moments:
 
 
 def _fold_distribution(
-    values: list[float], moments: Moments, hist: Histogram | None, stat: Stat
-) -> tuple[Moments, Histogram | None]:
-    """A window's moments and Histogram with ``values`` added, for those ``stat`` wants."""
+    values: list[float], moments: Moments, hist: Accumulator | None, stat: Stat
+) -> tuple[Moments, Accumulator | None]:
+    """A window's moments and Histogram with ``values`` added, for those ``stat`` wants
+    (the Histogram's counts grow in place)."""
     if not values:
         return moments, hist
     if stat._want_moments:
@@ -777,18 +812,25 @@ def _fold_distribution(
         shift = moments[1] if moments[0] else values[0]
         moments = merge_moments(moments, _chunk_moments(values, shift))
     if stat._want_hist:
-        chunk = of_floats(values, _MAX_BUCKETS)
-        hist = chunk if hist is None else hist.merge(chunk)
+        if hist is None:
+            hist = Accumulator(_MAX_BUCKETS)
+        hist.add(values)
     return moments, hist
 
+
+# Chunks waiting for the dispatcher to fold their distribution aggregates before the
+# caller's thread folds them itself: bounds an open window's memory if the dispatcher is busy
+# or not running.
+_DIST_BACKLOG = 8
 
 # Buckets per sign of a window's Histogram: scale 6 (percentiles within 0.55%) for values
 # spanning up to 32 octaves; the open window's Histogram holds at most twice this many counts.
 _MAX_BUCKETS = 2048
 
 
-def _distribution(moments: Moments, hist: Histogram | None) -> tuple[AggregateValue, ...]:
+def _distribution(moments: Moments, accumulator: Accumulator | None) -> tuple[AggregateValue, ...]:
     """P50, P90, P95, P99, STDDEV and HISTOGRAM of a window, in ``Aggregation`` order."""
+    hist = None if accumulator is None else accumulator.histogram()
     if hist is None:
         quantiles = (math.nan,) * len(_QUANTILES)
     else:

@@ -9,6 +9,7 @@ import multiprocessing
 import pickle
 import random
 import statistics
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -237,3 +238,39 @@ def test_the_relay_checks_a_histograms_fields(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(Histogram, "__getstate__", lambda self: forged)
     with pytest.raises(ValueError, match="count must be the total of the counts"):
         _wire.loads(pickle.dumps(h, 5))
+
+
+def test_the_dispatcher_buckets_off_the_callers_thread(
+    bus: EventBus, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the bus running, a window's chunks are bucketed on the dispatcher's thread, not
+    in the caller's add."""
+    bus.register_event_handler(recorder)
+    threads: list[threading.Thread] = []
+    folded = threading.Event()
+    real = _stat._fold_distribution
+
+    def spy(*args: Any) -> Any:
+        threads.append(threading.current_thread())
+        folded.set()
+        return real(*args)
+
+    monkeypatch.setattr(_stat, "_fold_distribution", spy)
+    stat = Stat("x", [Aggregation.P99], LONG, bus=bus)
+    stat.add(1.0)  # a window's first add folds at once
+    assert folded.wait(10)
+    assert threads == [bus._dispatcher.thread]
+    assert stat.count == 1
+
+
+def test_waiting_chunks_are_bounded_when_the_dispatcher_is_not_running(
+    bus: EventBus, clock: StepClock
+) -> None:
+    """With no dispatcher to fold them (no handlers), at most _DIST_BACKLOG chunks wait: the
+    caller folds the rest, and the window still holds every sample."""
+    stat = Stat("x", [Aggregation.P50, Aggregation.HISTOGRAM], LONG, bus=bus)
+    samples = [float(i % 1000 + 1) for i in range((_stat._DIST_BACKLOG + 3) * _stat._CHUNK)]
+    for v in samples:
+        stat.add(v)
+        assert len(stat._dist_chunks) <= _stat._DIST_BACKLOG
+    assert close_window(stat, clock)[Aggregation.HISTOGRAM] == Histogram.of(samples)
