@@ -12,11 +12,13 @@ Guarantees
 - Resolution: a Histogram starts at scale ``MAX_SCALE`` (20) and coarsens, one scale at a
   time (each halving the buckets), until each sign's buckets fit ``max_buckets`` (2048 by
   default), as OpenTelemetry's SDK does. With 2048, any samples whose magnitudes lie in an
-  interval ``(x, x * 2**31.98]`` keep scale 6 or finer, where ``quantile`` is within 0.55% of
+  interval ``(x, x * 2**31.98]`` keep scale 6 or finer, where ``quantile`` is within 0.54% of
   the true value; those in ``(2**k, 2**(k + 32)]`` too. Wider data gets coarser buckets: each
   scale lower doubles the error bound (``(r - 1) / (r + 1)`` with ``r = 2**(2**-scale)``).
-- Exactness: buckets are counted at scale 20 and only ever coarsened by shifting indices, and a
-  Histogram's scale is the finest at which its samples fit, so ``Histogram.of(a + b)``,
+- Exactness: a sample's bucket at scale s is its scale-20 bucket shifted right by ``20 - s``
+  (computed as ``ceil(log2(v) * 2**s) - 1``, which equals it exactly: a power of two scales a
+  float without rounding), buckets are only ever coarsened by shifting, and a Histogram's
+  scale is the finest at which its samples fit, so ``Histogram.of(a + b)``,
   ``Histogram.of(a).merge(Histogram.of(b))`` and ``Histogram.of(b).merge(Histogram.of(a))``
   are equal for any split and order. The sum is kept exactly (as an integer count of
   ``2**-1074``, the smallest float step), so it does not depend on the order either.
@@ -30,29 +32,34 @@ Guarantees
 from __future__ import annotations
 
 import math
-import operator
-from collections import Counter
 from collections.abc import Iterable
-from itertools import chain, repeat
 from typing import Any
 
+from ._buckets import (
+    MAX_SCALE,
+    MIN_SCALE,
+    Accumulator,
+    Buckets,
+    as_counter,
+    bound,
+    clamp,
+    decode_exact,
+    dense,
+    encode_exact,
+    estimate,
+    fit_shift,
+    held_range,
+    nan_max,
+    nan_min,
+    observed_sum,
+    same_float,
+    shifted,
+    units,
+)
 from ._check import check_int, wrong_type
 
-MAX_SCALE = 20
-"""The finest scale, where every Histogram starts (OpenTelemetry's SDK's default)."""
-MIN_SCALE = -10
-"""The coarsest scale: every float magnitude fits 3 buckets there."""
-
-# The exact sum is an int counting _UNIT = 2**-1074 (the smallest subnormal float), so every
-# float sample is a whole number of them.
-_UNIT_EXP = 1074
-# |exact sum| < 2**63 samples * 2**1024: a bound for decoded exact sums.
-_MAX_EXACT_BITS = _UNIT_EXP + 1024 + 64
-_FACTOR = float(1 << MAX_SCALE)
 _FLOAT_KEY = "$float"  # non-finite floats in to_dict, as the JSONL sink writes them
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-_Buckets = tuple[int, tuple[int, ...]]  # offset, counts
 
 
 class Histogram:
@@ -115,8 +122,8 @@ class Histogram:
 
     _scale: int
     _zero: int
-    _pos: _Buckets
-    _neg: _Buckets
+    _pos: Buckets
+    _neg: Buckets
     _count: int
     _exact: int
     _min: float
@@ -169,13 +176,13 @@ class Histogram:
                 if not (inf or ninf) and sum == sum:
                     raise ValueError(f"sum is {sum} without infinite samples: give exact_sum")
             else:
-                exact = _units(float(sum))
+                exact = units(float(sum))
         else:
-            exact = _decode_exact(exact_sum)
+            exact = decode_exact(exact_sum)
         if inf or ninf:
             exact = 0  # not observable once the sum is infinite: one form for equality
-        if not _same(_observed_sum(exact, inf, ninf), float(sum)):
-            raise ValueError(f"sum must be exact_sum rounded ({_observed_sum(exact, inf, ninf)})")
+        if not same_float(observed_sum(exact, inf, ninf), float(sum)):
+            raise ValueError(f"sum must be exact_sum rounded ({observed_sum(exact, inf, ninf)})")
         numbers = count - nan
         low, high = float(min), float(max)
         if not numbers:
@@ -189,8 +196,8 @@ class Histogram:
         self,
         scale: int,
         zero: int,
-        pos: _Buckets,
-        neg: _Buckets,
+        pos: Buckets,
+        neg: Buckets,
         count: int,
         exact: int,
         low: float,
@@ -232,7 +239,9 @@ class Histogram:
             samples = list(map(float, values))
         except (TypeError, ValueError) as exc:
             raise TypeError(f"values must be an iterable of real numbers: {exc}") from None
-        return of_floats(samples, max_buckets)
+        accumulator = Accumulator(max_buckets)
+        accumulator.add(samples)
+        return accumulator.histogram()
 
     # -- fields --
 
@@ -274,13 +283,13 @@ class Histogram:
     @property
     def sum(self) -> float:
         """The sum of the non-NaN samples, correctly rounded (``inf`` past the float range)."""
-        return _observed_sum(self._exact, self._inf, self._ninf)
+        return observed_sum(self._exact, self._inf, self._ninf)
 
     @property
     def exact_sum(self) -> tuple[int, int]:
         """The sum of the finite samples exactly, as ``(m, e)`` meaning ``m * 2**e`` with ``m``
         odd or zero (``(0, 0)`` once the sum is infinite)."""
-        return _encode_exact(self._exact)
+        return encode_exact(self._exact)
 
     @property
     def min(self) -> float:
@@ -330,13 +339,13 @@ class Histogram:
         for i in range(len(counts) - 1, -1, -1):
             if counts[i]:
                 index = offset + i
-                out.append((-_bound(index + 1, scale), -_bound(index, scale), counts[i]))
+                out.append((-bound(index + 1, scale), -bound(index, scale), counts[i]))
         if self._zero:
             out.append((0.0, 0.0, self._zero))
         offset, counts = self._pos
         for i, n in enumerate(counts):
             if n:
-                out.append((_bound(offset + i, scale), _bound(offset + i + 1, scale), n))
+                out.append((bound(offset + i, scale), bound(offset + i + 1, scale), n))
         if self._inf:
             out.append((math.inf, math.inf, self._inf))
         return out
@@ -347,7 +356,7 @@ class Histogram:
         The nearest-rank quantile (numpy's ``inverted_cdf``): the sample of rank
         ``max(1, ceil(q * n))`` among ``n``, estimated as the point of its bucket nearest to
         every value the bucket can hold (relative error at most ``(r - 1) / (r + 1)``,
-        ``r = 2**(2**-scale)``: 0.55% at scale 6), kept within ``[min, max]``: ``quantile(0)``
+        ``r = 2**(2**-scale)``: 0.54% at scale 6), kept within ``[min, max]``: ``quantile(0)``
         is ``min`` and ``quantile(1)`` is ``max``.
 
         Args:
@@ -372,7 +381,7 @@ class Histogram:
             return self._max
         if rank == 1:
             return self._min
-        return _clamp(self._rank_estimate(rank), self._min, self._max)
+        return clamp(self._rank_estimate(rank), self._min, self._max)
 
     def _rank_estimate(self, rank: int) -> float:
         """The estimate of the sample of 1-based ``rank`` in ascending order (bounds are
@@ -385,7 +394,7 @@ class Histogram:
         for i in range(len(counts) - 1, -1, -1):
             seen += counts[i]
             if seen >= rank:
-                return -_estimate(_bound(offset + i, scale), _bound(offset + i + 1, scale))
+                return -estimate(bound(offset + i, scale), bound(offset + i + 1, scale))
         seen += self._zero
         if seen >= rank:
             return 0.0
@@ -393,7 +402,7 @@ class Histogram:
         for i, n in enumerate(counts):
             seen += n
             if seen >= rank:
-                return _estimate(_bound(offset + i, scale), _bound(offset + i + 1, scale))
+                return estimate(bound(offset + i, scale), bound(offset + i + 1, scale))
         return math.inf
 
     # -- combining --
@@ -437,7 +446,7 @@ class Histogram:
             "negative_counts": list(self._neg[1]),
             "count": self._count,
             "sum": _json_float(self.sum),
-            "exact_sum": list(_encode_exact(self._exact)),
+            "exact_sum": list(encode_exact(self._exact)),
             "min": _json_float(self._min),
             "max": _json_float(self._max),
             "nan_count": self._nan,
@@ -540,226 +549,38 @@ _FIELDS = frozenset(
     )
 )
 
-# -- bucketing --
-
-
-def of_floats(samples: list[float], max_buckets: int) -> Histogram:
-    """The Histogram of float samples (the fold of a Stat's chunk calls this too)."""
-    count = len(samples)
-    nan = inf = ninf = 0
-    probe = sum(samples)  # a C loop: finite only if every sample is
-    if probe - probe == 0:  # finite: the common case
-        finite = samples
-    else:
-        nan = sum(map(math.isnan, samples))
-        inf = samples.count(math.inf)
-        ninf = samples.count(-math.inf)
-        finite = [v for v in samples if v - v == 0]
-    if finite and min(finite) > 0:
-        positive, negative, zero = finite, [], 0
-    else:
-        positive = [v for v in finite if v > 0]
-        negative = [-v for v in finite if v < 0]
-        zero = len(finite) - len(positive) - len(negative)
-    pos = _index_counts(positive)
-    neg = _index_counts(negative)
-    scale = MAX_SCALE - max(_shift_to_fit(pos, max_buckets), _shift_to_fit(neg, max_buckets))
-    low = high = math.nan
-    if finite:
-        low, high = min(finite), max(finite)
-    if ninf:
-        low = -math.inf
-        high = high if finite or inf else -math.inf
-    if inf:
-        high = math.inf
-        low = low if finite or ninf else math.inf
-    exact = 0 if inf or ninf else _exact_sum(finite)
-    return Histogram.__new__(Histogram)._set(
-        scale,
-        zero,
-        _dense(pos, MAX_SCALE - scale),
-        _dense(neg, MAX_SCALE - scale),
-        count,
-        exact,
-        low,
-        high,
-        (nan, inf, ninf),
-        max_buckets,
-    )
-
-
-def _index_counts(magnitudes: list[float]) -> Counter[int]:
-    """Samples per bucket index at ``MAX_SCALE``, for positive finite magnitudes.
-
-    ``ceil(log2(v) * 2**20) - 1``: an exact power of two (whose log2 is exact) is the upper
-    bound of its bucket. C builtins throughout; the ``- 1`` is applied to the keys.
-    """
-    ceilings = Counter(
-        map(math.ceil, map(operator.mul, map(math.log2, magnitudes), repeat(_FACTOR)))
-    )
-    return Counter({k - 1: n for k, n in ceilings.items()})
-
-
-def _shift_to_fit(counts: dict[int, int], max_buckets: int) -> int:
-    """The fewest index shifts (scales down from ``MAX_SCALE``) that fit ``max_buckets``."""
-    if not counts:
-        return 0
-    low, high = min(counts), max(counts)
-    shift = 0
-    while (high >> shift) - (low >> shift) >= max_buckets:
-        shift += 1
-    return shift
-
-
-def _dense(counts: dict[int, int], shift: int) -> _Buckets:
-    """Sparse ``index: count`` shifted down ``shift`` scales, as ``(offset, counts)``."""
-    if not counts:
-        return (0, ())
-    if shift:
-        coarse: dict[int, int] = {}
-        for index, n in counts.items():
-            index >>= shift
-            coarse[index] = coarse.get(index, 0) + n
-        counts = coarse
-    low, high = min(counts), max(counts)
-    return (low, tuple(counts.get(i, 0) for i in range(low, high + 1)))
-
-
-def _coarse(buckets: _Buckets, shift: int, into: dict[int, int]) -> dict[int, int]:
-    """Add ``buckets`` shifted down ``shift`` scales to the sparse ``into``; returns it."""
-    offset, counts = buckets
-    for i, n in enumerate(counts):
-        if n:
-            index = (offset + i) >> shift
-            into[index] = into.get(index, 0) + n
-    return into
-
 
 def _merge(a: Histogram, b: Histogram) -> Histogram:
     max_buckets = min(a._max_buckets, b._max_buckets)
     scale = min(a._scale, b._scale)
-    pos = _coarse(a._pos, a._scale - scale, _coarse(b._pos, b._scale - scale, {}))
-    neg = _coarse(a._neg, a._scale - scale, _coarse(b._neg, b._scale - scale, {}))
-    shift = max(_shift_to_fit(pos, max_buckets), _shift_to_fit(neg, max_buckets))
+    pos = as_counter(a._pos, a._scale - scale)
+    pos.update(as_counter(b._pos, b._scale - scale))
+    neg = as_counter(a._neg, a._scale - scale)
+    neg.update(as_counter(b._neg, b._scale - scale))
+    pos_range, neg_range = held_range(pos), held_range(neg)
+    shift = max(fit_shift(pos_range, max_buckets), fit_shift(neg_range, max_buckets))
+    if shift:
+        pos, neg = shifted(pos, shift), shifted(neg, shift)
+        pos_range, neg_range = held_range(pos), held_range(neg)
     inf, ninf = a._inf + b._inf, a._ninf + b._ninf
     return Histogram.__new__(Histogram)._set(
         scale - shift,
         a._zero + b._zero,
-        _dense(pos, shift),
-        _dense(neg, shift),
+        dense(pos, pos_range),
+        dense(neg, neg_range),
         a._count + b._count,
         0 if inf or ninf else a._exact + b._exact,
-        _nan_min(a._min, b._min),
-        _nan_max(a._max, b._max),
+        nan_min(a._min, b._min),
+        nan_max(a._max, b._max),
         (a._nan + b._nan, inf, ninf),
         max_buckets,
     )
 
 
-def _nan_min(x: float, y: float) -> float:
-    """The smaller, ignoring NaN (an empty side's)."""
-    if x != x:
-        return y
-    return x if y != y or x <= y else y
-
-
-def _nan_max(x: float, y: float) -> float:
-    if x != x:
-        return y
-    return x if y != y or x >= y else y
-
-
-# -- bounds and estimates --
-
-
-def _bound(index: int, scale: int) -> float:
-    """``2**(index * 2**-scale)``, the lower bound of bucket ``index`` (``inf`` past floats)."""
-    try:
-        if scale <= 0:
-            return math.ldexp(1.0, index << -scale)
-        return float(2.0 ** (index / (1 << scale)))
-    except OverflowError:
-        return math.inf
-
-
-def _estimate(low: float, high: float) -> float:
-    """The point of ``(low, high]`` (``0 < low``) whose largest relative error to a value
-    there is least: ``2 * low * high / (low + high)``."""
-    if math.isinf(high):
-        return 2 * low
-    return 2 / (1 / low + 1 / high) if low else high  # low underflows below 2**-1074
-
-
-def _clamp(value: float, low: float, high: float) -> float:
-    return low if value < low else high if value > high else value
-
-
-# -- the exact sum --
-
-
-def _units(x: float) -> int:
-    """A finite float as a whole number of ``2**-1074``."""
-    n, d = x.as_integer_ratio()
-    return n << (_UNIT_EXP - d.bit_length() + 1)
-
-
-def _exact_sum(values: list[float]) -> int:
-    """The exact sum of finite floats in ``2**-1074`` units.
-
-    ``math.fsum`` rounds correctly; summing again with the rounded parts subtracted gives the
-    next part, until nothing is left (a couple of C passes for most data).
-    """
-    parts: list[float] = []
-    try:
-        while True:
-            part = math.fsum(chain(values, parts))
-            if not part:
-                break
-            parts.append(-part)
-    except OverflowError:  # an intermediate sum past the float range: rare, per sample
-        return sum(map(_units, values))
-    return -sum(map(_units, parts))
-
-
-def _observed_sum(exact: int, inf: int, ninf: int) -> float:
-    if inf and ninf:
-        return math.nan
-    if inf or ninf:
-        return math.inf if inf else -math.inf
-    try:
-        return exact / (1 << _UNIT_EXP)  # int division: correctly rounded
-    except OverflowError:
-        return math.inf if exact > 0 else -math.inf
-
-
-def _encode_exact(exact: int) -> tuple[int, int]:
-    if not exact:
-        return (0, 0)
-    zeros = (exact & -exact).bit_length() - 1
-    return (exact >> zeros, zeros - _UNIT_EXP)
-
-
-def _decode_exact(pair: object) -> int:
-    if (
-        not isinstance(pair, tuple)
-        or len(pair) != 2
-        or any(isinstance(x, bool) or not isinstance(x, int) for x in pair)
-    ):
-        raise wrong_type("exact_sum", "a pair of ints (m, e)", pair)
-    m, e = pair
-    if e < -_UNIT_EXP or e + _UNIT_EXP + m.bit_length() > _MAX_EXACT_BITS:
-        raise ValueError(f"exact_sum must be m * 2**e within the sums of floats, got {pair}")
-    return int(m) << int(e + _UNIT_EXP)
-
-
-def _same(x: float, y: float) -> bool:
-    return x == y or (x != x and y != y)
-
-
 # -- checks and JSON --
 
 
-def _check_buckets(sign: str, offset: object, counts: object, max_buckets: int) -> _Buckets:
+def _check_buckets(sign: str, offset: object, counts: object, max_buckets: int) -> Buckets:
     check_int(f"{sign}_offset", offset, -(2**62))
     assert isinstance(offset, int)
     if isinstance(counts, (str, bytes)) or not isinstance(counts, Iterable):
@@ -781,7 +602,7 @@ def _check_buckets(sign: str, offset: object, counts: object, max_buckets: int) 
     return (offset + start if values else 0, values)
 
 
-def _total(buckets: _Buckets) -> int:
+def _total(buckets: Buckets) -> int:
     return sum(buckets[1])
 
 

@@ -9,7 +9,12 @@ the buffer only once their aggregates are computed, in straight-line code a sign
 interrupt, so a Ctrl-C landing in a fold loses nothing.
 
 The numbers' edges (an overflowing sum, a NaN) are handled once per fold, never per add
-(``_fold``). A window's first fold starts a stopped dispatcher that has work, so a forked
+(``_fold``). The distribution aggregates (percentiles, STDDEV, HISTOGRAM) are folded off the
+caller's thread: a folded chunk waits in ``_dist_chunks`` for the dispatcher, which buckets
+it under the Stat's lock; the caller folds the waiting chunks itself only once
+``_DIST_BACKLOG`` wait (the dispatcher busy or not running), and a window's are all folded
+before it is logged, so no sample is left out or counted twice. A window's Histogram counts
+at most 2 x 2048 buckets. A window's first fold starts a stopped dispatcher that has work, so a forked
 child's timer closes the windows of the Stats it inherited; ``_RESOLVING`` is new in a forked
 child (``module_lock``).
 """
@@ -30,9 +35,10 @@ from time import monotonic
 from typing import TYPE_CHECKING, Union
 
 from . import _device
+from ._buckets import Accumulator
 from ._check import check_int, wrong_type
 from ._device import ARRAY_CLASSES, Deferred
-from ._histogram import Histogram, of_floats
+from ._histogram import Histogram
 from ._lifecycle import module_lock, process
 
 if TYPE_CHECKING:
@@ -108,6 +114,11 @@ class Stat:
     timer in the dispatcher, so a stalled loop still reports. The add that reaches
     ``max_samples`` logs the window at once; later adds are discarded until the next window.
 
+    P50, P90, P95 and P99 are nearest-rank percentiles of the window's non-NaN values read from
+    its ``Histogram`` (within 1% for values spanning up to 32 octaves; see
+    ``monitor_bus.Histogram``), HISTOGRAM is that Histogram, and STDDEV the population standard
+    deviation, computed stably (NaN with a NaN or infinite value).
+
     SUM is the float sum in add order (``inf`` once it overflows); MEAN is the mean even then
     (two adds of ``1e308``: SUM ``inf``, MEAN ``1e308``). A NaN among a window's values makes
     MAX and MIN NaN, wherever it was added (as ``numpy.max``; torch.monitor keeps it only when it
@@ -145,6 +156,7 @@ class Stat:
         "_bus",
         "_count",
         "_dirty",
+        "_dist_chunks",
         "_end",
         "_fold_at",
         "_hist",
@@ -271,7 +283,8 @@ class Stat:
             self._fold()
 
     def get(self) -> dict[Aggregation, AggregateValue]:
-        """The aggregates of the last logged window (empty before the first).
+        """The aggregates of the last logged window (empty before the first): floats, COUNT's
+        int and HISTOGRAM's ``Histogram``.
 
         If that window holds tensor samples the bus has not read yet, they are read here, on
         the caller's thread (waiting for their device), as asked.
@@ -326,7 +339,9 @@ class Stat:
         self._max = self._min = math.nan
         self._value: float | Deferred = math.nan
         self._moments: Moments = _NO_MOMENTS
-        self._hist: Histogram | None = None
+        self._hist: Accumulator | None = None  # the percentiles' and HISTOGRAM's
+        # Chunks the distribution aggregates have still to fold (on the dispatcher's thread).
+        self._dist_chunks: list[list[float]] = []
         if self._buf.__class__ is deque:
             self._buf = []
         # The window's first add folds at once and marks the Stat for the timer: an idle Stat
@@ -365,7 +380,10 @@ class Stat:
 
     def _fold(self) -> None:
         with self._lock:
+            waiting = len(self._dist_chunks)
             self._take()
+            # The first chunk to wait: the dispatcher folds it (and those after it).
+            fold_soon = not waiting and bool(self._dist_chunks)
             first = not self._marked  # the window's first fold
             if first:
                 self._marked = True
@@ -380,6 +398,8 @@ class Stat:
             # Device values hold memory until read: the dispatcher reads those that are ready
             # now rather than at the window's end.
             self._bus._dispatcher.call_soon(self._read_pending)
+        if fold_soon:  # not under the lock: on the dispatcher's thread this runs it now
+            self._bus._dispatcher.call_soon(self._fold_distributions_soon)
         if first and self._bus._dispatcher.loop is None:
             # Stopped: a forked child's, which nothing else starts for a Stat it inherited.
             self._bus._dispatcher.start_for_stats()
@@ -447,9 +467,12 @@ class Stat:
             (self._sum, self._max, self._min, self._scaled),
             (self._want_sum, self._want_max, self._want_min),
         )
-        moments, hist = self._moments, self._hist
-        if self._want_hist or self._want_moments:
-            moments, hist = _fold_distribution(values, moments, hist, self)
+        dist_chunks = self._dist_chunks
+        if (self._want_hist or self._want_moments) and values:
+            if len(dist_chunks) >= _DIST_BACKLOG:  # the dispatcher is behind: fold here
+                self._fold_distributions()
+                dist_chunks = self._dist_chunks
+            dist_chunks = dist_chunks + [values]
         last = chunk[-1]
         # Committed without a call or a backward jump in between, the only points where
         # CPython runs a signal handler: the samples move from the buffer to the aggregates
@@ -461,14 +484,30 @@ class Stat:
         self._max = high
         self._min = low
         self._value = last
-        self._moments = moments
-        self._hist = hist
+        self._dist_chunks = dist_chunks
         self._count += n
+
+    def _fold_distributions(self) -> None:
+        """Fold the chunks waiting for the distribution aggregates (under the lock)."""
+        chunks = self._dist_chunks
+        if not chunks:
+            return
+        moments, hist = self._moments, self._hist
+        for values in chunks:
+            moments, hist = _fold_distribution(values, moments, hist, self)
+        self._moments, self._hist, self._dist_chunks = moments, hist, []
+
+    def _fold_distributions_soon(self) -> None:
+        """The dispatcher's side of the distribution aggregates: bucketing off the caller's
+        thread."""
+        with self._lock:
+            self._fold_distributions()
 
     def _emit(self, stamp: datetime | None = None) -> None:
         count = self._count
         if not count:
             return
+        self._fold_distributions()
         bus = self._bus
         if self._pending or bus._window_tap is not None:
             closed = ClosedWindow(
@@ -502,7 +541,7 @@ class Stat:
             self._min,
         )
         if self._want_hist or self._want_moments:
-            values += _distribution(self._moments, self._hist)
+            values += distribution(self._moments, _histogram_of(self._hist))
         last = self._pick(values)  # type: ignore[arg-type]  # no device value pending: a float
         data = dict(zip(self._keys, last, strict=True))
         # Queued before the window is emptied: a Ctrl-C in between can log it twice at worst,
@@ -517,6 +556,7 @@ class Stat:
         self._lock = threading.Lock()
         self._buf = []
         self._pending = []
+        self._dist_chunks = []
         self._dirty.discard(self)
         self._open_window(_clock())
 
@@ -613,7 +653,7 @@ class ClosedWindow:
         "count",
         "end",
         "high",
-        "histogram",
+        "_accumulator",
         "low",
         "moments",
         "pending",
@@ -633,7 +673,7 @@ class ClosedWindow:
         aggregates: _Aggregates,
         value: float | Deferred,
         pending: list[Deferred],
-        distribution: tuple[Moments, Histogram | None] = (_NO_MOMENTS, None),
+        distribution: tuple[Moments, Accumulator | None] = (_NO_MOMENTS, None),
     ) -> None:
         self.stat = stat
         self.stamp = stamp  # when it closed: the event's timestamp
@@ -646,9 +686,7 @@ class ClosedWindow:
         #: windows' (Chan et al.), ``stddev`` reads them. ``(0, 0.0, 0.0, 0.0)`` unless the
         #: Stat reports STDDEV.
         self.moments: Moments = distribution[0]
-        #: The window's samples as a Histogram, for the percentiles and HISTOGRAM; None
-        #: unless the Stat reports one of them. ``Histogram.merge`` combines two exactly.
-        self.histogram: Histogram | None = distribution[1]
+        self._accumulator = distribution[1]
 
     def ready(self) -> bool:
         """Whether its device values can be read without waiting for a device."""
@@ -677,12 +715,19 @@ class ClosedWindow:
                 (stat._want_sum, stat._want_max, stat._want_min),
             )
             if stat._want_hist or stat._want_moments:
-                self.moments, self.histogram = _fold_distribution(
-                    values, self.moments, self.histogram, stat
+                self.moments, self._accumulator = _fold_distribution(
+                    values, self.moments, self._accumulator, stat
                 )
             if self.value.__class__ is Deferred:
                 self.value = float(self.value.value())
             self.pending = []
+
+    @property
+    def histogram(self) -> Histogram | None:
+        """The window's samples as a Histogram (after ``resolve``), for the percentiles and
+        HISTOGRAM; None unless the Stat reports one of them. ``Histogram.merge`` combines two
+        windows' exactly."""
+        return _histogram_of(self._accumulator)
 
     def aggregates(self) -> tuple[AggregateValue, ...]:
         """Every aggregate, in ``Aggregation`` order (after ``resolve``); the distribution's
@@ -698,7 +743,7 @@ class ClosedWindow:
             self.low,
         )
         if self.stat._want_hist or self.stat._want_moments:
-            values += _distribution(self.moments, self.histogram)
+            values += distribution(self.moments, self.histogram)
         return values  # type: ignore[return-value]
 
     def picked(self) -> tuple[AggregateValue, ...]:
@@ -767,9 +812,10 @@ def _chunk_moments(values: list[float], shift: float) -> Moments:
 
 
 def _fold_distribution(
-    values: list[float], moments: Moments, hist: Histogram | None, stat: Stat
-) -> tuple[Moments, Histogram | None]:
-    """A window's moments and Histogram with ``values`` added, for those ``stat`` wants."""
+    values: list[float], moments: Moments, hist: Accumulator | None, stat: Stat
+) -> tuple[Moments, Accumulator | None]:
+    """A window's moments and Histogram with ``values`` added, for those ``stat`` wants
+    (the Histogram's counts grow in place)."""
     if not values:
         return moments, hist
     if stat._want_moments:
@@ -777,20 +823,39 @@ def _fold_distribution(
         shift = moments[1] if moments[0] else values[0]
         moments = merge_moments(moments, _chunk_moments(values, shift))
     if stat._want_hist:
-        chunk = of_floats(values, _MAX_BUCKETS)
-        hist = chunk if hist is None else hist.merge(chunk)
+        if hist is None:
+            hist = Accumulator(_MAX_BUCKETS)
+        hist.add(values)
     return moments, hist
 
 
-# Buckets per sign of a window's Histogram: scale 6 (percentiles within 0.55%) for values
+# Chunks waiting for the dispatcher to fold their distribution aggregates before the
+# caller's thread folds them itself: bounds an open window's memory if the dispatcher is busy
+# or not running.
+_DIST_BACKLOG = 8
+
+# Buckets per sign of a window's Histogram: scale 6 (percentiles within 0.54%) for values
 # spanning up to 32 octaves; the open window's Histogram holds at most twice this many counts.
 _MAX_BUCKETS = 2048
 
 
-def _distribution(moments: Moments, hist: Histogram | None) -> tuple[AggregateValue, ...]:
-    """P50, P90, P95, P99, STDDEV and HISTOGRAM of a window, in ``Aggregation`` order."""
+def distribution(moments: Moments, hist: Histogram | None) -> tuple[AggregateValue, ...]:
+    """P50, P90, P95, P99, STDDEV and HISTOGRAM of a window (or of merged windows) from its
+    moments and Histogram, in ``Aggregation`` order (``picked`` positions 6 to 11).
+
+    Args:
+        moments: the samples' ``Moments`` (``_NO_MOMENTS`` if STDDEV is not reported).
+        hist: the samples' Histogram, or None if no percentile or HISTOGRAM is reported.
+
+    Returns:
+        The six values; NaN percentiles and an empty Histogram without ``hist``.
+    """
     if hist is None:
         quantiles = (math.nan,) * len(_QUANTILES)
     else:
         quantiles = tuple(hist.quantile(q) for q in _QUANTILES.values())
     return (*quantiles, stddev(moments), hist if hist is not None else Histogram())
+
+
+def _histogram_of(accumulator: Accumulator | None) -> Histogram | None:
+    return None if accumulator is None else accumulator.histogram()

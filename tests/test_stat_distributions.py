@@ -4,11 +4,14 @@ the relay."""
 
 from __future__ import annotations
 
+import gc
 import math
 import multiprocessing
 import pickle
 import random
 import statistics
+import threading
+import tracemalloc
 from datetime import timedelta
 from typing import Any
 
@@ -25,7 +28,7 @@ from monitor_bus import (
     _stat,
     _wire,
 )
-from monitor_bus._stat import ClosedWindow, merge_moments, stddev
+from monitor_bus._stat import ClosedWindow, distribution, merge_moments, stddev
 
 from . import child_workers
 from .conftest import Recorder
@@ -162,7 +165,14 @@ def test_closed_windows_carry_what_a_merge_needs(bus: EventBus, clock: StepClock
     assert merge_moments(b.moments, a.moments)[0] == 8000
     assert a.histogram is not None
     assert b.histogram is not None
-    assert a.histogram.merge(b.histogram) == Histogram.of(first + second)
+    whole = a.histogram.merge(b.histogram)
+    assert whole == Histogram.of(first + second)
+    p50, p90, p95, p99, merged_stddev, hist = distribution(merged, whole)
+    assert (p50, p90, p95, p99, hist) == (
+        *(whole.quantile(q) for q in (0.5, 0.9, 0.95, 0.99)),
+        whole,
+    )
+    assert merged_stddev == stddev(merged)
     bus._window_tap = None
 
 
@@ -237,3 +247,59 @@ def test_the_relay_checks_a_histograms_fields(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(Histogram, "__getstate__", lambda self: forged)
     with pytest.raises(ValueError, match="count must be the total of the counts"):
         _wire.loads(pickle.dumps(h, 5))
+
+
+def test_the_dispatcher_buckets_off_the_callers_thread(
+    bus: EventBus, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the bus running, a window's chunks are bucketed on the dispatcher's thread, not
+    in the caller's add."""
+    bus.register_event_handler(recorder)
+    threads: list[threading.Thread] = []
+    folded = threading.Event()
+    real = _stat._fold_distribution
+
+    def spy(*args: Any) -> Any:
+        threads.append(threading.current_thread())
+        folded.set()
+        return real(*args)
+
+    monkeypatch.setattr(_stat, "_fold_distribution", spy)
+    stat = Stat("x", [Aggregation.P99], LONG, bus=bus)
+    stat.add(1.0)  # a window's first add folds at once
+    assert folded.wait(10)
+    assert threads == [bus._dispatcher.thread]
+    assert stat.count == 1
+
+
+def test_waiting_chunks_are_bounded_when_the_dispatcher_is_not_running(
+    bus: EventBus, clock: StepClock
+) -> None:
+    """With no dispatcher to fold them (no handlers), at most _DIST_BACKLOG chunks wait: the
+    caller folds the rest, and the window still holds every sample."""
+    stat = Stat("x", [Aggregation.P50, Aggregation.HISTOGRAM], LONG, bus=bus)
+    samples = [float(i % 1000 + 1) for i in range((_stat._DIST_BACKLOG + 3) * _stat._CHUNK)]
+    for v in samples:
+        stat.add(v)
+        assert len(stat._dist_chunks) <= _stat._DIST_BACKLOG
+    assert close_window(stat, clock)[Aggregation.HISTOGRAM] == Histogram.of(samples)
+
+
+def test_open_window_memory_is_bounded(bus: EventBus) -> None:
+    """An open window of 100,000 samples of both signs over 80 octaves, with no dispatcher
+    folding for it (the worst case: chunks wait up to the backlog), holds under 2 MiB: the
+    figure docs/concepts.md gives."""
+    stat = Stat("x", [Aggregation.MEAN, *EVERY], LONG, bus=bus)
+    rng = random.Random(1)
+    samples = [(-1) ** i * 2.0 ** rng.uniform(-40, 40) for i in range(100_000)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for v in samples:
+            stat.add(v * 1.0)  # a new float, as a real sample is
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert stat.count == 100_000
+    assert peak < 2 << 20
