@@ -283,7 +283,9 @@ def test_every_name_on_the_api_page_is_defined_there(browser: Any, site: str) ->
         assert {f"monitor_bus.Aggregation.{m}" for m in members} <= ids
         assert {"monitor_bus.EventOrigin.pid", "monitor_bus.EventOrigin.worker"} <= ids
         for field in ("pid", "worker"):
-            text = page.locator(f"[id='monitor_bus.EventOrigin.{field}']").locator("..").inner_text()
+            text = (
+                page.locator(f"[id='monitor_bus.EventOrigin.{field}']").locator("..").inner_text()
+            )
             assert "process" in text or "worker" in text
         text = page.inner_text("article")
         assert "module docs" not in text
