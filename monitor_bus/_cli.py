@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Train a 2-128-128-1 network on two synthetic spirals with numpy, driven by an anyio "
             "loop. Each epoch logs a 'demo.epoch' event (losses, held-out accuracy); step time, "
-            "throughput and training loss are Stats with one-second windows. A background "
+            "throughput and training loss are Stats with quarter-second windows. A background "
             "dispatcher writes everything to LOGDIR/events.jsonl and to TensorBoard event files "
             "in LOGDIR. A progress bar runs on stderr; at the end a summary table and the "
             "command that opens TensorBoard on the run are printed."

@@ -339,7 +339,8 @@ def test_concepts_diagram_is_an_svg(browser: Any, site: str) -> None:
 
 def test_api_examples_are_code(browser: Any, site: str) -> None:
     """Every docstring "Examples:" section of the API page is a highlighted code block (most
-    of ``>>>`` lines), without doctest directives."""
+    of ``>>>`` lines), without doctest directives, whose copy button copies the code without
+    its prompts and output."""
     visit = Visit(browser, site + "api/", height=1000)
     try:
         page = visit.page
@@ -354,6 +355,20 @@ def test_api_examples_are_code(browser: Any, site: str) -> None:
         assert all(text.strip() for text in examples)
         assert sum(text.startswith(">>> ") for text in examples) >= 10
         assert not any("doctest:" in text for text in examples)
+        # The copy button copies what the theme reads while the block is marked as copying:
+        # the example's code, without prompts or output.
+        copied = page.evaluate("""() => [...document.querySelectorAll(".language-pycon code")]
+            .map(code => {
+                code.setAttribute("data-md-copying", "");
+                const text = code.innerText;
+                code.removeAttribute("data-md-copying");
+                return text;
+            })""")
+        assert len(copied) >= 10
+        assert not any(">>>" in text or "\n... " in text for text in copied)
+        assert "import monitor_bus as monitor" in "\n".join(copied)
+        event = next(text for text in copied if "event.name, event.timestamp" in text)
+        assert "'train.epoch'" not in event  # the output line is left out
         first = page.locator(".doc-section-title", has_text="Examples:").first
         first.scroll_into_view_if_needed()
         page.evaluate("window.scrollBy(0, 200)")

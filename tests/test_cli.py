@@ -150,6 +150,16 @@ def test_demo_help_explains_the_options(capsys: pytest.CaptureFixture[str]) -> N
     assert "default: 3000" in out
 
 
+def test_demo_help_gives_the_demos_window(capsys: pytest.CaptureFixture[str]) -> None:
+    """demo --help names the Stat window the demo uses (a quarter second, not one)."""
+    from monitor_bus._demo import WINDOW
+
+    assert main(["demo", "--help"]) == 0
+    words = " ".join(capsys.readouterr().out.split())
+    assert timedelta(seconds=0.25) == WINDOW
+    assert "Stats with quarter-second windows" in words
+
+
 def test_console_script_points_at_main(capsys: pytest.CaptureFixture[str]) -> None:
     """pyproject's monitor-bus script is monitor_bus.__main__:main, which runs the CLI."""
     pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
