@@ -395,11 +395,13 @@ def test_home_page_screenshot(browser: Any, site: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def tensorboard_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+def tensorboard_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
     """A demo run under a log directory, served by a real ``tensorboard`` on loopback."""
     pytest.importorskip("numpy")  # both are in the test extra
     pytest.importorskip("tensorboard")
-    runs = tmp_path_factory.mktemp("runs")
+    # TensorBoard shows its --logdir as given: a relative "runs", not this test's temp path.
+    root = tmp_path_factory.mktemp("tensorboard")
+    runs = root / "runs"
     # As a user runs it (and off this thread, where the browser driver's event loop runs).
     demo = subprocess.run(
         [sys.executable, "-m", "monitor_bus", "demo", "--steps", str(DEMO_STEPS)]
@@ -413,9 +415,10 @@ def tensorboard_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "tensorboard.main"),
-            *("--logdir", str(runs), "--host", "127.0.0.1", "--port", "0"),
+            *("--logdir", "runs", "--host", "127.0.0.1", "--port", "0"),
             "--load_fast=false",
         ],
+        cwd=root,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -431,7 +434,7 @@ def tensorboard_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
         assert url, f"tensorboard did not start (exit {proc.poll()})"
         # Keep the pipe drained; ends when the server exits.
         threading.Thread(target=proc.stderr.read, daemon=True).start()
-        yield url, "20261130-120000/demo"
+        yield url, "20261130-120000/demo", root
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -454,10 +457,10 @@ STAT_TAGS = {
 EPOCH_TAGS = {"epoch/train_loss", "epoch/val_loss", "epoch/val_accuracy"}
 
 
-def test_demo_run_in_tensorboard(browser: Any, tensorboard_demo: tuple[str, str]) -> None:
+def test_demo_run_in_tensorboard(browser: Any, tensorboard_demo: tuple[str, str, Path]) -> None:
     """TensorBoard lists the demo's run by name with Stat tags under stats/ and epoch tags under
     epoch/, every series over the training step (0 to the steps run)."""
-    url, run = tensorboard_demo
+    url, run, root = tensorboard_demo
     deadline = time.monotonic() + 60
     tags: dict[str, Any] = {}
     while time.monotonic() < deadline:  # the server loads the run in the background
@@ -490,5 +493,6 @@ def test_demo_run_in_tensorboard(browser: Any, tensorboard_demo: tuple[str, str]
         page.wait_for_load_state("networkidle")
         shoot(page, "tensorboard-demo")
         assert visit.errors == []
+        assert str(root) not in page.inner_text("body")  # it shows "runs", not the temp path
     finally:
         visit.close()
