@@ -14,7 +14,9 @@ time, so its memory does not grow with the file; ``plot`` keeps 16 bytes per poi
 Both read Stat windows (over time) and ``METRICS_EVENT`` events, the numbers a framework
 (Lightning, Hugging Face) logged, over their ``"step"`` (or their order where they have none;
 ``epoch`` is a counter, not drawn). Where a Stat window has ``<name>.p50`` and ``<name>.p99``,
-``plot`` shades the band between them.
+``plot`` shades the band between them. A Stat's last window cut short by the run's end is
+drawn hollow by ``plot`` and left out of ``summary``'s "last" (each says so); ``summary`` tells
+it from the latest 33 windows' times, so its memory stays bounded.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import statistics
 import sys
 import tempfile
 from array import array
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, TextIO
@@ -401,20 +403,29 @@ def _fmt(value: float) -> str:
 # -- summary --
 
 
+# Windows whose times tell a Stat's usual gap, for summary's partial last window.
+_RECENT_WINDOWS = 33
+
+
 class _Column:
     """One Stat key's windows (or one metric's points), folded as they are read."""
 
-    __slots__ = ("high", "last", "last_step", "low", "windows")
+    __slots__ = ("before", "high", "last", "last_step", "low", "stamps", "windows")
 
     def __init__(self) -> None:
         self.windows = 0
         self.last = math.nan
+        self.before = math.nan  # the value before the last
         self.last_step = math.nan  # metrics only
         self.low = math.inf  # over the values that are not NaN
         self.high = -math.inf
+        # Stats only: the latest windows' times, enough to tell a partial last one (bounded,
+        # so memory does not grow with the run).
+        self.stamps: deque[float] = deque(maxlen=_RECENT_WINDOWS)
 
     def add(self, value: float) -> None:
         self.windows += 1
+        self.before = self.last
         self.last = value
         if value < self.low:
             self.low = value
@@ -460,6 +471,7 @@ def _summarize(events: Iterable[Event]) -> _Summary:
             if column is None:
                 column = stats[key] = _Column()
             column.add(value)
+            column.stamps.append(ts.timestamp())
         if event.name == METRICS_EVENT:
             summary.metrics_events += 1
             step = _step(event, summary.metrics_events)
@@ -516,11 +528,23 @@ def _summary(args: argparse.Namespace) -> int:
         _print_origins(summary.origins)
     if summary.stats:
         rows = []
+        partial: list[str] = []
         for key in sorted(summary.stats):
             stat, _, agg = key.rpartition(".")
             column = summary.stats[key]
-            rows.append((stat, agg, str(column.windows), *_last_low_high(column)))
+            last, low, high = _last_low_high(column)
+            if _partial_last(list(column.stamps)) is not None:
+                # The run ended during it: few values, where one slow step weighs a lot.
+                last = _fmt(column.before)
+                if stat not in partial:
+                    partial.append(stat)
+            rows.append((stat, agg, str(column.windows), last, low, high))
         _print_table(("stat", "aggregate", "windows", "last", "min", "max"), rows, 2)
+        if partial:
+            print(
+                f"last: the last whole window; that of {', '.join(partial)} was partial (the "
+                "run ended during it): counted in windows, min and max"
+            )
     elif not summary.metrics:
         print("no Stat events")
     if summary.metrics:

@@ -761,6 +761,27 @@ def test_plot_marks_a_partial_last_window(
     )
 
 
+def test_summary_leaves_a_partial_last_window_out_of_last_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Stat whose last window was cut short by the run's end shows its last whole window as
+    "last" (the partial one still counts in windows, min and max), and a line says so."""
+    events = [
+        Event(STAT_EVENT, T0 + timedelta(seconds=s), {"lat.max": v})
+        for s, v in ((1.0, 5.0), (2.0, 6.0), (3.0, 4.0), (3.2, 40.0))
+    ]
+    events += [Event(STAT_EVENT, T0 + timedelta(seconds=s), {"loss.value": 1.0}) for s in (1, 2, 3)]
+    run = write_run(tmp_path / "run.jsonl", events)
+    assert main(["summary", str(run)]) == 0
+    assert capsys.readouterr().out.endswith(
+        "stat  aggregate  windows  last  min  max\n"
+        "lat   max              4     4    4   40\n"
+        "loss  value            3     1    1    1\n"
+        "last: the last whole window; that of lat was partial (the run ended during it): "
+        "counted in windows, min and max\n"
+    )
+
+
 def test_a_partial_last_window_is_drawn_hollow_and_labelled() -> None:
     """The partial window's point is hollow on a dashed segment with a 'partial' label; a whole series is one line."""
     from matplotlib.figure import Figure
