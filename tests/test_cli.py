@@ -54,6 +54,12 @@ def stat_run(path: Path) -> Path:
     return write_run(path, events)
 
 
+def summary_of(run: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """What ``monitor-bus summary RUN`` printed on stdout (it exits 0)."""
+    assert main(["summary", str(run)]) == 0
+    return capsys.readouterr().out
+
+
 def one_error_line(err: str) -> str:
     """The single line a failing command printed on stderr."""
     lines = err.splitlines()
@@ -771,9 +777,8 @@ def test_summary_leaves_a_partial_last_window_out_of_last_and_says_so(
         for s, v in ((1.0, 5.0), (2.0, 6.0), (3.0, 4.0), (3.2, 40.0))
     ]
     events += [Event(STAT_EVENT, T0 + timedelta(seconds=s), {"loss.value": 1.0}) for s in (1, 2, 3)]
-    run = write_run(tmp_path / "run.jsonl", events)
-    assert main(["summary", str(run)]) == 0
-    assert capsys.readouterr().out.endswith(
+    out = summary_of(write_run(tmp_path / "run.jsonl", events), capsys)
+    assert out.endswith(
         "stat  aggregate  windows  last  min  max\n"
         "lat   max              4     4    4   40\n"
         "loss  value            3     1    1    1\n"
@@ -828,9 +833,8 @@ def test_summary_shows_a_stats_p50_and_p99(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A Stat window's p50 and p99 are rows of the Stat table, beside its mean."""
-    run = percentile_run(tmp_path / "run.jsonl")
-    assert main(["summary", str(run)]) == 0
-    assert capsys.readouterr().out.endswith(
+    out = summary_of(percentile_run(tmp_path / "run.jsonl"), capsys)
+    assert out.endswith(
         "stat  aggregate  windows  last  min  max\n"
         "lat   mean             3   1.5  1.5  2.5\n"
         "lat   p50              3     1    1    2\n"
