@@ -130,7 +130,11 @@ def load_junit() -> list[dict[str, Any]]:
 
 
 def _cell(text: object) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ") or "-"
+    return _line(text).replace("|", "\\|")
+
+
+def _line(text: object) -> str:
+    return str(text).replace("\n", " ") or "-"
 
 
 def _fmt(value: object) -> str:
@@ -161,7 +165,7 @@ def render(meta: dict[str, Any]) -> str:
     w(
         "What the reliability suite (`tests/reliability/`) puts monitor_bus through, and what came "
         "out. Every figure below was measured by the tests of one run on the machine described "
-        "here; every row is a test that asserts exact outcomes (counts that must match, bounds "
+        "here; every scenario is a test that asserts exact outcomes (counts that must match, bounds "
         "that must hold). Regenerate this page with:"
     )
     w("")
@@ -206,16 +210,27 @@ def render(meta: dict[str, Any]) -> str:
         w("")
     w("## Scenarios")
     w("")
-    w("| Group | Scenario | Load | Faults | Bad inputs | Measured outcome | Result | s |")
-    w("|---|---|---|---|---|---|---|---|")
+    # A list per group, not one wide table: eight columns of sentences made rows 20 lines tall
+    # and wider than the page's column even at 1280 px.
+    group = None
     for r in results:
+        if r["group"] != group:
+            if group is not None:
+                w("")
+            group = r["group"]
+            w(f"### {_line(group)}")
+            w("")
         result = "pass" if r["passed"] else "**FAIL**"
-        stress = " (stress)" if r["stress"] else ""
+        stress = ", stress" if r["stress"] else ""
         w(
-            f"| {_cell(r['group'])} | `{_cell(r['scenario'])}`{stress} | {_cell(r['load'])} | "
-            f"{_cell(r['faults'])} | {_cell(r['bad_inputs'])} | {_cell(outcome(r['outcome']))} | "
-            f"{result} | {seconds.get(r['scenario'], r['seconds']):.1f} |"
+            f"- `{_line(r['scenario'])}`: {result}, "
+            f"{seconds.get(r['scenario'], r['seconds']):.1f} s{stress}"
         )
+        w(f"    - Load: {_line(r['load'])}")
+        w(f"    - Faults: {_line(r['faults'])}")
+        if _line(r["bad_inputs"]) != "-":
+            w(f"    - Bad inputs: {_line(r['bad_inputs'])}")
+        w(f"    - Measured: {_line(outcome(r['outcome']))}")
     w("")
     w("## Every test of the run")
     w("")

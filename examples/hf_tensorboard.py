@@ -59,7 +59,7 @@ def main() -> int:
                 save_strategy="no",
                 use_cpu=True,
                 disable_tqdm=True,
-            ),  # fmt: skip
+            ),
             train_dataset=Data(),
             callbacks=[MonitorBusCallback()],
         )

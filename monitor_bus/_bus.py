@@ -68,8 +68,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("monitor_bus")
 
 Overflow = Literal["drop_newest", "drop_oldest", "block"]
+"""What a full queue does with the next event: ``EventBus(overflow=...)``."""
 _OVERFLOWS = ("drop_newest", "drop_oldest", "block")
 Children = Literal["forward", "own"]
+"""Where a child process's events go: ``EventBus(children=...)``."""
 _CHILDREN = ("forward", "own")
 # Reports events child processes sent to a bus after it closed (per bus).
 _LATE = Throttle()

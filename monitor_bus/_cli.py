@@ -9,7 +9,14 @@ What a read skips is reported on stderr and does not fail the command: torn line
 JSON that are not events and values this Python cannot read (the first five as they came, each
 with its file, line and why, then a total), and Stat values that are not numbers or are beyond
 a float (a count per key). A file with no event at all is an error. ``summary`` reads the run one event at a
-time, so its memory does not grow with the file; ``plot`` keeps 16 bytes per window drawn.
+time, so its memory does not grow with the file; ``plot`` keeps 16 bytes per point drawn.
+
+Both read Stat windows (over time) and ``METRICS_EVENT`` events, the numbers a framework
+(Lightning, Hugging Face) logged, over their ``"step"`` (or their order where they have none;
+``epoch`` is a counter, not drawn). Where a Stat window has ``<name>.p50`` and ``<name>.p99``,
+``plot`` shades the band between them. A Stat's last window cut short by the run's end is
+drawn hollow by ``plot`` and left out of ``summary``'s "last" (each says so); ``summary`` tells
+it from the latest 33 windows' times, so its memory stays bounded.
 """
 
 from __future__ import annotations
@@ -23,19 +30,20 @@ import statistics
 import sys
 import tempfile
 from array import array
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, TextIO
 
 from . import __version__
 from ._event import Event, EventOrigin
-from ._run import RUN_END_EVENT, RUN_START_EVENT
+from ._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
 from ._stat import STAT_EVENT
 from .integrations._merge import STRAGGLER_EVENT
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 PROG = "monitor-bus"
 
@@ -58,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Train a 2-128-128-1 network on two synthetic spirals with numpy, driven by an anyio "
             "loop. Each epoch logs a 'demo.epoch' event (losses, held-out accuracy); step time, "
-            "throughput and training loss are Stats with one-second windows. A background "
+            "throughput and training loss are Stats with quarter-second windows. A background "
             "dispatcher writes everything to LOGDIR/events.jsonl and to TensorBoard event files "
             "in LOGDIR. A progress bar runs on stderr; at the end a summary table and the "
             "command that opens TensorBoard on the run are printed."
@@ -93,9 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     summary = commands.add_parser(
         "summary",
-        help="print a run's events per name and a table of its Stats",
-        description="Print the events per name of a JSONL run file and, per Stat aggregate, "
-        "the number of windows and the last, smallest and largest value.",
+        help="print a run's events per name and a table of its Stats and metrics",
+        description="Print the events per name of a JSONL run file; per Stat aggregate, "
+        "the number of windows and the last, smallest and largest value; per metric of its "
+        "metrics events (Lightning, Hugging Face), the points, the last step and the last, "
+        "smallest and largest value.",
     )
     summary.add_argument("run", metavar="RUN.jsonl", help="a file written by JsonlEventHandler")
     summary.add_argument(
@@ -107,10 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     plot = commands.add_parser(
         "plot",
-        help="draw each Stat of a run over time (needs matplotlib)",
+        help="draw each Stat of a run over time, each metric over its step (needs matplotlib)",
         description="Draw each Stat of a JSONL run file over time, one panel per Stat (counts "
-        "and sums get panels of their own), into an image file. Needs matplotlib: "
-        "pip install 'monitor_bus[plot]'.",
+        "and sums get panels of their own; a p50-p99 band where the windows have both), and "
+        "each metric of its metrics events (Lightning, Hugging Face) over its step, into an "
+        "image file. Needs matplotlib: pip install 'monitor_bus[plot]'.",
     )
     plot.add_argument("run", metavar="RUN.jsonl", help="a file written by JsonlEventHandler")
     plot.add_argument(
@@ -123,8 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--stat",
         action="append",
         metavar="PATTERN",
-        help="draw only the Stats whose name matches this glob pattern (step_time_ms, 'loss*'); "
-        "repeat for more",
+        help="draw only the Stats and metrics whose name matches this glob pattern "
+        "(step_time_ms, 'loss*'); repeat for more",
     )
     plot.add_argument(
         "--max-panels",
@@ -357,6 +368,35 @@ def _stat_values(event: Event, skips: _StatSkips) -> Iterator[tuple[str, float]]
             skips.too_large[key] += 1
 
 
+def _metric_values(event: Event, skips: _StatSkips) -> Iterator[tuple[str, float]]:
+    """Each (name, value) of a metrics event as a float, ``step`` and ``epoch`` left out; other
+    events give none. Strings (a framework's notes) are not metrics and are not counted."""
+    if event.name != METRICS_EVENT:
+        return
+    for key, value in event.data.items():
+        if key in _COUNTERS or isinstance(value, (bool, str)):
+            continue
+        if not isinstance(value, (int, float)):
+            skips.not_numbers[key] += 1
+            continue
+        try:
+            yield key, float(value)
+        except OverflowError:
+            skips.too_large[key] += 1
+
+
+# A metrics event's counters: the x axis (step), and the epoch a framework adds to each.
+_COUNTERS = ("step", "epoch")
+
+
+def _step(event: Event, order: int) -> float:
+    """A metrics event's x: its int ``"step"``, else its place among the metrics events."""
+    step = event.data.get("step")
+    if isinstance(step, int) and not isinstance(step, bool):
+        return float(step)
+    return float(order)
+
+
 def _fmt(value: float) -> str:
     return f"{value:.6g}"
 
@@ -364,19 +404,29 @@ def _fmt(value: float) -> str:
 # -- summary --
 
 
-class _Column:
-    """One Stat key's windows, folded as they are read."""
+# Windows whose times tell a Stat's usual gap, for summary's partial last window.
+_RECENT_WINDOWS = 33
 
-    __slots__ = ("high", "last", "low", "windows")
+
+class _Column:
+    """One Stat key's windows (or one metric's points), folded as they are read."""
+
+    __slots__ = ("before", "high", "last", "last_step", "low", "stamps", "windows")
 
     def __init__(self) -> None:
         self.windows = 0
         self.last = math.nan
+        self.before = math.nan  # the value before the last
+        self.last_step = math.nan  # metrics only
         self.low = math.inf  # over the values that are not NaN
         self.high = -math.inf
+        # Stats only: the latest windows' times, enough to tell a partial last one (bounded,
+        # so memory does not grow with the run).
+        self.stamps: deque[float] = deque(maxlen=_RECENT_WINDOWS)
 
     def add(self, value: float) -> None:
         self.windows += 1
+        self.before = self.last
         self.last = value
         if value < self.low:
             self.low = value
@@ -393,6 +443,8 @@ class _Summary:
         self.first: datetime | None = None
         self.last: datetime | None = None
         self.stats: dict[str, _Column] = {}
+        self.metrics: dict[str, _Column] = {}
+        self.metrics_events = 0
         self.skipped = _StatSkips()
         self.origins: Counter[tuple[EventOrigin | None, str]] = Counter()
         # run id -> name, status, duration, exception (start and end events; see Run)
@@ -424,6 +476,16 @@ def _summarize(events: Iterable[Event]) -> _Summary:
             if column is None:
                 column = stats[key] = _Column()
             column.add(value)
+            column.stamps.append(ts.timestamp())
+        if event.name == METRICS_EVENT:
+            summary.metrics_events += 1
+            step = _step(event, summary.metrics_events)
+            for key, value in _metric_values(event, summary.skipped):
+                column = summary.metrics.get(key)
+                if column is None:
+                    column = summary.metrics[key] = _Column()
+                column.add(value)
+                column.last_step = step
     return summary
 
 
@@ -487,25 +549,56 @@ def _summary(args: argparse.Namespace) -> int:
         print()
     if args.by_origin:
         _print_origins(summary.origins)
-    if not summary.stats:
+    if summary.stats:
+        rows = []
+        partial: list[str] = []
+        for key in sorted(summary.stats):
+            stat, _, agg = key.rpartition(".")
+            column = summary.stats[key]
+            last, low, high = _last_low_high(column)
+            if _partial_last(list(column.stamps)) is not None:
+                # The run ended during it: few values, where one slow step weighs a lot.
+                last = _fmt(column.before)
+                if stat not in partial:
+                    partial.append(stat)
+            rows.append((stat, agg, str(column.windows), last, low, high))
+        _print_table(("stat", "aggregate", "windows", "last", "min", "max"), rows, 2)
+        if partial:
+            print(
+                f"last: the last whole window; that of {', '.join(partial)} was partial (the "
+                "run ended during it): counted in windows, min and max"
+            )
+    elif not summary.metrics:
         print("no Stat events")
-        return 0
-    header = ("stat", "aggregate", "windows", "last", "min", "max")
-    rows = []
-    for key in sorted(summary.stats):
-        stat, _, agg = key.rpartition(".")
-        column = summary.stats[key]
-        low = _fmt(column.low) if column.low <= column.high else "nan"
-        high = _fmt(column.high) if column.low <= column.high else "nan"
-        rows.append((stat, agg, str(column.windows), _fmt(column.last), low, high))
+    if summary.metrics:
+        if summary.stats:
+            print()
+        rows = []
+        for key in sorted(summary.metrics):
+            column = summary.metrics[key]
+            last, low, high = _last_low_high(column)
+            rows.append((key, str(column.windows), f"{column.last_step:.0f}", last, low, high))
+        _print_table(("metric", "points", "last step", "last", "min", "max"), rows, 1)
+    return 0
+
+
+def _last_low_high(column: _Column) -> tuple[str, str, str]:
+    """A column's last, smallest and largest value as printed ("nan" where all were NaN)."""
+    seen = column.low <= column.high
+    low = _fmt(column.low) if seen else "nan"
+    high = _fmt(column.high) if seen else "nan"
+    return _fmt(column.last), low, high
+
+
+def _print_table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], left: int) -> None:
+    """Columns padded to their widest cell: the first ``left`` to the left, numbers right."""
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         cells = [
-            cell.ljust(w) if i < 2 else cell.rjust(w)
+            cell.ljust(w) if i < left else cell.rjust(w)
             for i, (cell, w) in enumerate(zip(row, widths, strict=True))
         ]
         print("  ".join(cells).rstrip())
-    return 0
 
 
 def _print_origins(origins: Counter[tuple[EventOrigin | None, str]]) -> None:
@@ -534,7 +627,8 @@ def _print_origins(origins: Counter[tuple[EventOrigin | None, str]]) -> None:
 
 # -- plot --
 
-_SHARED_AXES = {"value", "mean", "min", "max"}
+# Aggregates in the units of the values: drawn together in their Stat's panel.
+_SHARED_AXES = {"value", "mean", "min", "max", "p50", "p90", "p95", "p99", "stddev"}
 
 
 def _log_label(value: float, _pos: object) -> str:
@@ -597,9 +691,92 @@ def _draw_series(ax: Axes, xs: list[float], ys: Sequence[float], label: str, par
         (xs[-1], ys[-1]),
         textcoords="offset points",
         xytext=(4, 4),
-        fontsize="x-small",
+        fontsize="small",
         color=color,
     )
+
+
+def _figure(
+    series: dict[str, tuple[array[float], array[float]]],
+    panels: dict[str, list[str]],
+    metrics: dict[str, tuple[array[float], array[float]]],
+    metric_panels: list[str],
+) -> tuple[Figure, list[str]]:
+    """The figure: a panel per Stat (``panels``: title -> keys of ``series``), over seconds
+    since the first window drawn, then a panel per metric, over its step. Returns it with the
+    Stats whose last window is partial."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    n = len(panels) + len(metric_panels)
+    figure = Figure(figsize=(8, 2.2 * n + 0.6), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = list(figure.subplots(n, 1, squeeze=False)[:, 0])
+    stat_axes, metric_axes = axes[: len(panels)], axes[len(panels) :]
+    partial: list[str] = []
+    drawn = [key for keys in panels.values() for key in keys]
+    start = min((series[key][0][0] for key in drawn), default=0.0)  # in time order per key
+    for ax, (title, keys) in zip(stat_axes, panels.items(), strict=True):
+        if ax is not stat_axes[0]:
+            ax.sharex(stat_axes[0])
+        band = _band(series, keys)
+        values: list[float] = []
+        for key in keys:
+            stamps, ys = series[key]
+            xs = [ts - start for ts in stamps]
+            stat, _, agg = key.rpartition(".")
+            if band is not None and key in band:
+                if agg == "p50":
+                    ax.fill_between(
+                        xs, ys, series[band[1]][1], alpha=0.25, linewidth=0, label="p50-p99"
+                    )
+                values.extend(ys)
+                continue
+            cut = _partial_last(stamps) is not None
+            if cut and stat not in partial:
+                partial.append(stat)
+            _draw_series(ax, xs, ys, agg, cut)
+            values.extend(ys)
+        _finish_panel(ax, title, values)
+    for ax, name in zip(metric_axes, metric_panels, strict=True):
+        if ax is not metric_axes[0]:
+            ax.sharex(metric_axes[0])
+        steps, ys = metrics[name]
+        ax.plot(list(steps), list(ys), marker="o", markersize=3, label=name)
+        _finish_panel(ax, f"{name} (metrics)", list(ys))
+    if stat_axes:
+        stat_axes[-1].set_xlabel("seconds since the first window")
+    if metric_axes:
+        metric_axes[-1].set_xlabel("step")
+    return figure, partial
+
+
+def _band(
+    series: dict[str, tuple[array[float], array[float]]], keys: list[str]
+) -> tuple[str, str] | None:
+    """The panel's (p50 key, p99 key), when both are there for the same windows."""
+    low = next((k for k in keys if k.endswith(".p50")), None)
+    if low is None:
+        return None
+    high = low.removesuffix(".p50") + ".p99"
+    if high not in keys or series[low][0] != series[high][0]:
+        return None
+    return low, high
+
+
+def _finish_panel(ax: Axes, title: str, values: Sequence[float]) -> None:
+    """Title, grid and legend; a log scale where the values span more than 20 times."""
+    from matplotlib.ticker import FuncFormatter
+
+    labels = FuncFormatter(_log_label)
+    finite = [v for v in values if math.isfinite(v)]
+    if finite and min(finite) > 0 and max(finite) > 20 * min(finite):
+        ax.set_yscale("log")  # spikes or a falling loss would flatten the rest
+        ax.yaxis.set_major_formatter(labels)
+        ax.yaxis.set_minor_formatter(labels)
+    ax.set_title(title, loc="left", fontsize="medium")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
 
 
 def _plot(args: argparse.Namespace) -> int:
@@ -612,79 +789,77 @@ def _plot(args: argparse.Namespace) -> int:
     if not os.path.isdir(directory):
         raise CliError(f"output directory does not exist: {directory}")
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-        from matplotlib.ticker import FuncFormatter
+        import matplotlib  # noqa: F401 - drawn by _figure
     except ImportError:
         raise CliError("plot needs matplotlib: pip install 'monitor_bus[plot]'") from None
 
-    # Points are kept as packed doubles (seconds since the epoch, value): 16 bytes a window.
+    # Points are kept as packed doubles (x, value), 16 bytes a point: Stat windows at their
+    # time (seconds since the epoch), metrics at their step.
     series: dict[str, tuple[array[float], array[float]]] = {}
+    metrics: dict[str, tuple[array[float], array[float]]] = {}
     unchosen: set[str] = set()
     skips = _Skips(run_path)
     stat_skips = _StatSkips()
+
+    def chosen(name: str) -> bool:
+        if patterns and not any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            unchosen.add(name)
+            return False
+        return True
+
+    order = 0
     for event in _events(run_path, skips):
         ts = event.timestamp.timestamp()
         for key, value in _stat_values(event, stat_skips):
             points = series.get(key)
             if points is None:
-                stat = key.rpartition(".")[0]
-                if patterns and not any(fnmatch.fnmatchcase(stat, p) for p in patterns):
-                    unchosen.add(stat)
+                if not chosen(key.rpartition(".")[0]):
                     continue
                 points = series[key] = (array("d"), array("d"))
             points[0].append(ts)
             points[1].append(value)
+        if event.name == METRICS_EVENT:
+            order += 1
+            step = _step(event, order)
+            for key, value in _metric_values(event, stat_skips):
+                points = metrics.get(key)
+                if points is None:
+                    if not chosen(key):
+                        continue
+                    points = metrics[key] = (array("d"), array("d"))
+                points[0].append(step)
+                points[1].append(value)
     skips.report()
     stat_skips.report()
-    if not series:
+    if not series and not metrics:
         if unchosen:
-            chosen = " ".join(f"--stat {p}" for p in patterns)
+            chosen_args = " ".join(f"--stat {p}" for p in patterns)
             raise CliError(
-                f"no Stat in {run_path} matches {chosen}; its Stats: {', '.join(sorted(unchosen))}"
+                f"no Stat or metric in {run_path} matches {chosen_args}; "
+                f"its Stats and metrics: {', '.join(sorted(unchosen))}"
             )
-        raise CliError(f"no Stat events in {run_path}: nothing to plot")
+        raise CliError(f"no Stat or metrics events in {run_path}: nothing to plot")
 
     # One panel per Stat; counts and sums have other units, so they get panels of their own.
+    # Then one panel per metric, over its step.
     panels: dict[str, list[str]] = {}
     for key in sorted(series):
         panels.setdefault(_panel(key), []).append(key)
-    if len(panels) > args.max_panels:
+    metric_panels = sorted(metrics)
+    total = len(panels) + len(metric_panels)
+    if total > args.max_panels:
         print(
-            f"{PROG}: note: drew the first {args.max_panels} of {len(panels)} panels, by name; "
+            f"{PROG}: note: drew the first {args.max_panels} of {total} panels, by name; "
             "choose with --stat PATTERN or --max-panels N",
             file=sys.stderr,
         )
         panels = dict(list(panels.items())[: args.max_panels])
+        metric_panels = metric_panels[: args.max_panels - len(panels)]
     drawn = [key for keys in panels.values() for key in keys]
-    start = min(series[key][0][0] for key in drawn)  # windows come in time order per key
-
-    figure = Figure(figsize=(8, 2.2 * len(panels) + 0.6), layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
-    partial: list[str] = []
-    for ax, (title, keys) in zip(axes, panels.items(), strict=True):
-        low, high = math.inf, -math.inf
-        for key in keys:
-            stamps, ys = series[key]
-            xs = [ts - start for ts in stamps]
-            cut = _partial_last(stamps) is not None
-            if cut and key.rpartition(".")[0] not in partial:
-                partial.append(key.rpartition(".")[0])
-            _draw_series(ax, xs, ys, key.rpartition(".")[2], cut)
-            finite = [v for v in ys if math.isfinite(v)]
-            if finite:
-                low, high = min(low, min(finite)), max(high, max(finite))
-        if low > 0 and high > 20 * low:
-            ax.set_yscale("log")  # spikes or a falling loss would flatten the rest
-            ax.yaxis.set_major_formatter(FuncFormatter(_log_label))
-            ax.yaxis.set_minor_formatter(FuncFormatter(_log_label))
-        ax.set_title(title, loc="left", fontsize="medium")
-        ax.grid(True, alpha=0.3)
-        ax.legend(loc="best", fontsize="small")
-    axes[-1].set_xlabel("seconds since the first window")
+    figure, partial = _figure(series, panels, metrics, metric_panels)
     parent = os.path.basename(os.path.dirname(os.path.abspath(run_path)))
     figure.suptitle(os.path.join(parent, os.path.basename(run_path)))
+    n_panels = len(panels) + len(metric_panels)
 
     suffix = os.path.splitext(output)[1] or ".png"
     # Written beside the output and renamed over it, so a failed save leaves the old file be.
@@ -699,7 +874,7 @@ def _plot(args: argparse.Namespace) -> int:
     except BaseException:
         os.unlink(tmp)
         raise
-    print(f"wrote {output} ({len(panels)} panels, {len(drawn)} series)")
+    print(f"wrote {output} ({n_panels} panels, {len(drawn) + len(metric_panels)} series)")
     if partial:
         print(
             f"{PROG}: note: the last window of {', '.join(partial)} is partial (the run ended "

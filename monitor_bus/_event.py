@@ -47,9 +47,10 @@ class Event:
 
     Examples:
         >>> from datetime import datetime, timezone
-        >>> Event("train.epoch", datetime(2026, 1, 1, tzinfo=timezone.utc), {"loss": 0.5})
-        Event(name='train.epoch', timestamp=datetime.datetime(2026, 1, 1, 0, 0, tzinfo=datetime.timezone.utc), data={'loss': 0.5})
-    """  # noqa: E501
+        >>> event = Event("train.epoch", datetime(2026, 1, 1, tzinfo=timezone.utc), {"loss": 0.5})
+        >>> event.name, event.timestamp.isoformat(), event.data
+        ('train.epoch', '2026-01-01T00:00:00+00:00', {'loss': 0.5})
+    """
 
     __slots__ = ("_origin", "data", "name", "timestamp")
 

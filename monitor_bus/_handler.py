@@ -61,7 +61,7 @@ dispatcher collected since the last batch. The events, and the list, are the han
 a plain handler's are. An exception from
 ``handle_batch`` counts as one error, an ``ExceptionGroup`` as one per exception it holds;
 the batch's events count as delivered. A sink that fails on some events goes on with the
-others and raises their failures together at the end (``call_each`` does that).
+others and raises their failures together at the end, as an ``ExceptionGroup``.
 """
 
 

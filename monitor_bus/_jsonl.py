@@ -103,7 +103,9 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class JsonlEventHandler:
-    """Append every event to a JSON-lines file, one line per event (format: module docs).
+    """Append every event to a JSON-lines file, one line per event.
+
+    The format: [JSON lines](sinks.md#json-lines).
 
     Events are encoded in ``__call__`` and written out together in ``flush()``, which the bus
     calls after each delivered batch: once ``bus.flush()``, ``unregister_event_handler`` or
@@ -473,13 +475,14 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[Event]:
     a ``UserWarning`` naming the file and line. Blank lines are ignored, and so is a UTF-8
     byte order mark at the start of the file. An int too long for this Python to read (over
     ``sys.get_int_max_str_digits()`` digits) is skipped with a warning naming its key; the
-    rest of its event is kept. ``iter_jsonl`` reads the same events one at a time.
+    rest of its event is kept.
 
     Args:
         path: the JSON-lines file.
 
     Returns:
-        The events, with aware timestamps and the values as logged (see the module docs).
+        The events, with aware timestamps and the values as logged (see
+        [JSON lines](sinks.md#json-lines)).
 
     Raises:
         TypeError: ``path`` is not a str or path.

@@ -69,7 +69,8 @@ if TYPE_CHECKING:
     from ._bus import EventBus
 
 RUN_START_EVENT = "monitor_bus.run.start"
-"""The name of the event that opens a run (data keys: module ``monitor_bus._run``)."""
+"""The name of the event that opens a run (its data keys:
+[Run start and end](integrations.md#run-start-and-end))."""
 RUN_END_EVENT = "monitor_bus.run.end"
 """The name of the event that closes a run, with its ``status``."""
 METRICS_EVENT = "monitor_bus.metrics"
@@ -164,7 +165,8 @@ class Run:
     (later calls do nothing and return False). As a context manager, the run starts on
     entry and ends on exit: ``success``, ``failed`` if an exception leaves the block,
     ``interrupted`` for a ``KeyboardInterrupt``; the exception propagates. A started run not
-    yet ended is ended at interpreter exit (see the module docs): a crash is never recorded as
+    yet ended is ended at interpreter exit (see
+    [Run start and end](integrations.md#run-start-and-end)): a crash is never recorded as
     a success. Methods are thread-safe.
 
     Args:
@@ -175,7 +177,7 @@ class Run:
         versions: extra ``package: version`` pairs for the start event.
         bus: the bus to log to; the default bus if omitted.
         handle_sigterm: whether ``start()`` may install the SIGTERM handler that ends the run
-            and delivers the queued events (see the module docs: only in the main thread of
+            and delivers the queued events (see [SIGTERM](integrations.md#sigterm): only in the main thread of
             the main process, and only where SIGTERM has no handler yet).
 
     Raises:

@@ -49,6 +49,7 @@ EventFilter = Union[None, str, Callable[[Event], bool]]  # noqa: UP007 - a runti
 """Which events a subscription gets: None (all), an event name, or a predicate on the ``Event``."""
 
 DEFAULT_BUFFER = 1024
+"""Events a subscription holds unread by default; past that the newest are dropped, counted."""
 
 
 def _check_filter(name: object) -> Callable[[Event], bool] | None:

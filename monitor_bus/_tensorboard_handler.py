@@ -147,7 +147,7 @@ class TensorboardEventHandler:
 
     def handle_batch(self, events: list[Event]) -> None:
         """Write the Stat windows and run events among ``events``; a write that fails costs
-        no other event (see ``call_each``)."""
+        no other event: the failures are raised together at the end, as an ``ExceptionGroup``."""
         wanted = [e for e in events if e.name in _WANTED]
         if wanted:
             call_each(wanted, self)

@@ -320,9 +320,9 @@ class SummaryWriter:
         """Write a run-lifecycle or metrics event the way TensorBoard shows it; False (and
         nothing written) for any other event.
 
-        - ``RUN_START_EVENT``: an HPARAMS session start holding the ``config.*`` and
-          ``hparams.*`` values, and the whole start data as a Markdown table (text
-          ``run/start``). TensorBoard builds the experiment from the sessions, with every
+        - ``RUN_START_EVENT``: an HPARAMS session start holding the ``hparams.*`` values (the
+          ``config.*`` ones where there are none), and the whole start data as a Markdown
+          table (text ``run/start``; floats to six significant digits). TensorBoard builds the experiment from the sessions, with every
           scalar tag of the run as a metric.
         - ``RUN_END_EVENT``: the session's end (``success`` -> ``STATUS_SUCCESS``, ``failed``
           and ``interrupted`` -> ``STATUS_FAILURE``, the tab having no "interrupted") and the
@@ -340,7 +340,11 @@ class SummaryWriter:
         walltime = event.timestamp.timestamp()
         data = event.data
         if event.name == RUN_START_EVENT:
-            hparams = {k: v for k, v in data.items() if k.startswith(("config.", "hparams."))}
+            # The hyperparameters alone (the config where there are none): TensorBoard lists
+            # them by name and checks the first few, so config.* would crowd out hparams.*.
+            hparams = {k: v for k, v in data.items() if k.startswith("hparams.")}
+            if not hparams:
+                hparams = {k: v for k, v in data.items() if k.startswith("config.")}
             self._add(_plain_event(session_start(hparams, walltime), walltime))
             self.add_text("run/start", _table(data), 0, walltime)
         elif event.name == RUN_END_EVENT:
@@ -571,5 +575,11 @@ def _plain_event(value: Any, walltime: float) -> Any:
 
 
 def _table(data: Mapping[str, Any]) -> str:
-    rows = "\n".join(f"| {key} | {value} |" for key, value in data.items())
+    rows = "\n".join(f"| {key} | {_cell(value)} |" for key, value in data.items())
     return f"| key | value |\n| --- | --- |\n{rows}"
+
+
+def _cell(value: Any) -> str:
+    """A table cell: a float to six significant digits (a duration of 8.23900027000002 s
+    reads 8.239), anything else as it is."""
+    return f"{value:.6g}" if value.__class__ is float else str(value)

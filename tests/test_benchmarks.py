@@ -102,8 +102,11 @@ def test_reliability_report_renders_the_runs_figures(
     assert "| Command | `python -m pytest tests/reliability -k q` |" in page
     assert "| Tests | 2: 1 passed, 1 failed, 0 skipped |" in page
     assert (
-        "| x | `test_a` (stress) | 7,919 events | a handler raising | - | "
-        "delivered: 7,919; late p99 ms: 3.25 | pass | 4.3 |"
+        "### x\n\n"
+        "- `test_a`: pass, 4.3 s, stress\n"
+        "    - Load: 7,919 events\n"
+        "    - Faults: a handler raising\n"
+        "    - Measured: delivered: 7,919; late p99 ms: 3.25\n"
     ) in page
     assert "| test_reliability_x | `test_b` | FAILED | 0.50 |" in page
 

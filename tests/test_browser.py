@@ -10,6 +10,7 @@ does this for docs/img).
 
 from __future__ import annotations
 
+import ast
 import functools
 import http.server
 import json
@@ -87,13 +88,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 class Visit:
-    """A page opened at 1280 px with what went wrong recorded: console errors, uncaught
+    """A page opened at 1280 px (or ``width``) with what went wrong recorded: console errors, uncaught
     exceptions, and requests that tried to leave the machine (refused)."""
 
-    def __init__(self, browser: Any, url: str, height: int = 900) -> None:
+    def __init__(self, browser: Any, url: str, height: int = 900, width: int = WIDTH) -> None:
         self.errors: list[str] = []
         self.external: list[str] = []
-        self.page = browser.new_page(viewport={"width": WIDTH, "height": height})
+        self.page = browser.new_page(viewport={"width": width, "height": height})
         self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
         self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
         local = urllib.parse.urlsplit(url).netloc
@@ -131,10 +132,39 @@ PAGES = [
 
 _OVERFLOW = """() => {
     const page = document.documentElement.scrollWidth - document.documentElement.clientWidth;
+    // A one-line output listing (a JSON record as written) scrolls rather than re-flow.
+    const record = e => e.closest(".language-text") && !e.textContent.trim().includes("\\n");
     const code = [...document.querySelectorAll("pre > code")]
-        .filter(e => e.scrollWidth > e.clientWidth + 1)
+        .filter(e => e.scrollWidth > e.clientWidth + 1 && !record(e))
         .map(e => e.textContent.split("\\n")[0].slice(0, 60));
     return {page, code};
+}"""
+
+# Code blocks whose rendered lines differ from their source lines: a wrapped line (split
+# mid-identifier, or a continuation at column 0 that reads as a dedent) shows as extra lines.
+_REFLOWED = """() => [...document.querySelectorAll("article pre > code")].map(code => {
+    const style = getComputedStyle(code);
+    const height = code.clientHeight - parseFloat(style.paddingTop)
+        - parseFloat(style.paddingBottom) - (code.offsetHeight - code.clientHeight);
+    const lines = code.textContent.replace(/\\n$/, "").split("\\n").length;
+    return {lines, rendered: height / parseFloat(style.lineHeight),
+            first: code.textContent.split("\\n")[0].slice(0, 60)};
+}).filter(b => Math.abs(b.rendered - b.lines) > 0.5)"""
+
+# Tables wider than the text column (not just scrolling in their own box), and the tallest
+# row of each, in lines of its text.
+_TABLES = """() => {
+    const column = document.querySelector("article").getBoundingClientRect();
+    return [...document.querySelectorAll("article table")].map(t => {
+        const box = t.getBoundingClientRect();
+        const line = parseFloat(getComputedStyle(t.querySelector("td, th")).lineHeight);
+        return {
+            head: t.querySelector("th").textContent.trim().slice(0, 30),
+            beyond: Math.max(0, Math.round(box.right - column.right), t.scrollWidth - t.clientWidth),
+            tallest: Math.max(...[...t.querySelectorAll("td")]
+                .map(c => c.getBoundingClientRect().height)) / line,
+        };
+    });
 }"""
 
 
@@ -146,14 +176,121 @@ def test_nav_lists_the_pages_checked() -> None:
 
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: p or "home")
 def test_page_fits_1280px_offline_without_errors(browser: Any, site: str, path: str) -> None:
-    """At 1280 px the page has no sideways scrollbar, no code block scrolls, nothing is fetched
-    from outside and the console has no error."""
+    """At 1280 px the page has no sideways scrollbar, no code block scrolls or wraps (a one-line
+    output record may scroll), no table is wider than the text column or has rows over 10 lines
+    tall, nothing is fetched from outside and the console has no error."""
     visit = Visit(browser, site + path)
     try:
         overflow = visit.page.evaluate(_OVERFLOW)
         assert overflow == {"page": 0, "code": []}
+        assert visit.page.evaluate(_REFLOWED) == []
+        tables = visit.page.evaluate(_TABLES)
+        assert [t for t in tables if t["beyond"] > 0] == []
+        assert [t for t in tables if t["tallest"] > 10] == []
         assert visit.external == []
         assert visit.errors == []
+    finally:
+        visit.close()
+
+
+def test_code_is_never_reflowed_on_a_phone(browser: Any, site: str) -> None:
+    """At a phone's 390 px every code block of every page shows its lines as written: none is
+    wrapped (so none is split mid-identifier or sent to column 0; a long line scrolls inside
+    its block), and no page scrolls sideways (a wide table scrolls inside its own box)."""
+    visit = Visit(browser, site, width=390)
+    try:
+        page = visit.page
+        reflowed: dict[str, Any] = {}
+        for path in PAGES:
+            page.goto(site + path, wait_until="networkidle")
+            blocks = page.evaluate(_REFLOWED)
+            if blocks:
+                reflowed[path] = blocks
+            assert page.evaluate(_OVERFLOW)["page"] == 0, path
+        assert reflowed == {}
+        assert (visit.external, visit.errors) == ([], [])
+    finally:
+        visit.close()
+
+
+def test_box_drawing_figures_stay_whole_on_a_phone(browser: Any, site: str) -> None:
+    """The figures drawn with box-drawing characters (multihost, design) keep each line on one
+    line at 390 px: they scroll inside their box instead of wrapping."""
+    for path, first in (("multihost/", "host A: rank 0"), ("design/", " caller's thread")):
+        visit = Visit(browser, site + path, width=390)
+        try:
+            figure = visit.page.locator("pre > code", has_text=first.strip()).first
+            lines = figure.evaluate("e => e.textContent.replace(/\\n$/, '').split('\\n').length")
+            assert lines >= 6, path
+            box = figure.bounding_box()
+            assert box is not None
+            line = figure.evaluate("e => parseFloat(getComputedStyle(e).lineHeight)")
+            assert box["height"] < (lines + 2) * line, path
+            assert figure.evaluate("e => e.scrollWidth > e.clientWidth"), path  # it scrolls
+        finally:
+            visit.close()
+
+
+def _package_names() -> set[str]:
+    """Names the package's modules define at their top level (classes, functions, constants,
+    type aliases), private modules included: what a reader may meet in the API page's text."""
+    names: set[str] = set()
+    callable_names: dict[str, bool] = {}
+    for path in (ROOT / "monitor_bus").rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                names.add(node.name)
+                callable_names[node.name] = True
+            elif isinstance(node, ast.Assign):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+    # Lower-case assignments are module state (a logger, a singleton), not API. Two private
+    # functions share their names with words the page uses otherwise: a key of bus.stats()
+    # and MonitorBusHandler.emit's parameter.
+    return {
+        name
+        for name in names
+        if not name.startswith("_") and (not name.islower() or callable_names.get(name))
+    } - {"device_values", "record"}
+
+
+def test_every_name_on_the_api_page_is_defined_there(browser: Any, site: str) -> None:
+    """Each of the package's names the API page mentions in code is defined on the page (an
+    entry whose anchor ends in that name) or is a link; Aggregation lists its members and
+    EventOrigin its fields; nothing points to "the module docs", a private module or a private
+    helper."""
+    visit = Visit(browser, site + "api/", height=1000)
+    try:
+        page = visit.page
+        undefined = page.evaluate(
+            """names => {
+                const ids = [...document.querySelectorAll("[id]")].map(e => e.id);
+                const found = new Set();
+                for (const code of document.querySelectorAll("article code")) {
+                    if (code.closest("pre") || code.closest("a")) continue;
+                    const name = code.textContent.trim().match(/^[A-Za-z_]\\w*/)?.[0];
+                    if (name && names.includes(name) && !ids.some(id => id.endsWith("." + name)))
+                        found.add(name);
+                }
+                return [...found].sort();
+            }""",
+            sorted(_package_names()),
+        )
+        assert undefined == []
+        ids = set(page.evaluate("() => [...document.querySelectorAll('[id]')].map(e => e.id)"))
+        members = {"VALUE", "MEAN", "COUNT", "SUM", "MAX", "MIN"}
+        assert {f"monitor_bus.Aggregation.{m}" for m in members} <= ids
+        assert {"monitor_bus.EventOrigin.pid", "monitor_bus.EventOrigin.worker"} <= ids
+        for field in ("pid", "worker"):
+            text = (
+                page.locator(f"[id='monitor_bus.EventOrigin.{field}']").locator("..").inner_text()
+            )
+            assert "process" in text or "worker" in text
+        text = page.inner_text("article")
+        assert "module docs" not in text
+        assert re.search(r"monitor_bus\._[a-z]", text) is None  # a private module
+        assert "call_each" not in text
     finally:
         visit.close()
 
@@ -202,7 +339,8 @@ def test_concepts_diagram_is_an_svg(browser: Any, site: str) -> None:
 
 def test_api_examples_are_code(browser: Any, site: str) -> None:
     """Every docstring "Examples:" section of the API page is a highlighted code block (most
-    of ``>>>`` lines), without doctest directives."""
+    of ``>>>`` lines), without doctest directives, whose copy button copies the code without
+    its prompts and output."""
     visit = Visit(browser, site + "api/", height=1000)
     try:
         page = visit.page
@@ -217,6 +355,20 @@ def test_api_examples_are_code(browser: Any, site: str) -> None:
         assert all(text.strip() for text in examples)
         assert sum(text.startswith(">>> ") for text in examples) >= 10
         assert not any("doctest:" in text for text in examples)
+        # The copy button copies what the theme reads while the block is marked as copying:
+        # the example's code, without prompts or output.
+        copied = page.evaluate("""() => [...document.querySelectorAll(".language-pycon code")]
+            .map(code => {
+                code.setAttribute("data-md-copying", "");
+                const text = code.innerText;
+                code.removeAttribute("data-md-copying");
+                return text;
+            })""")
+        assert len(copied) >= 10
+        assert not any(">>>" in text or "\n... " in text for text in copied)
+        assert "import monitor_bus as monitor" in "\n".join(copied)
+        event = next(text for text in copied if "event.name, event.timestamp" in text)
+        assert "'train.epoch'" not in event  # the output line is left out
         first = page.locator(".doc-section-title", has_text="Examples:").first
         first.scroll_into_view_if_needed()
         page.evaluate("window.scrollBy(0, 200)")
@@ -243,11 +395,13 @@ def test_home_page_screenshot(browser: Any, site: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def tensorboard_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+def tensorboard_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
     """A demo run under a log directory, served by a real ``tensorboard`` on loopback."""
     pytest.importorskip("numpy")  # both are in the test extra
     pytest.importorskip("tensorboard")
-    runs = tmp_path_factory.mktemp("runs")
+    # TensorBoard shows its --logdir as given: a relative "runs", not this test's temp path.
+    root = tmp_path_factory.mktemp("tensorboard")
+    runs = root / "runs"
     # As a user runs it (and off this thread, where the browser driver's event loop runs).
     demo = subprocess.run(
         [sys.executable, "-m", "monitor_bus", "demo", "--steps", str(DEMO_STEPS)]
@@ -261,9 +415,10 @@ def tensorboard_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "tensorboard.main"),
-            *("--logdir", str(runs), "--host", "127.0.0.1", "--port", "0"),
+            *("--logdir", "runs", "--host", "127.0.0.1", "--port", "0"),
             "--load_fast=false",
         ],
+        cwd=root,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -279,7 +434,7 @@ def tensorboard_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
         assert url, f"tensorboard did not start (exit {proc.poll()})"
         # Keep the pipe drained; ends when the server exits.
         threading.Thread(target=proc.stderr.read, daemon=True).start()
-        yield url, "20261130-120000/demo"
+        yield url, "20261130-120000/demo", root
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -302,10 +457,10 @@ STAT_TAGS = {
 EPOCH_TAGS = {"epoch/train_loss", "epoch/val_loss", "epoch/val_accuracy"}
 
 
-def test_demo_run_in_tensorboard(browser: Any, tensorboard_demo: tuple[str, str]) -> None:
+def test_demo_run_in_tensorboard(browser: Any, tensorboard_demo: tuple[str, str, Path]) -> None:
     """TensorBoard lists the demo's run by name with Stat tags under stats/ and epoch tags under
     epoch/, every series over the training step (0 to the steps run)."""
-    url, run = tensorboard_demo
+    url, run, root = tensorboard_demo
     deadline = time.monotonic() + 60
     tags: dict[str, Any] = {}
     while time.monotonic() < deadline:  # the server loads the run in the background
@@ -339,5 +494,6 @@ def test_demo_run_in_tensorboard(browser: Any, tensorboard_demo: tuple[str, str]
         page.wait_for_load_state("networkidle")
         shoot(page, "tensorboard-demo")
         assert visit.errors == []
+        assert str(root) not in page.inner_text("body")  # it shows "runs", not the temp path
     finally:
         visit.close()

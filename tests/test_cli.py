@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import weakref
+from array import array
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -20,9 +21,16 @@ from pathlib import Path
 import pytest
 
 import monitor_bus
-from monitor_bus import STAT_EVENT, Event, JsonlEventHandler, read_jsonl
+from monitor_bus import METRICS_EVENT, STAT_EVENT, Event, JsonlEventHandler, read_jsonl
 from monitor_bus.__main__ import main
-from monitor_bus._cli import _draw_series, _log_label, _partial_last, _ProgressBar, _summarize
+from monitor_bus._cli import (
+    _draw_series,
+    _figure,
+    _log_label,
+    _partial_last,
+    _ProgressBar,
+    _summarize,
+)
 from monitor_bus._demo import run_demo
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
@@ -44,6 +52,12 @@ def stat_run(path: Path) -> Path:
         events.append(Event(STAT_EVENT, ts, {"lat.mean": mean, "lat.max": top, "lat.count": n}))
         events.append(Event(STAT_EVENT, ts, {"loss.value": 1.0 / (i + 1)}))
     return write_run(path, events)
+
+
+def summary_of(run: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """What ``monitor-bus summary RUN`` printed on stdout (it exits 0)."""
+    assert main(["summary", str(run)]) == 0
+    return capsys.readouterr().out
 
 
 def one_error_line(err: str) -> str:
@@ -140,6 +154,16 @@ def test_demo_help_explains_the_options(capsys: pytest.CaptureFixture[str]) -> N
     for option in ("--steps N", "--logdir DIR", "--no-tensorboard", "--seed S"):
         assert option in out
     assert "default: 3000" in out
+
+
+def test_demo_help_gives_the_demos_window(capsys: pytest.CaptureFixture[str]) -> None:
+    """demo --help names the Stat window the demo uses (a quarter second, not one)."""
+    from monitor_bus._demo import WINDOW
+
+    assert main(["demo", "--help"]) == 0
+    words = " ".join(capsys.readouterr().out.split())
+    assert timedelta(seconds=0.25) == WINDOW
+    assert "Stats with quarter-second windows" in words
 
 
 def test_console_script_points_at_main(capsys: pytest.CaptureFixture[str]) -> None:
@@ -619,10 +643,12 @@ def test_plot_default_output_is_beside_the_run(
 def test_plot_without_stats_fails_cleanly(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A run with no Stat events: one error line, exit 1, no picture written."""
+    """A run with no Stat or metrics events: one error line, exit 1, no picture written."""
     run = write_run(tmp_path / "run.jsonl", [Event("a", T0, {"x": 1.0})])
     assert main(["plot", str(run), "-o", str(tmp_path / "p.png")]) == 1
-    assert one_error_line(capsys.readouterr().err) == f"no Stat events in {run}: nothing to plot"
+    assert one_error_line(capsys.readouterr().err) == (
+        f"no Stat or metrics events in {run}: nothing to plot"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.jsonl"]
 
 
@@ -693,11 +719,12 @@ def test_plot_stat_patterns_choose_the_panels(
 def test_plot_stat_pattern_matching_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A --stat that matches no Stat is one error line listing the run's Stats, nothing written."""
+    """A --stat that matches no Stat or metric is one error line listing the run's, nothing
+    written."""
     run = stat_run(tmp_path / "run.jsonl")
     assert main(["plot", str(run), "-o", str(tmp_path / "p.png"), "--stat", "nope*"]) == 1
     assert one_error_line(capsys.readouterr().err) == (
-        f"no Stat in {run} matches --stat nope*; its Stats: lat, loss"
+        f"no Stat or metric in {run} matches --stat nope*; its Stats and metrics: lat, loss"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.jsonl"]
 
@@ -740,6 +767,26 @@ def test_plot_marks_a_partial_last_window(
     )
 
 
+def test_summary_leaves_a_partial_last_window_out_of_last_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Stat whose last window was cut short by the run's end shows its last whole window as
+    "last" (the partial one still counts in windows, min and max), and a line says so."""
+    events = [
+        Event(STAT_EVENT, T0 + timedelta(seconds=s), {"lat.max": v})
+        for s, v in ((1.0, 5.0), (2.0, 6.0), (3.0, 4.0), (3.2, 40.0))
+    ]
+    events += [Event(STAT_EVENT, T0 + timedelta(seconds=s), {"loss.value": 1.0}) for s in (1, 2, 3)]
+    out = summary_of(write_run(tmp_path / "run.jsonl", events), capsys)
+    assert out.endswith(
+        "stat  aggregate  windows  last  min  max\n"
+        "lat   max              4     4    4   40\n"
+        "loss  value            3     1    1    1\n"
+        "last: the last whole window; that of lat was partial (the run ended during it): "
+        "counted in windows, min and max\n"
+    )
+
+
 def test_a_partial_last_window_is_drawn_hollow_and_labelled() -> None:
     """The partial window's point is hollow on a dashed segment with a 'partial' label; a whole series is one line."""
     from matplotlib.figure import Figure
@@ -763,3 +810,100 @@ def test_a_partial_last_window_is_drawn_hollow_and_labelled() -> None:
     _draw_series(ax, [0.0, 1.0], [1.0, 2.0], "mean", partial=False)
     assert len(ax.get_lines()) == 1
     assert len(ax.texts) == 0
+
+
+# -- percentiles and metrics --
+
+
+def percentile_run(path: Path) -> Path:
+    """A Stat with mean, p50 and p99 over three windows."""
+    windows = [(2.0, 1.5, 9.0), (2.5, 2.0, 12.0), (1.5, 1.0, 4.0)]
+    events = [
+        Event(
+            STAT_EVENT,
+            T0 + timedelta(seconds=i + 1),
+            {"lat.mean": mean, "lat.p50": p50, "lat.p99": p99},
+        )
+        for i, (mean, p50, p99) in enumerate(windows)
+    ]
+    return write_run(path, events)
+
+
+def test_summary_shows_a_stats_p50_and_p99(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Stat window's p50 and p99 are rows of the Stat table, beside its mean."""
+    out = summary_of(percentile_run(tmp_path / "run.jsonl"), capsys)
+    assert out.endswith(
+        "stat  aggregate  windows  last  min  max\n"
+        "lat   mean             3   1.5  1.5  2.5\n"
+        "lat   p50              3     1    1    2\n"
+        "lat   p99              3     4    4   12\n"
+    )
+
+
+def test_plot_shades_the_p50_to_p99_band(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Stat with p50 and p99 is one panel: its mean as a line and the band between its p50 and
+    p99 shaded, the band's edges at the windows' p50 and p99."""
+    from matplotlib.collections import PolyCollection
+
+    run = percentile_run(tmp_path / "run.jsonl")
+    out = tmp_path / "p.png"
+    assert main(["plot", str(run), "-o", str(out)]) == 0
+    assert capsys.readouterr().out == f"wrote {out} (1 panels, 3 series)\n"
+    events = read_jsonl(run)
+    stamps = array_of([e.timestamp.timestamp() for e in events])
+    series = {
+        key: (stamps, array_of([float(e.data[key]) for e in events]))  # type: ignore[arg-type]
+        for key in ("lat.mean", "lat.p50", "lat.p99")
+    }
+    figure, partial = _figure(series, {"lat": sorted(series)}, {}, [])
+    assert partial == []
+    (ax,) = figure.axes
+    assert [line.get_label() for line in ax.get_lines()] == ["mean"]
+    (band,) = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert band.get_label() == "p50-p99"
+    ys = {round(float(y), 9) for y in band.get_paths()[0].vertices[:, 1]}
+    assert {1.5, 2.0, 1.0, 9.0, 12.0, 4.0} <= ys
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["mean", "p50-p99"]
+
+
+def array_of(values: list[float]) -> array[float]:
+    return array("d", values)
+
+
+def test_summary_and_plot_read_metrics_events_over_their_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Metrics events (as the integrations log them) are summarised per metric with their last
+    step, and plotted one panel per metric over the step; step and epoch are not metrics,
+    strings are left out, an event without a step is placed by its order."""
+    events = [
+        Event(METRICS_EVENT, T0, {"loss": 2.0, "epoch": 0, "step": 10, "note": "warm-up"}),
+        Event(METRICS_EVENT, T0, {"loss": 1.0, "lr": 0.1, "epoch": 0, "step": 20}),
+        Event(METRICS_EVENT, T0, {"loss": 0.5}),
+    ]
+    run = write_run(tmp_path / "run.jsonl", events)
+    assert main(["summary", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out.endswith(
+        "metric  points  last step  last  min  max\n"
+        "loss         3          3   0.5  0.5    2\n"
+        "lr           1         20   0.1  0.1  0.1\n"
+    )
+    png = tmp_path / "p.png"
+    assert main(["plot", str(run), "-o", str(png)]) == 0
+    assert capsys.readouterr() == (f"wrote {png} (2 panels, 2 series)\n", "")
+    metrics = {
+        "loss": (array_of([10.0, 20.0, 3.0]), array_of([2.0, 1.0, 0.5])),
+        "lr": (array_of([20.0]), array_of([0.1])),
+    }
+    figure, _ = _figure({}, {}, metrics, ["loss", "lr"])
+    loss, lr = figure.axes
+    (line,) = loss.get_lines()
+    assert (list(line.get_xdata()), list(line.get_ydata())) == ([10.0, 20.0, 3.0], [2.0, 1.0, 0.5])
+    assert loss.get_title(loc="left") == "loss (metrics)"
+    assert lr.get_xlabel() == "step"

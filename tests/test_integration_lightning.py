@@ -201,3 +201,31 @@ def test_works_under_the_pytorch_lightning_package(
         RUN_END_EVENT
     ]
     assert recorder.events[-1].data["status"] == "success"
+
+
+def test_the_cli_summarises_and_plots_a_lightning_run(
+    bus: monitor_bus.EventBus, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``monitor-bus summary`` and ``plot`` read a real Lightning run's JSONL: its logged metric
+    over the steps, not "no Stat events"."""
+    from monitor_bus.__main__ import main
+
+    events = _fit(bus, tmp_path, _model())
+    losses = [e.data["train_loss"] for e in events if e.name == METRICS_EVENT]
+    assert len(losses) == 5
+    run = tmp_path / "run.jsonl"
+    assert main(["summary", str(run)]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("metric ") :].splitlines()
+    assert table[0].split() == ["metric", "points", "last", "step", "last", "min", "max"]
+    assert table[1].split() == [
+        "train_loss",
+        "5",
+        "4",
+        *(f"{v:.6g}" for v in (losses[-1], min(losses), max(losses))),  # type: ignore[type-var]
+    ]
+    assert len(table) == 2
+    png = tmp_path / "run.png"
+    assert main(["plot", str(run), "-o", str(png)]) == 0
+    assert capsys.readouterr().out == f"wrote {png} (1 panels, 1 series)\n"
+    assert png.read_bytes().startswith(b"\x89PNG")

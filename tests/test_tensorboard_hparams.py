@@ -13,7 +13,7 @@ from tensorboard.plugins.hparams import api_pb2, metadata
 from tensorboard.util import tensor_util
 
 import monitor_bus
-from monitor_bus import METRICS_EVENT, Run
+from monitor_bus import METRICS_EVENT, RUN_END_EVENT, Run
 from monitor_bus.tensorboard import SummaryWriter
 
 from .conftest import Recorder
@@ -89,8 +89,9 @@ def _fail(bus: monitor_bus.EventBus, run: Run) -> None:
 def test_run_events_become_a_session_with_status_and_scalars(
     bus: monitor_bus.EventBus, recorder: Recorder, tmp_path: Path
 ) -> None:
-    """A failed Run's events give an HPARAMS session ending in failure, its texts and its
-    metrics at their steps; other events are not written."""
+    """A failed Run's events give an HPARAMS session of its hyperparameters ending in failure,
+    its texts (floats to six digits) and its metrics at their steps; other events are not
+    written."""
     bus.register_event_handler(recorder)
     run = Run("exp", hparams={"lr": 0.1}, config={"layers": 2}, bus=bus)
     with pytest.raises(ValueError, match="boom"):
@@ -103,13 +104,33 @@ def test_run_events_become_a_session_with_status_and_scalars(
     acc = _load(tmp_path)
     content = _hparams(acc)
     start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
-    assert _values(start) == {"hparams.lr": 0.1, "config.layers": 2.0}
+    assert _values(start) == {"hparams.lr": 0.1}  # the config would sort first in the tab
     end = metadata.parse_session_end_info_plugin_data(content[metadata.SESSION_END_INFO_TAG])
     assert end.status == api_pb2.Status.STATUS_FAILURE
     assert [(s.step, s.value) for s in acc.Scalars("loss")] == [(7, 0.5)]
     assert "| status | failed |" in _text(acc, "run/end")
     assert "| exception | builtins.ValueError |" in _text(acc, "run/end")
     assert "| run_name | exp |" in _text(acc, "run/start")
+    (duration,) = [e.data["duration_s"] for e in recorder.events if e.name == RUN_END_EVENT]
+    assert f"| duration_s | {duration:.6g} |" in _text(acc, "run/end")
+    assert "| config.layers | 2 |" in _text(acc, "run/start")
+
+
+def test_a_run_without_hyperparameters_has_its_config_in_the_session(
+    bus: monitor_bus.EventBus, recorder: Recorder, tmp_path: Path
+) -> None:
+    """A run with a config and no hyperparameters still has an HPARAMS session: of its config."""
+    bus.register_event_handler(recorder)
+    with Run("exp", config={"layers": 2}, bus=bus):
+        pass
+    assert bus.flush(10)
+    with SummaryWriter(tmp_path) as writer:
+        for event in recorder.events:
+            writer.add_run_event(event)
+    start = metadata.parse_session_start_info_plugin_data(
+        _hparams(_load(tmp_path))[metadata.SESSION_START_INFO_TAG]
+    )
+    assert _values(start) == {"config.layers": 2.0}
 
 
 def test_add_text_checks_its_arguments(tmp_path: Path) -> None:

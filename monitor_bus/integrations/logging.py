@@ -64,7 +64,8 @@ class MonitorBusHandler(logging.Handler):
     ``emit`` only builds the event and calls ``log_event``, which appends to the bus's queue
     and returns (a bus created with ``overflow="block"`` waits up to its ``block_timeout``, as
     ``log_event`` does). Any error is counted in ``errors`` and the record dropped: nothing
-    is raised into the code that logged. Loops: see the module docs.
+    is raised into the code that logged. No loop with ``LoggingEventHandler``: see
+    [Standard library logging](integrations.md#standard-library-logging).
 
     Args:
         bus: the bus to log to; the default bus if omitted.
@@ -87,7 +88,7 @@ class MonitorBusHandler(logging.Handler):
         self.emitted = 0
         #: ``extra`` values stored as their ``repr()`` because an event cannot hold them.
         self.sanitized_values = 0
-        #: Records not turned into events to avoid a loop (see the module docs).
+        #: Records not turned into events to avoid a loop (made on a bus's own threads).
         self.skipped_records = 0
         #: Records dropped because building or logging their event failed.
         self.errors = 0
@@ -153,7 +154,8 @@ class LoggingEventHandler:
     event under the record attributes ``monitor_bus_event`` (its name),
     ``monitor_bus_data`` (its data, a dict) and ``monitor_bus_timestamp`` (its timestamp),
     for structured formatters. The record is made on the sink's own thread, so a
-    ``MonitorBusHandler`` on the same logger tree does not send it back (module docs).
+    ``MonitorBusHandler`` on the same logger tree does not send it back (see
+    [Standard library logging](integrations.md#standard-library-logging)).
 
     Args:
         logger: the logger to write to, or its name; ``"monitor_bus.events"`` by default.
