@@ -94,3 +94,33 @@ class LogSeen(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if self.text in record.getMessage():
             self.seen.set()
+
+
+def distribution_window(
+    samples: list[float], when: datetime | None = None, name: str = "lat"
+) -> monitor_bus.Event:
+    """The event a Stat with P50, P99, STDDEV and HISTOGRAM logs for a window of ``samples``,
+    built as the Stat builds it: ``Event()`` takes a ``Histogram`` from no caller."""
+    import math
+    import statistics
+
+    from monitor_bus._event import from_slots
+
+    histogram = monitor_bus.Histogram.of(samples)
+    data = {
+        f"{name}.p50": histogram.quantile(0.5),
+        f"{name}.p99": histogram.quantile(0.99),
+        f"{name}.stddev": (
+            statistics.pstdev(samples) if all(map(math.isfinite, samples)) else math.nan
+        ),
+        f"{name}.histogram": histogram,
+    }
+    stamp = when or datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+    return from_slots(monitor_bus.STAT_EVENT, stamp, data)
+
+
+#: Two windows of samples away from bucket edges, of both signs, with a zero and a wide span.
+WINDOW_SAMPLES = (
+    [0.0, -2.5, 0.3, 1.7, 3.3, 5.1, 12.9, 250.4],
+    [0.6, 7.7, -0.1, 1e6 + 3.1, 3.3],
+)
