@@ -28,7 +28,7 @@ import errno
 import math
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._event import Event
@@ -121,8 +121,8 @@ class PrometheusEventHandler:
         self.namespace = namespace
         self._labels = labels
         self._gauges: dict[str, Any] = {}  # event key -> labelled gauge child, or None if skipped
-        # event key -> its _HistogramCollector, or _TAKEN if its name is
-        self._histograms: dict[str, Any] = {}
+        self._histograms: dict[str, Any] = {}  # event key -> _HistogramCollector, or None
+
         self._names: dict[str, str] = {}  # metric name -> the key that owns it
         self._taken: dict[str, str] = {}  # skipped key -> why its name is taken
         self._skips = SkipReporter("PrometheusEventHandler")
@@ -168,64 +168,48 @@ class PrometheusEventHandler:
                 continue
             gauge = gauges.get(key, _MISSING)
             if gauge is _MISSING:
-                gauge = self._make_gauge(key)
+                gauge = self._make_metric(key, gauges, self._new_gauge)
             if gauge is None:
-                self.skipped_names += 1
-                self._skipped_name.inc()
-                self._skips.report("name_taken", key, self._taken[key], self.skipped_names)
+                self._skip_name(key)
             else:
                 gauge.set(number)
 
     def _add_histogram(self, key: str, value: Histogram) -> None:
-        histogram = self._histograms.get(key)
+        histogram = self._histograms.get(key, _MISSING)
+        if histogram is _MISSING:
+            histogram = self._make_metric(key, self._histograms, self._new_histogram)
         if histogram is None:
-            histogram = self._make_histogram(key)
-        if histogram is _TAKEN:
-            self.skipped_names += 1
-            self._skipped_name.inc()
-            self._skips.report("name_taken", key, self._taken[key], self.skipped_names)
+            self._skip_name(key)
         else:
             histogram.add(value)
 
-    def _make_histogram(self, key: str) -> Any:
-        with self._lock:  # one handler object may serve several buses
-            histogram = self._histograms.get(key)
-            if histogram is not None:
-                return histogram
-            name = metric_name(self.namespace, key)
-            owner = self._names.get(name)
-            histogram = _TAKEN
-            if owner is not None:
-                owner = f"by Stat key {owner!r}"
-            else:
-                help_text = f"monitor_bus Stat {key if is_utf8(key) else repr(key)}"
-                collector = _HistogramCollector(name, help_text, self._labels)
-                try:
-                    self.registry.register(collector)
-                except ValueError as exc:  # the registry already has a metric of that name
-                    owner = f"in the registry ({exc})"
-                else:
-                    histogram = collector
-                    self._names[name] = key
-            if histogram is _TAKEN:
-                self._taken[key] = f"Stat key {key!r} maps to {name!r}, which is taken {owner}"
-            self._histograms[key] = histogram
-            return histogram
+    def _new_histogram(self, name: str, help_text: str) -> _HistogramCollector:
+        collector = _HistogramCollector(name, help_text, self._labels)
+        self.registry.register(collector)
+        return collector
+
+    def _skip_name(self, key: str) -> None:
+        self.skipped_names += 1
+        self._skipped_name.inc()
+        self._skips.report("name_taken", key, self._taken[key], self.skipped_names)
 
     def _skip_value(self, reason: str, key: str, why: str) -> None:
         self.skipped_values += 1
         (self._skipped_string if reason == "string_value" else self._skipped_range).inc()
         self._skips.report(reason, key, why, self.skipped_values)
 
-    def _make_gauge(self, key: str) -> Any:
-        from prometheus_client import Gauge
-
+    def _make_metric(
+        self, key: str, metrics: dict[str, Any], create: Callable[[str, str], Any]
+    ) -> Any:
+        """The metric of ``key`` in ``metrics``, made on first use by ``create(name, help)``
+        (a ``ValueError`` if the registry has the name); None if its name is taken
+        (``_taken`` says why)."""
         with self._lock:  # one handler object may serve several buses
-            if key in self._gauges:
-                return self._gauges[key]
+            if key in metrics:
+                return metrics[key]
             name = metric_name(self.namespace, key)
             owner = self._names.get(name)
-            gauge = None
+            metric = None
             if owner is not None:
                 owner = f"by Stat key {owner!r}"
             else:
@@ -233,16 +217,21 @@ class PrometheusEventHandler:
                 # make every later scrape fail to encode.
                 help_text = f"monitor_bus Stat {key if is_utf8(key) else repr(key)}"
                 try:
-                    parent = Gauge(name, help_text, list(self._labels), registry=self.registry)
+                    metric = create(name, help_text)
                 except ValueError as exc:  # the registry already has a metric of that name
                     owner = f"in the registry ({exc})"
                 else:
-                    gauge = parent.labels(**self._labels) if self._labels else parent
                     self._names[name] = key
-            if gauge is None:
+            if metric is None:
                 self._taken[key] = f"Stat key {key!r} maps to {name!r}, which is taken {owner}"
-            self._gauges[key] = gauge
-            return gauge
+            metrics[key] = metric
+            return metric
+
+    def _new_gauge(self, name: str, help_text: str) -> Any:
+        from prometheus_client import Gauge
+
+        parent = Gauge(name, help_text, list(self._labels), registry=self.registry)
+        return parent.labels(**self._labels) if self._labels else parent
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> MetricsServer:
         """Serve this handler's registry over HTTP; see ``serve``."""
@@ -250,7 +239,6 @@ class PrometheusEventHandler:
 
 
 _MISSING: Any = object()
-_TAKEN: Any = object()
 
 #: The most ``le`` bounds (besides ``+Inf``) a histogram is exposed with: past that its
 #: exponential buckets are merged in pairs, as a coarser scale would hold them, until they fit.
