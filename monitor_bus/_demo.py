@@ -31,7 +31,7 @@ from typing import Any
 import anyio
 
 from ._bus import EventBus
-from ._event import Event
+from ._event import Event, from_slots
 from ._jsonl import JsonlEventHandler
 from ._run import Run
 from ._stat import STAT_EVENT, Aggregation, Stat
@@ -128,7 +128,8 @@ class _AtStep:
     def __call__(self, event: Event) -> None:
         if event.name == STAT_EVENT:
             step = self._progress.steps_by(event.timestamp)
-            event = Event(event.name, event.timestamp, {**event.data, "step": step})
+            # from_slots: a window may hold a Histogram, which Event() takes from no caller.
+            event = from_slots(event.name, event.timestamp, {**event.data, "step": step})
         self._handler(event)
 
     def flush(self) -> None:

@@ -19,6 +19,9 @@ from monitor_bus import (
     read_jsonl,
 )
 from monitor_bus._demo import EPOCH_EVENT, DemoResult, _AtStep, _Progress, run_demo
+from monitor_bus.tensorboard import SummaryWriter
+
+from .conftest import distribution_window
 
 STAT_GROUPS = {
     "step_time_ms": {"step_time_ms.mean", "step_time_ms.min", "step_time_ms.max"},
@@ -227,3 +230,19 @@ def test_a_stat_window_is_drawn_at_the_steps_done_when_it_closed() -> None:
         ("stats/loss.mean", 11.5, 2),
         ("stats/loss.mean", 30.0, 3),
     ]
+
+
+def test_a_window_histogram_is_drawn_at_its_step(tmp_path: Path) -> None:
+    """A window holding a Histogram reaches TensorBoard through the demo's step-adding
+    handler as a histogram at the steps done when it closed."""
+    progress = _Progress()
+    progress.done_at.extend([10.0, 11.0, 12.0])
+    writer = SummaryWriter(tmp_path)
+    handler = _AtStep(TensorboardEventHandler(writer, group="stats"), progress)
+    window = distribution_window([0.5, 1.5], datetime.fromtimestamp(11.5, timezone.utc))
+    handler(window)
+    writer.close()
+    acc = EventAccumulator(str(tmp_path), size_guidance={"histograms": 0})
+    acc.Reload()
+    (event,) = acc.Histograms("stats/lat.histogram")
+    assert (event.step, event.histogram_value.num) == (2, 2)
