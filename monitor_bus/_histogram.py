@@ -232,7 +232,9 @@ class Histogram:
             samples = list(map(float, values))
         except (TypeError, ValueError) as exc:
             raise TypeError(f"values must be an iterable of real numbers: {exc}") from None
-        return _of_floats(samples, max_buckets)
+        accumulator = Accumulator(max_buckets)
+        accumulator.add(samples)
+        return accumulator.histogram()
 
     # -- fields --
 
@@ -372,12 +374,29 @@ class Histogram:
             return self._max
         if rank == 1:
             return self._min
-        seen = 0
-        for low, high, c in self.buckets():
-            seen += c
+        return _clamp(self._rank_estimate(rank), self._min, self._max)
+
+    def _rank_estimate(self, rank: int) -> float:
+        """The estimate of the sample of 1-based ``rank`` in ascending order (bounds are
+        computed for its bucket only: a Stat reads four quantiles per window)."""
+        seen = self._ninf
+        if seen >= rank:
+            return -math.inf
+        scale = self._scale
+        offset, counts = self._neg
+        for i in range(len(counts) - 1, -1, -1):
+            seen += counts[i]
             if seen >= rank:
-                return _clamp(_estimate(low, high), self._min, self._max)
-        raise AssertionError("unreachable: the counts add up to count")
+                return -_estimate(_bound(offset + i, scale), _bound(offset + i + 1, scale))
+        seen += self._zero
+        if seen >= rank:
+            return 0.0
+        offset, counts = self._pos
+        for i, n in enumerate(counts):
+            seen += n
+            if seen >= rank:
+                return _estimate(_bound(offset + i, scale), _bound(offset + i + 1, scale))
+        return math.inf
 
     # -- combining --
 
@@ -526,110 +545,191 @@ _FIELDS = frozenset(
 # -- bucketing --
 
 
-def _of_floats(samples: list[float], max_buckets: int) -> Histogram:
-    """The Histogram of float samples (the fold of a Stat's chunk calls this too)."""
-    count = len(samples)
-    nan = inf = ninf = 0
-    probe = sum(samples)  # a C loop: finite only if every sample is
-    if probe - probe == 0:  # finite: the common case
-        finite = samples
-    else:
-        nan = sum(map(math.isnan, samples))
-        inf = samples.count(math.inf)
-        ninf = samples.count(-math.inf)
-        finite = [v for v in samples if v - v == 0]
-    if finite and min(finite) > 0:
-        positive, negative, zero = finite, [], 0
-    else:
-        positive = [v for v in finite if v > 0]
-        negative = [-v for v in finite if v < 0]
-        zero = len(finite) - len(positive) - len(negative)
-    pos = _index_counts(positive)
-    neg = _index_counts(negative)
-    scale = MAX_SCALE - max(_shift_to_fit(pos, max_buckets), _shift_to_fit(neg, max_buckets))
-    low = high = math.nan
-    if finite:
-        low, high = min(finite), max(finite)
-    if ninf:
-        low = -math.inf
-        high = high if finite or inf else -math.inf
-    if inf:
-        high = math.inf
-        low = low if finite or ninf else math.inf
-    exact = 0 if inf or ninf else _exact_sum(finite)
-    return Histogram.__new__(Histogram)._set(
-        scale,
-        zero,
-        _dense(pos, MAX_SCALE - scale),
-        _dense(neg, MAX_SCALE - scale),
-        count,
-        exact,
-        low,
-        high,
-        (nan, inf, ninf),
-        max_buckets,
-    )
+class Accumulator:
+    """A Histogram being built chunk by chunk (a Stat's open window, ``Histogram.of``):
+    bucket counts in Counters at the finest scale its samples fit so far, counted by C
+    builtins (``math.log2`` through ``map``, ``Counter.update``'s C counting). Not
+    thread-safe: its owner serialises ``add``.
 
-
-def _index_counts(magnitudes: list[float]) -> Counter[int]:
-    """Samples per bucket index at ``MAX_SCALE``, for positive finite magnitudes.
-
-    ``ceil(log2(v) * 2**20) - 1``: an exact power of two (whose log2 is exact) is the upper
-    bound of its bucket. C builtins throughout; the ``- 1`` is applied to the keys.
+    Memory: at most ``max_buckets`` counts per sign, whatever it was given.
     """
-    ceilings = Counter(
-        map(math.ceil, map(operator.mul, map(math.log2, magnitudes), repeat(_FACTOR)))
+
+    __slots__ = (
+        "count",
+        "exact",
+        "high",
+        "inf",
+        "low",
+        "max_buckets",
+        "nan",
+        "neg",
+        "neg_range",
+        "ninf",
+        "pos",
+        "pos_range",
+        "scale",
+        "zero",
     )
-    return Counter({k - 1: n for k, n in ceilings.items()})
+
+    def __init__(self, max_buckets: int) -> None:
+        self.max_buckets = max_buckets
+        self.scale = MAX_SCALE
+        # Keys are bucket index + 1 (``ceil``, before the ``- 1``), ranges the indices held.
+        self.pos: Counter[int] = Counter()
+        self.neg: Counter[int] = Counter()
+        self.pos_range: tuple[int, int] | None = None
+        self.neg_range: tuple[int, int] | None = None
+        self.count = self.zero = self.nan = self.inf = self.ninf = self.exact = 0
+        self.low = self.high = math.nan
+
+    def add(self, samples: list[float]) -> None:
+        """Count float ``samples``."""
+        if not samples:
+            return
+        self.count += len(samples)
+        probe = sum(samples)  # a C loop: finite only if every sample is
+        if probe - probe == 0:  # all finite: the common case
+            finite = samples
+        else:
+            self.nan += sum(map(math.isnan, samples))
+            inf = samples.count(math.inf)
+            ninf = samples.count(-math.inf)
+            self.inf += inf
+            self.ninf += ninf
+            if inf or ninf:
+                self.exact = 0  # not observable once the sum is infinite
+                self.low = _nan_min(self.low, -math.inf if ninf else math.inf)
+                self.high = _nan_max(self.high, math.inf if inf else -math.inf)
+            finite = [v for v in samples if v - v == 0]
+            if not finite:
+                return
+        low, high = min(finite), max(finite)
+        self.low, self.high = _nan_min(self.low, low), _nan_max(self.high, high)
+        if low > 0:
+            positive, negative = finite, []
+            smallest = low
+        else:
+            positive = [v for v in finite if v > 0]
+            negative = [-v for v in finite if v < 0]
+            self.zero += len(finite) - len(positive) - len(negative)
+            smallest = min(chain((math.inf,), positive, negative))  # inf: zeros only
+        pos = (min(positive), high) if positive else None
+        neg = (min(negative), max(negative)) if negative else None
+        factor = self._fit(pos, neg)
+        if positive:
+            self.pos.update(map(math.ceil, map(operator.mul, map(math.log2, positive), factor)))
+        if negative:
+            self.neg.update(map(math.ceil, map(operator.mul, map(math.log2, negative), factor)))
+        if not (self.inf or self.ninf) and smallest != math.inf:
+            self.exact += _exact_sum(finite, smallest)
+
+    def _fit(
+        self, pos: tuple[float, float] | None, neg: tuple[float, float] | None
+    ) -> repeat[float]:
+        """Coarsen to the finest scale where the held buckets and magnitudes ``pos`` and
+        ``neg`` (smallest, largest) fit; ``repeat(2**scale)`` for the indices."""
+        scale = self.scale
+        pos_range = _widen(self.pos_range, pos, scale)
+        neg_range = _widen(self.neg_range, neg, scale)
+        shift = max(
+            _fit_shift(pos_range, self.max_buckets), _fit_shift(neg_range, self.max_buckets)
+        )
+        if shift:
+            scale -= shift
+            self.scale = scale
+            self.pos = _shifted(self.pos, shift)
+            self.neg = _shifted(self.neg, shift)
+            pos_range = (
+                None if pos_range is None else (pos_range[0] >> shift, pos_range[1] >> shift)
+            )
+            neg_range = (
+                None if neg_range is None else (neg_range[0] >> shift, neg_range[1] >> shift)
+            )
+        self.pos_range, self.neg_range = pos_range, neg_range
+        return repeat(math.ldexp(1.0, scale))
+
+    def histogram(self) -> Histogram:
+        """The Histogram of the samples counted so far."""
+        return Histogram.__new__(Histogram)._set(
+            self.scale,
+            self.zero,
+            _dense(self.pos, self.pos_range),
+            _dense(self.neg, self.neg_range),
+            self.count,
+            self.exact,
+            self.low,
+            self.high,
+            (self.nan, self.inf, self.ninf),
+            self.max_buckets,
+        )
 
 
-def _shift_to_fit(counts: dict[int, int], max_buckets: int) -> int:
-    """The fewest index shifts (scales down from ``MAX_SCALE``) that fit ``max_buckets``."""
-    if not counts:
+def _index(magnitude: float, scale: int) -> int:
+    """The bucket of a positive finite magnitude at ``scale``: ``ceil(log2(v) * 2**scale) - 1``.
+
+    An exact power of two (whose log2 is exact) is the upper bound of its bucket; a power of
+    two scales a float exactly, so this is the scale-20 index shifted right, as coarsening
+    makes it.
+    """
+    return math.ceil(math.log2(magnitude) * math.ldexp(1.0, scale)) - 1
+
+
+def _widen(
+    held: tuple[int, int] | None, new: tuple[float, float] | None, scale: int
+) -> tuple[int, int] | None:
+    if new is None:
+        return held
+    low, high = _index(new[0], scale), _index(new[1], scale)
+    if held is None:
+        return (low, high)
+    return (min(held[0], low), max(held[1], high))
+
+
+def _fit_shift(held: tuple[int, int] | None, max_buckets: int) -> int:
+    """The fewest scales down at which the indices ``held`` fit ``max_buckets``."""
+    if held is None:
         return 0
-    low, high = min(counts), max(counts)
+    low, high = held
     shift = 0
     while (high >> shift) - (low >> shift) >= max_buckets:
         shift += 1
     return shift
 
 
-def _dense(counts: dict[int, int], shift: int) -> _Buckets:
-    """Sparse ``index: count`` shifted down ``shift`` scales, as ``(offset, counts)``."""
-    if not counts:
+def _shifted(counts: Counter[int], shift: int) -> Counter[int]:
+    """Counts keyed by index + 1, coarsened ``shift`` scales."""
+    coarse: Counter[int] = Counter()
+    for key, n in counts.items():
+        coarse[((key - 1) >> shift) + 1] += n
+    return coarse
+
+
+def _dense(counts: Counter[int], held: tuple[int, int] | None) -> _Buckets:
+    """Counts keyed by index + 1 over indices ``held``, as ``(offset, counts)``."""
+    if held is None:
         return (0, ())
-    if shift:
-        coarse: dict[int, int] = {}
-        for index, n in counts.items():
-            index >>= shift
-            coarse[index] = coarse.get(index, 0) + n
-        counts = coarse
-    low, high = min(counts), max(counts)
-    return (low, tuple(counts.get(i, 0) for i in range(low, high + 1)))
-
-
-def _coarse(buckets: _Buckets, shift: int, into: dict[int, int]) -> dict[int, int]:
-    """Add ``buckets`` shifted down ``shift`` scales to the sparse ``into``; returns it."""
-    offset, counts = buckets
-    for i, n in enumerate(counts):
-        if n:
-            index = (offset + i) >> shift
-            into[index] = into.get(index, 0) + n
-    return into
+    low, high = held
+    return (low, tuple(counts.get(i, 0) for i in range(low + 1, high + 2)))
 
 
 def _merge(a: Histogram, b: Histogram) -> Histogram:
     max_buckets = min(a._max_buckets, b._max_buckets)
     scale = min(a._scale, b._scale)
-    pos = _coarse(a._pos, a._scale - scale, _coarse(b._pos, b._scale - scale, {}))
-    neg = _coarse(a._neg, a._scale - scale, _coarse(b._neg, b._scale - scale, {}))
-    shift = max(_shift_to_fit(pos, max_buckets), _shift_to_fit(neg, max_buckets))
+    pos = _counter(a._pos, a._scale - scale)
+    pos.update(_counter(b._pos, b._scale - scale))
+    neg = _counter(a._neg, a._scale - scale)
+    neg.update(_counter(b._neg, b._scale - scale))
+    pos_range, neg_range = _held(pos), _held(neg)
+    shift = max(_fit_shift(pos_range, max_buckets), _fit_shift(neg_range, max_buckets))
+    if shift:
+        pos, neg = _shifted(pos, shift), _shifted(neg, shift)
+        pos_range, neg_range = _held(pos), _held(neg)
     inf, ninf = a._inf + b._inf, a._ninf + b._ninf
     return Histogram.__new__(Histogram)._set(
         scale - shift,
         a._zero + b._zero,
-        _dense(pos, shift),
-        _dense(neg, shift),
+        _dense(pos, pos_range),
+        _dense(neg, neg_range),
         a._count + b._count,
         0 if inf or ninf else a._exact + b._exact,
         _nan_min(a._min, b._min),
@@ -637,6 +737,21 @@ def _merge(a: Histogram, b: Histogram) -> Histogram:
         (a._nan + b._nan, inf, ninf),
         max_buckets,
     )
+
+
+def _counter(buckets: _Buckets, shift: int) -> Counter[int]:
+    """``(offset, counts)`` as counts keyed by index + 1, coarsened ``shift`` scales."""
+    offset, counts = buckets
+    out: Counter[int] = Counter()
+    for i, n in enumerate(counts):
+        if n:
+            out[((offset + i) >> shift) + 1] += n
+    return out
+
+
+def _held(counts: Counter[int]) -> tuple[int, int] | None:
+    """The lowest and highest index of counts keyed by index + 1."""
+    return (min(counts) - 1, max(counts) - 1) if counts else None
 
 
 def _nan_min(x: float, y: float) -> float:
@@ -666,15 +781,11 @@ def _bound(index: int, scale: int) -> float:
 
 
 def _estimate(low: float, high: float) -> float:
-    """The point of ``(low, high]`` whose largest relative error to a value there is least:
-    ``2 * low * high / (low + high)`` (signs mirrored for negative buckets)."""
-    if low == high:  # zero, or an infinity
-        return low
-    if low < 0:
-        return -_estimate(-high, -low)
+    """The point of ``(low, high]`` (``0 < low``) whose largest relative error to a value
+    there is least: ``2 * low * high / (low + high)``."""
     if math.isinf(high):
         return 2 * low
-    return 2 / (1 / low + 1 / high) if low else high
+    return 2 / (1 / low + 1 / high) if low else high  # low underflows below 2**-1074
 
 
 def _clamp(value: float, low: float, high: float) -> float:
@@ -690,22 +801,30 @@ def _units(x: float) -> int:
     return n << (_UNIT_EXP - d.bit_length() + 1)
 
 
-def _exact_sum(values: list[float]) -> int:
-    """The exact sum of finite floats in ``2**-1074`` units.
+def _exact_sum(values: list[float], smallest: float) -> int:
+    """The exact sum of finite floats in ``2**-1074`` units; ``smallest`` is the least
+    nonzero magnitude among them.
 
-    ``math.fsum`` rounds correctly; summing again with the rounded parts subtracted gives the
-    next part, until nothing is left (a couple of C passes for most data).
+    ``math.fsum`` rounds correctly; summing again with the rounded sum subtracted gives the
+    rest, exactly when the sum is under ``2**52`` times ``smallest`` (the rest is then a
+    multiple of ``smallest``'s last bit, under ``2**53`` of them): two C passes for most
+    data. Otherwise parts are taken until nothing is left.
     """
-    parts: list[float] = []
     try:
+        total = math.fsum(values)
+        if abs(total) <= _TWO_POW_52 * smallest:
+            return _units(total) + _units(math.fsum(chain(values, (-total,))))
+        parts = [-total]
         while True:
             part = math.fsum(chain(values, parts))
             if not part:
-                break
+                return -sum(map(_units, parts))
             parts.append(-part)
     except OverflowError:  # an intermediate sum past the float range: rare, per sample
         return sum(map(_units, values))
-    return -sum(map(_units, parts))
+
+
+_TWO_POW_52 = 2.0**52
 
 
 def _observed_sum(exact: int, inf: int, ninf: int) -> float:

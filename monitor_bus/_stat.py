@@ -25,13 +25,14 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta, timezone
 from functools import reduce
-from itertools import chain
+from itertools import chain, repeat
 from time import monotonic
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Union
 
 from . import _device
 from ._check import check_int, wrong_type
 from ._device import ARRAY_CLASSES, Deferred
+from ._histogram import Accumulator, Histogram
 from ._lifecycle import module_lock, process
 
 if TYPE_CHECKING:
@@ -39,6 +40,15 @@ if TYPE_CHECKING:
 
 STAT_EVENT = "torch.monitor.Stat"
 """The name of the events a ``Stat`` logs when a window closes (torch.monitor's name)."""
+
+AggregateValue = Union[float, int, Histogram]  # noqa: UP007 - a runtime alias
+"""What a window reports per aggregation: a float, COUNT's int or HISTOGRAM's Histogram."""
+
+Moments = tuple[int, float, float, float]
+"""``(n, shift, mean, m2)`` of some samples: their mean is ``shift + mean`` (``shift`` is a
+sample, so ``mean`` keeps its low digits for samples far from zero) and ``m2`` is the sum of
+their squared deviations from it."""
+_NO_MOMENTS: Moments = (0, 0.0, 0.0, 0.0)
 
 # Samples buffered before they are folded: bounds a window's memory whatever the add rate.
 _CHUNK = 4096
@@ -63,6 +73,28 @@ class Aggregation(enum.Enum):
     MAX = 5
     #: The smallest value added.
     MIN = 6
+    #: The median of the values added, from the window's ``Histogram`` (within 1%).
+    P50 = 7
+    #: The 90th percentile, from the window's ``Histogram``.
+    P90 = 8
+    #: The 95th percentile, from the window's ``Histogram``.
+    P95 = 9
+    #: The 99th percentile, from the window's ``Histogram``.
+    P99 = 10
+    #: The population standard deviation of the values added, computed stably.
+    STDDEV = 11
+    #: The window's values as a ``monitor_bus.Histogram``, which merges exactly.
+    HISTOGRAM = 12
+
+
+# The aggregations read from a window's Histogram, with their quantiles.
+_QUANTILES = {
+    Aggregation.P50: 0.5,
+    Aggregation.P90: 0.9,
+    Aggregation.P95: 0.95,
+    Aggregation.P99: 0.99,
+}
+_DISTRIBUTION = frozenset((*_QUANTILES, Aggregation.STDDEV, Aggregation.HISTOGRAM))
 
 
 class Stat:
@@ -113,8 +145,10 @@ class Stat:
         "_bus",
         "_count",
         "_dirty",
+        "_dist_chunks",
         "_end",
         "_fold_at",
+        "_hist",
         "_keys",
         "_last",
         "_last_window",
@@ -123,14 +157,17 @@ class Stat:
         "_max",
         "_max_samples",
         "_min",
+        "_moments",
         "_name",
         "_pending",
         "_sum",
         "_value",
         "_pick",
         "_scaled",
+        "_want_hist",
         "_want_max",
         "_want_min",
+        "_want_moments",
         "_want_sum",
         "_window",
     )
@@ -177,9 +214,11 @@ class Stat:
         self._want_sum = Aggregation.SUM in aggs or Aggregation.MEAN in aggs
         self._want_max = Aggregation.MAX in aggs
         self._want_min = Aggregation.MIN in aggs
+        self._want_hist = any(agg in _QUANTILES or agg is Aggregation.HISTOGRAM for agg in aggs)
+        self._want_moments = Aggregation.STDDEV in aggs
         indices = [agg.value - 1 for agg in aggs]
         picker = operator.itemgetter(*indices)
-        self._pick: Callable[[tuple[float | int, ...]], tuple[float | int, ...]] = (
+        self._pick: Callable[[tuple[AggregateValue, ...]], tuple[AggregateValue, ...]] = (
             picker if len(indices) > 1 else lambda values: (picker(values),)
         )
         self._window = window_size.total_seconds()
@@ -187,7 +226,7 @@ class Stat:
         self._bus = bus
         self._dirty = bus._dirty_stats(self._window)
         self._lock = threading.Lock()
-        self._last: tuple[float | int, ...] = ()  # the last logged window, per aggregation
+        self._last: tuple[AggregateValue, ...] = ()  # the last logged window, per aggregation
         # The last closed window while its device values are unread: get() reads them.
         self._last_window: ClosedWindow | None = None
         self._buf: list[float | Deferred] | deque[float] = []
@@ -232,7 +271,7 @@ class Stat:
         if len(buf) >= self._fold_at:
             self._fold()
 
-    def get(self) -> dict[Aggregation, float | int]:
+    def get(self) -> dict[Aggregation, AggregateValue]:
         """The aggregates of the last logged window (empty before the first).
 
         If that window holds tensor samples the bus has not read yet, they are read here, on
@@ -287,6 +326,10 @@ class Stat:
         self._scaled: float | None = None  # see _fold
         self._max = self._min = math.nan
         self._value: float | Deferred = math.nan
+        self._moments: Moments = _NO_MOMENTS
+        self._hist: Accumulator | None = None  # the percentiles' and HISTOGRAM's
+        # Chunks the distribution aggregates have still to fold (on the dispatcher's thread).
+        self._dist_chunks: list[list[float]] = []
         if self._buf.__class__ is deque:
             self._buf = []
         # The window's first add folds at once and marks the Stat for the timer: an idle Stat
@@ -325,7 +368,10 @@ class Stat:
 
     def _fold(self) -> None:
         with self._lock:
+            waiting = len(self._dist_chunks)
             self._take()
+            # The first chunk to wait: the dispatcher folds it (and those after it).
+            fold_soon = not waiting and bool(self._dist_chunks)
             first = not self._marked  # the window's first fold
             if first:
                 self._marked = True
@@ -340,6 +386,8 @@ class Stat:
             # Device values hold memory until read: the dispatcher reads those that are ready
             # now rather than at the window's end.
             self._bus._dispatcher.call_soon(self._read_pending)
+        if fold_soon:  # not under the lock: on the dispatcher's thread this runs it now
+            self._bus._dispatcher.call_soon(self._fold_distributions_soon)
         if first and self._bus._dispatcher.loop is None:
             # Stopped: a forked child's, which nothing else starts for a Stat it inherited.
             self._bus._dispatcher.start_for_stats()
@@ -363,6 +411,10 @@ class Stat:
                 (self._sum, self._max, self._min, self._scaled),
                 (self._want_sum, self._want_max, self._want_min),
             )
+            if self._want_hist or self._want_moments:
+                self._moments, self._hist = _fold_distribution(
+                    [float(v.value()) for v in ready], self._moments, self._hist, self
+                )
             self._pending = pending[n:]
             self._sum, self._max, self._min, self._scaled = total, high, low, scaled
             value = self._value
@@ -403,6 +455,12 @@ class Stat:
             (self._sum, self._max, self._min, self._scaled),
             (self._want_sum, self._want_max, self._want_min),
         )
+        dist_chunks = self._dist_chunks
+        if (self._want_hist or self._want_moments) and values:
+            if len(dist_chunks) >= _DIST_BACKLOG:  # the dispatcher is behind: fold here
+                self._fold_distributions()
+                dist_chunks = self._dist_chunks
+            dist_chunks = dist_chunks + [values]
         last = chunk[-1]
         # Committed without a call or a backward jump in between, the only points where
         # CPython runs a signal handler: the samples move from the buffer to the aggregates
@@ -414,12 +472,30 @@ class Stat:
         self._max = high
         self._min = low
         self._value = last
+        self._dist_chunks = dist_chunks
         self._count += n
+
+    def _fold_distributions(self) -> None:
+        """Fold the chunks waiting for the distribution aggregates (under the lock)."""
+        chunks = self._dist_chunks
+        if not chunks:
+            return
+        moments, hist = self._moments, self._hist
+        for values in chunks:
+            moments, hist = _fold_distribution(values, moments, hist, self)
+        self._moments, self._hist, self._dist_chunks = moments, hist, []
+
+    def _fold_distributions_soon(self) -> None:
+        """The dispatcher's side of the distribution aggregates: bucketing off the caller's
+        thread."""
+        with self._lock:
+            self._fold_distributions()
 
     def _emit(self, stamp: datetime | None = None) -> None:
         count = self._count
         if not count:
             return
+        self._fold_distributions()
         bus = self._bus
         if self._pending or bus._window_tap is not None:
             closed = ClosedWindow(
@@ -430,6 +506,7 @@ class Stat:
                 (self._sum, self._max, self._min, self._scaled),
                 self._value,
                 self._pending,
+                (self._moments, self._hist),
             )
             if self._pending:
                 self._last_window = closed
@@ -443,7 +520,17 @@ class Stat:
         # the timer closes thousands of windows per pass, so no per-window enum hashing.
         total = self._sum
         mean = _mean(total, self._scaled, count)
-        last = self._pick((self._value, mean, count, total, self._max, self._min))  # type: ignore[arg-type]  # no device value pending: a float
+        values: tuple[AggregateValue | Deferred, ...] = (
+            self._value,
+            mean,
+            count,
+            total,
+            self._max,
+            self._min,
+        )
+        if self._want_hist or self._want_moments:
+            values += _distribution(self._moments, self._hist)
+        last = self._pick(values)  # type: ignore[arg-type]  # no device value pending: a float
         data = dict(zip(self._keys, last, strict=True))
         # Queued before the window is emptied: a Ctrl-C in between can log it twice at worst,
         # never lose it.
@@ -457,6 +544,7 @@ class Stat:
         self._lock = threading.Lock()
         self._buf = []
         self._pending = []
+        self._dist_chunks = []
         self._dirty.discard(self)
         self._open_window(_clock())
 
@@ -553,7 +641,9 @@ class ClosedWindow:
         "count",
         "end",
         "high",
+        "_accumulator",
         "low",
+        "moments",
         "pending",
         "scaled",
         "stamp",
@@ -571,6 +661,7 @@ class ClosedWindow:
         aggregates: _Aggregates,
         value: float | Deferred,
         pending: list[Deferred],
+        distribution: tuple[Moments, Accumulator | None] = (_NO_MOMENTS, None),
     ) -> None:
         self.stat = stat
         self.stamp = stamp  # when it closed: the event's timestamp
@@ -579,6 +670,11 @@ class ClosedWindow:
         self.total, self.high, self.low, self.scaled = aggregates
         self.value = value
         self.pending = pending
+        #: ``Moments`` of the window's samples, for STDDEV: ``merge_moments`` combines two
+        #: windows' (Chan et al.), ``stddev`` reads them. ``(0, 0.0, 0.0, 0.0)`` unless the
+        #: Stat reports STDDEV.
+        self.moments: Moments = distribution[0]
+        self._accumulator = distribution[1]
 
     def ready(self) -> bool:
         """Whether its device values can be read without waiting for a device."""
@@ -606,21 +702,44 @@ class ClosedWindow:
                 (self.total, self.high, self.low, self.scaled),
                 (stat._want_sum, stat._want_max, stat._want_min),
             )
+            if stat._want_hist or stat._want_moments:
+                self.moments, self._accumulator = _fold_distribution(
+                    values, self.moments, self._accumulator, stat
+                )
             if self.value.__class__ is Deferred:
                 self.value = float(self.value.value())
             self.pending = []
 
-    def aggregates(self) -> tuple[float | int, ...]:
-        """Every aggregate, in ``Aggregation`` order (after ``resolve``)."""
+    @property
+    def histogram(self) -> Histogram | None:
+        """The window's samples as a Histogram (after ``resolve``), for the percentiles and
+        HISTOGRAM; None unless the Stat reports one of them. ``Histogram.merge`` combines two
+        windows' exactly."""
+        accumulator = self._accumulator
+        return None if accumulator is None else accumulator.histogram()
+
+    def aggregates(self) -> tuple[AggregateValue, ...]:
+        """Every aggregate, in ``Aggregation`` order (after ``resolve``); the distribution's
+        only if the Stat reports one."""
         count = self.count
         mean = _mean(self.total, self.scaled, count)
-        return (self.value, mean, count, self.total, self.high, self.low)  # type: ignore[return-value]
+        values: tuple[AggregateValue | Deferred, ...] = (
+            self.value,
+            mean,
+            count,
+            self.total,
+            self.high,
+            self.low,
+        )
+        if self.stat._want_hist or self.stat._want_moments:
+            values += _distribution(self.moments, self._accumulator)
+        return values  # type: ignore[return-value]
 
-    def picked(self) -> tuple[float | int, ...]:
+    def picked(self) -> tuple[AggregateValue, ...]:
         """The Stat's aggregates, in its order."""
         return self.stat._pick(self.aggregates())
 
-    def data(self) -> dict[str, float | int]:
+    def data(self) -> dict[str, AggregateValue]:
         """The event data of the window (reading its device values first); the Stat's
         ``get()`` returns these aggregates from now on."""
         self.wait()
@@ -630,3 +749,90 @@ class ClosedWindow:
         if stat._last_window is self:  # not an older window read late
             stat._last, stat._last_window = last, None
         return dict(zip(stat._keys, last, strict=True))
+
+
+# -- distributions: STDDEV's moments and the percentiles' Histogram --
+
+
+def merge_moments(a: Moments, b: Moments) -> Moments:
+    """The moments of two sets of samples together (Chan et al.'s pairwise update): no
+    large sums are subtracted, so samples far from zero (1e9 + noise) keep their precision.
+
+    Args:
+        a: the moments of some samples.
+        b: the moments of others.
+
+    Returns:
+        The moments of both.
+    """
+    na, shift_a, mean_a, m2_a = a
+    nb, shift_b, mean_b, m2_b = b
+    if not na:
+        return b
+    if not nb:
+        return a
+    n = na + nb
+    delta = (shift_b - shift_a) + (mean_b - mean_a)  # shifts are close samples: exact
+    return (n, shift_a, mean_a + delta * nb / n, m2_a + m2_b + delta * delta * (na * nb / n))
+
+
+def stddev(moments: Moments) -> float:
+    """The population standard deviation of samples with these moments (NaN for none, and
+    when a sample was NaN or infinite)."""
+    n, _, _, m2 = moments
+    return math.sqrt(m2 / n) if n else math.nan
+
+
+def _chunk_moments(values: list[float], shift: float) -> Moments:
+    """The moments of a chunk about ``shift``, with C builtins: the samples' distances from
+    ``shift`` (exact for samples within a factor 2 of it), their mean correctly rounded
+    (``math.fsum``), then the root of their squared deviations from it (``math.dist``,
+    without overflow or cancellation)."""
+    n = len(values)
+    offsets = list(map(operator.sub, values, repeat(shift)))
+    try:
+        mean = math.fsum(offsets) / n
+    except OverflowError:  # an intermediate sum past the float range, of finite samples
+        mean = math.fsum(map(_SCALE.__mul__, offsets)) / n / _SCALE
+    except ValueError:  # inf - inf
+        mean = math.nan
+    deviation = math.dist(offsets, [mean] * n)
+    return (n, shift, mean, deviation * deviation)
+
+
+def _fold_distribution(
+    values: list[float], moments: Moments, hist: Accumulator | None, stat: Stat
+) -> tuple[Moments, Accumulator | None]:
+    """A window's moments and Histogram with ``values`` added, for those ``stat`` wants
+    (the Histogram's counts grow in place)."""
+    if not values:
+        return moments, hist
+    if stat._want_moments:
+        # One shift per window (its first sample), so its chunks' means differ exactly.
+        shift = moments[1] if moments[0] else values[0]
+        moments = merge_moments(moments, _chunk_moments(values, shift))
+    if stat._want_hist:
+        if hist is None:
+            hist = Accumulator(_MAX_BUCKETS)
+        hist.add(values)
+    return moments, hist
+
+
+# Chunks waiting for the dispatcher to fold their distribution aggregates before the
+# caller's thread folds them itself: bounds an open window's memory if the dispatcher is busy
+# or not running.
+_DIST_BACKLOG = 8
+
+# Buckets per sign of a window's Histogram: scale 6 (percentiles within 0.55%) for values
+# spanning up to 32 octaves; the open window's Histogram holds at most twice this many counts.
+_MAX_BUCKETS = 2048
+
+
+def _distribution(moments: Moments, accumulator: Accumulator | None) -> tuple[AggregateValue, ...]:
+    """P50, P90, P95, P99, STDDEV and HISTOGRAM of a window, in ``Aggregation`` order."""
+    hist = None if accumulator is None else accumulator.histogram()
+    if hist is None:
+        quantiles = (math.nan,) * len(_QUANTILES)
+    else:
+        quantiles = tuple(hist.quantile(q) for q in _QUANTILES.values())
+    return (*quantiles, stddev(moments), hist if hist is not None else Histogram())

@@ -18,10 +18,12 @@ Guarantees
   at the path is the listener it was told of (``SO_PEERCRED``: our uid, the listener's pid),
   not another user's (or another process's) socket at the same path.
 - What a message may hold: bodies are decoded by an unpickler that makes only what the relay's
-  messages hold (tuples, dicts and plain values, ``datetime``, ``timedelta``, ``timezone``);
+  messages hold (tuples, dicts and plain values, ``datetime``, ``timedelta``, ``timezone``,
+  and a Stat window's ``Histogram``, whose fields are checked as its constructor checks them);
   any other global is refused (``pickle.UnpicklingError``), so no body can run code. A decoded
   message must then have exactly the shape and types its kind has (``check``: an index that
-  fits the answer, an event's name, timestamp and data as ``Event`` holds them, a drop count
+  fits the answer, an event's name, timestamp and data as ``Event`` holds them (a window's data
+  may hold a ``Histogram`` too), a drop count
   from 1 to 2**63 - 1), or it is refused (``Refused``) before it touches a bus. A child
   sends its timestamps in that form (``stamp``): a ``ZoneInfo`` by its key, another tzinfo as
   its fixed offset, a ``datetime`` subclass as a ``datetime``.
@@ -39,6 +41,8 @@ import struct
 import sys
 from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
+
+from ._histogram import Histogram
 
 # Messages: a 4-byte length, then a body.
 HEADER = struct.Struct("<I")
@@ -60,6 +64,7 @@ _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 _MAX_INDEX = 2**32 - 1
 _MAX_COUNT = 2**63 - 1
 _PLAIN = (str, int, float, bool)  # an event's data values (as ``Event`` holds them)
+_WINDOW_VALUES = (*_PLAIN, Histogram)  # a Stat window's
 _KINDS = {HELLO: "HELLO", BUS: "BUS", EVENT: "EVENT", WINDOW: "WINDOW", DROPPED: "DROPPED"}
 
 
@@ -133,6 +138,8 @@ _ALLOWED = {
     ("datetime", "datetime"): datetime,
     ("datetime", "timedelta"): timedelta,
     ("datetime", "timezone"): timezone,
+    # A window's HISTOGRAM: made empty, then its state checked (Histogram.__setstate__).
+    ("monitor_bus", "Histogram"): Histogram,
 }
 
 
@@ -188,8 +195,9 @@ def check(message: Any) -> tuple[Any, ...]:
     _, _, event, micros, zone, data = message
     if event.__class__ is not str:
         raise Refused(f"it sent a {name} named {_show(event)}")
+    values = _WINDOW_VALUES if kind == WINDOW else _PLAIN
     if data.__class__ is not dict or any(
-        key.__class__ is not str or value.__class__ not in _PLAIN for key, value in data.items()
+        key.__class__ is not str or value.__class__ not in values for key, value in data.items()
     ):
         raise Refused(f"it sent a {name} whose data is not str keys to plain values")
     return kind, index, event, _timestamp(micros, zone), data

@@ -124,3 +124,15 @@ def events_and_a_window_from_forked_children(events: int, adds_: int) -> None:
         proc.start()
         proc.join(60)
         assert proc.exitcode == 0
+
+
+def add_distribution(values: list[float]) -> None:
+    """Add ``values`` to a Stat of percentiles, stddev and histogram whose hour-long window
+    closes as the process ends (its Histogram crosses the relay)."""
+    stat = Stat(
+        "dist",
+        [Aggregation.P50, Aggregation.P99, Aggregation.STDDEV, Aggregation.HISTOGRAM],
+        timedelta(hours=1),
+    )
+    for v in values:
+        stat.add(v)

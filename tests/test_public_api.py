@@ -50,14 +50,21 @@ def test_public_objects_report_the_public_module(obj: object) -> None:
 
 
 def test_aggregation_members_match_torch() -> None:
-    """Aggregation has exactly torch.monitor's members, each with its name."""
-    assert [a.name for a in monitor_bus.Aggregation] == [
-        "VALUE",
-        "MEAN",
-        "COUNT",
-        "SUM",
-        "MAX",
-        "MIN",
+    """Aggregation has torch.monitor's members first, with their names and values, then
+    the distributions (issue 22)."""
+    assert [(a.name, a.value) for a in monitor_bus.Aggregation] == [
+        ("VALUE", 1),
+        ("MEAN", 2),
+        ("COUNT", 3),
+        ("SUM", 4),
+        ("MAX", 5),
+        ("MIN", 6),
+        ("P50", 7),
+        ("P90", 8),
+        ("P95", 9),
+        ("P99", 10),
+        ("STDDEV", 11),
+        ("HISTOGRAM", 12),
     ]
 
 

@@ -1,0 +1,276 @@
+"""Stat distributions (issue 22): P50/P90/P95/P99 from the window's Histogram, a stable
+STDDEV, HISTOGRAM, what a closed window carries for a merge, and a child's Histogram across
+the relay."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import pickle
+import random
+import statistics
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+import monitor_bus
+from monitor_bus import (
+    STAT_EVENT,
+    Aggregation,
+    EventBus,
+    EventOrigin,
+    Histogram,
+    Stat,
+    _stat,
+    _wire,
+)
+from monitor_bus._stat import ClosedWindow, merge_moments, stddev
+
+from . import child_workers
+from .conftest import Recorder
+from .test_stat import StepClock, stat_events
+
+DIST = [Aggregation.P50, Aggregation.P90, Aggregation.P95, Aggregation.P99]
+EVERY = [*DIST, Aggregation.STDDEV, Aggregation.HISTOGRAM]
+LONG = timedelta(seconds=600)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> StepClock:
+    c = StepClock()
+    monkeypatch.setattr(_stat, "_clock", c)
+    return c
+
+
+def close_window(stat: Stat, clock: StepClock) -> dict[Aggregation, Any]:
+    clock.now += 600
+    return stat.get()
+
+
+def test_window_data_has_percentiles_stddev_and_histogram(
+    bus: EventBus, recorder: Recorder, clock: StepClock
+) -> None:
+    """A window of several folds logs <name>.p50 ... .p99 read from its Histogram (the
+    Histogram of all its samples, as one pass makes it), .stddev and .histogram; get()
+    reports the same."""
+    bus.register_event_handler(recorder)
+    rng = random.Random(1)
+    samples = [rng.lognormvariate(-2, 1) for _ in range(3 * _stat._CHUNK + 17)]
+    stat = Stat("step", [Aggregation.MEAN, *EVERY], LONG, bus=bus)
+    for v in samples:
+        stat.add(v)
+    got = close_window(stat, clock)
+    assert bus.flush()
+    whole = Histogram.of(samples)
+    expected = {
+        Aggregation.MEAN: got[Aggregation.MEAN],
+        Aggregation.P50: whole.quantile(0.5),
+        Aggregation.P90: whole.quantile(0.9),
+        Aggregation.P95: whole.quantile(0.95),
+        Aggregation.P99: whole.quantile(0.99),
+        Aggregation.STDDEV: got[Aggregation.STDDEV],
+        Aggregation.HISTOGRAM: whole,
+    }
+    assert got == expected
+    assert math.isclose(got[Aggregation.STDDEV], statistics.pstdev(samples), rel_tol=1e-14)
+    (data,) = stat_events(recorder)
+    assert data == {f"step.{agg.name.lower()}": value for agg, value in expected.items()}
+    assert list(data) == [
+        "step.mean",
+        "step.p50",
+        "step.p90",
+        "step.p95",
+        "step.p99",
+        "step.stddev",
+        "step.histogram",
+    ]
+    for q, key in ((0.5, "step.p50"), (0.99, "step.p99")):
+        true = sorted(samples)[math.ceil(q * len(samples)) - 1]
+        assert abs(data[key] - true) <= 0.01 * true  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("center", [0.0, 1e9, 1e15, -3e12])
+def test_stddev_keeps_its_precision_far_from_zero(center: float, clock: StepClock) -> None:
+    """STDDEV of samples far from zero (1e9 + noise) is the exact population standard
+    deviation to a few roundings: the sum of squares would lose every digit."""
+    rng = random.Random(int(center))
+    samples = [center + rng.gauss(0, 1) for _ in range(2 * _stat._CHUNK + 5)]
+    stat = Stat("x", [Aggregation.STDDEV], LONG)
+    for v in samples:
+        stat.add(v)
+    got = close_window(stat, clock)[Aggregation.STDDEV]
+    assert math.isclose(got, statistics.pstdev(samples), rel_tol=1e-13)
+
+
+def test_non_numbers_have_defined_outcomes(clock: StepClock) -> None:
+    """A NaN makes STDDEV NaN and is left out of the percentiles (counted in the Histogram's
+    nan_count); an infinity makes STDDEV NaN and is a percentile where its rank falls."""
+    stat = Stat("x", [Aggregation.P50, Aggregation.P99, *EVERY[4:]], LONG)
+    for v in (1.0, 2.0, math.nan, 4.0):
+        stat.add(v)
+    got = close_window(stat, clock)
+    assert math.isnan(got[Aggregation.STDDEV])
+    assert got[Aggregation.P99] == 4.0
+    assert got[Aggregation.HISTOGRAM].nan_count == 1
+    assert got[Aggregation.HISTOGRAM] == Histogram.of([1.0, 2.0, math.nan, 4.0])
+    for v in (1.0, math.inf, math.inf):
+        stat.add(v)
+    got = close_window(stat, clock)
+    assert math.isnan(got[Aggregation.STDDEV])
+    assert got[Aggregation.P50] == math.inf
+    assert got[Aggregation.P99] == math.inf
+
+
+def test_a_single_sample_has_zero_stddev_and_itself_as_percentiles(clock: StepClock) -> None:
+    """One sample: STDDEV 0 and every percentile the sample (min and max clamp the bucket)."""
+    stat = Stat("x", EVERY, LONG)
+    stat.add(0.3)
+    got = close_window(stat, clock)
+    assert got == {
+        **dict.fromkeys(DIST, 0.3),
+        Aggregation.STDDEV: 0.0,
+        Aggregation.HISTOGRAM: Histogram.of([0.3]),
+    }
+
+
+def test_closed_windows_carry_what_a_merge_needs(bus: EventBus, clock: StepClock) -> None:
+    """A ClosedWindow carries its moments and Histogram: two windows merged give the STDDEV
+    and the Histogram (so the percentiles) of all their samples."""
+    closed: list[ClosedWindow] = []
+
+    def tap(window: ClosedWindow) -> bool:
+        closed.append(window)
+        return True
+
+    bus._window_tap = tap
+    stat = Stat("x", [Aggregation.STDDEV, Aggregation.P99], LONG, bus=bus)
+    rng = random.Random(3)
+    first = [1e6 + rng.random() for _ in range(5000)]
+    second = [1e6 + 3 * rng.random() for _ in range(3000)]
+    for samples in (first, second):
+        for v in samples:
+            stat.add(v)
+        clock.now += 600
+        stat.get()  # closes the window
+    a, b = closed
+    assert a.count == 5000
+    assert a.moments[0] == 5000
+    assert math.isclose(stddev(a.moments), statistics.pstdev(first), rel_tol=1e-13)
+    merged = merge_moments(a.moments, b.moments)
+    assert math.isclose(stddev(merged), statistics.pstdev(first + second), rel_tol=1e-13)
+    assert merge_moments(b.moments, a.moments)[0] == 8000
+    assert a.histogram is not None
+    assert b.histogram is not None
+    assert a.histogram.merge(b.histogram) == Histogram.of(first + second)
+    bus._window_tap = None
+
+
+def test_a_stat_without_distributions_carries_none(bus: EventBus, clock: StepClock) -> None:
+    """A Stat of torch.monitor's aggregations builds no Histogram and no moments."""
+    stat = Stat("x", [Aggregation.MEAN], LONG, bus=bus)
+    stat.add(1.0)
+    assert (stat._hist, stat._moments) == (None, (0, 0.0, 0.0, 0.0))
+
+
+def test_merge_moments_of_empty_sides() -> None:
+    """Merging with no samples returns the other side; stddev of nothing is NaN."""
+    some = (3, 1.0, 0.5, 2.0)
+    empty = (0, 0.0, 0.0, 0.0)
+    assert merge_moments(some, empty) == some
+    assert merge_moments(empty, some) == some
+    assert math.isnan(stddev(empty))
+
+
+def test_device_values_reach_the_histogram_and_stddev(clock: StepClock) -> None:
+    """Tensor samples, read later on a thread of the bus, are in the window's Histogram and
+    STDDEV as floats would be."""
+    torch = pytest.importorskip("torch") if not _ci() else __import__("torch")
+    stat = Stat("x", [Aggregation.P50, Aggregation.STDDEV, Aggregation.HISTOGRAM], LONG)
+    samples = [0.5, 1.5, 2.5, 10.0]
+    for v in samples:
+        stat.add(torch.tensor(v))
+    got = close_window(stat, clock)
+    assert got[Aggregation.HISTOGRAM] == Histogram.of(samples)
+    assert math.isclose(got[Aggregation.STDDEV], statistics.pstdev(samples), rel_tol=1e-15)
+
+
+def _ci() -> bool:
+    from .conftest import IN_CI
+
+    return IN_CI
+
+
+def test_a_childs_window_arrives_with_its_histogram(recorder: Recorder) -> None:
+    """A child process's window crosses the relay with its Histogram intact (equal to the
+    Histogram of the child's samples) and its percentiles and stddev."""
+    monitor_bus.register_event_handler(recorder)
+    rng = random.Random(9)
+    samples = [rng.expovariate(3.0) for _ in range(2000)] + [0.0, -1.5]
+    proc = multiprocessing.get_context("fork").Process(
+        target=child_workers.add_distribution, args=(samples,)
+    )
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert monitor_bus.flush(10)
+    (event,) = [e for e in recorder.events if e.name == STAT_EVENT]
+    assert event.origin == EventOrigin(proc.pid, None)  # type: ignore[arg-type]
+    whole = Histogram.of(samples)
+    assert event.data["dist.histogram"] == whole
+    assert event.data["dist.p50"] == whole.quantile(0.5)
+    assert event.data["dist.p99"] == whole.quantile(0.99)
+    assert math.isclose(event.data["dist.stddev"], statistics.pstdev(samples), rel_tol=1e-13)  # type: ignore[arg-type]
+
+
+def test_the_relay_checks_a_histograms_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The relay's unpickler makes a Histogram only from fields its constructor accepts, and
+    only a window's data may hold one."""
+    h = Histogram.of([1.0, 2.0])
+    body = pickle.dumps((_wire.WINDOW, 1, STAT_EVENT, 0, None, {"x.histogram": h}), 5)
+    message = _wire.check(_wire.loads(body))
+    assert message[4] == {"x.histogram": h}
+    event = pickle.dumps((_wire.EVENT, 1, "e", 0, None, {"x.histogram": h}), 5)
+    with pytest.raises(_wire.Refused, match="not str keys to plain values"):
+        _wire.check(_wire.loads(event))
+    forged = {**h.to_dict(), "count": 7}
+    monkeypatch.setattr(Histogram, "__getstate__", lambda self: forged)
+    with pytest.raises(ValueError, match="count must be the total of the counts"):
+        _wire.loads(pickle.dumps(h, 5))
+
+
+def test_the_dispatcher_buckets_off_the_callers_thread(
+    bus: EventBus, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the bus running, a window's chunks are bucketed on the dispatcher's thread, not
+    in the caller's add."""
+    bus.register_event_handler(recorder)
+    threads: list[threading.Thread] = []
+    folded = threading.Event()
+    real = _stat._fold_distribution
+
+    def spy(*args: Any) -> Any:
+        threads.append(threading.current_thread())
+        folded.set()
+        return real(*args)
+
+    monkeypatch.setattr(_stat, "_fold_distribution", spy)
+    stat = Stat("x", [Aggregation.P99], LONG, bus=bus)
+    stat.add(1.0)  # a window's first add folds at once
+    assert folded.wait(10)
+    assert threads == [bus._dispatcher.thread]
+    assert stat.count == 1
+
+
+def test_waiting_chunks_are_bounded_when_the_dispatcher_is_not_running(
+    bus: EventBus, clock: StepClock
+) -> None:
+    """With no dispatcher to fold them (no handlers), at most _DIST_BACKLOG chunks wait: the
+    caller folds the rest, and the window still holds every sample."""
+    stat = Stat("x", [Aggregation.P50, Aggregation.HISTOGRAM], LONG, bus=bus)
+    samples = [float(i % 1000 + 1) for i in range((_stat._DIST_BACKLOG + 3) * _stat._CHUNK)]
+    for v in samples:
+        stat.add(v)
+        assert len(stat._dist_chunks) <= _stat._DIST_BACKLOG
+    assert close_window(stat, clock)[Aggregation.HISTOGRAM] == Histogram.of(samples)
