@@ -124,3 +124,19 @@ WINDOW_SAMPLES = (
     [0.0, -2.5, 0.3, 1.7, 3.3, 5.1, 12.9, 250.4],
     [0.6, 7.7, -0.1, 1e6 + 3.1, 3.3],
 )
+
+
+def real_window(bus: monitor_bus.EventBus, samples: list[float], name: str = "lat") -> None:
+    """Close one window of a real ``Stat`` with P50, P99, STDDEV and HISTOGRAM on ``bus``."""
+    from datetime import timedelta
+
+    agg = monitor_bus.Aggregation
+    stat = monitor_bus.Stat(
+        name,
+        [agg.P50, agg.P99, agg.STDDEV, agg.HISTOGRAM],
+        timedelta(hours=1),
+        max_samples=len(samples),
+        bus=bus,
+    )
+    for sample in samples:
+        stat.add(sample)

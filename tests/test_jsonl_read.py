@@ -16,7 +16,7 @@ import pytest
 from monitor_bus import STAT_EVENT, Event, EventBus, Histogram, JsonlEventHandler, read_jsonl
 from monitor_bus._jsonl import iter_jsonl
 
-from .conftest import WINDOW_SAMPLES, distribution_window
+from .conftest import WINDOW_SAMPLES, Recorder, distribution_window, real_window
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 LINE = '{"name":"a","timestamp":"2026-03-01T12:00:00+00:00","data":{"x":1}}'
@@ -204,3 +204,19 @@ def test_a_bad_histogram_object_is_not_an_event(tmp_path: Path, value: object, w
     run.write_text(json.dumps(line) + "\n")
     with pytest.raises(ValueError, match=re.escape(f"line 1: data['h'] {why}")):
         read_jsonl(run)
+
+
+def test_a_real_stat_window_reads_back_as_logged(
+    tmp_path: Path, bus: EventBus, recorder: Recorder
+) -> None:
+    """A window of a real Stat with distributions reads back equal to what the bus delivered."""
+    run = tmp_path / "run.jsonl"
+    handler = JsonlEventHandler(run)
+    bus.register_event_handler(handler)
+    bus.register_event_handler(recorder)
+    real_window(bus, WINDOW_SAMPLES[0])
+    assert bus.flush(10)
+    handler.close()
+    (event,) = read_jsonl(run)
+    assert event.data == recorder.events[0].data
+    assert event.data["lat.histogram"] == Histogram.of(WINDOW_SAMPLES[0])

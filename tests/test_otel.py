@@ -16,7 +16,7 @@ import pytest
 import monitor_bus
 from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Histogram, Stat
 
-from .conftest import IN_CI, WINDOW_SAMPLES, distribution_window
+from .conftest import IN_CI, WINDOW_SAMPLES, distribution_window, real_window
 
 if not IN_CI:  # in CI the import below fails instead
     pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
@@ -727,3 +727,18 @@ def test_histogram_over_otlp_http(receiver: Receiver, bus: EventBus) -> None:
         histogram.negative_offset,
         histogram.negative_counts,
     )
+
+
+def test_a_real_stat_window_becomes_an_exponential_histogram(bus: EventBus) -> None:
+    """A window of a real Stat with HISTOGRAM reaches the reader as the Histogram of its
+    samples; its percentiles and stddev as gauges."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], views=[histogram_view()])
+    bus.register_event_handler(OpenTelemetryEventHandler(provider, LoggerProvider()))
+    real_window(bus, WINDOW_SAMPLES[0])
+    assert bus.flush(10)
+    (point,) = exponential_points(reader)["lat.histogram"]
+    assert same_as(point, Histogram.of(WINDOW_SAMPLES[0]))
+    names = {m.name for m in reader.get_metrics_data().resource_metrics[0].scope_metrics[0].metrics}
+    assert names == {"lat.p50", "lat.p99", "lat.stddev", "lat.histogram"}
+    provider.shutdown()

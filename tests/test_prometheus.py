@@ -20,7 +20,7 @@ import pytest
 
 from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Histogram, Stat
 
-from .conftest import IN_CI, WINDOW_SAMPLES, distribution_window, require
+from .conftest import IN_CI, WINDOW_SAMPLES, distribution_window, real_window, require
 
 if not IN_CI:  # in CI the import below fails instead
     pytest.importorskip("prometheus_client", reason="the prometheus extra is not installed")
@@ -459,3 +459,14 @@ def test_histogram_whose_name_is_taken_is_skipped_and_counted(bus: EventBus) -> 
     assert prom.skipped_names == 1
     assert registry.get_sample_value("monitor_bus_skipped_total", {"reason": "name_taken"}) == 1
     assert registry.get_sample_value("monitor_bus_lat_p50") is not None
+
+
+def test_a_real_stat_window_becomes_a_histogram(bus: EventBus) -> None:
+    """A window of a real Stat with HISTOGRAM is scraped as le buckets of its samples."""
+    prom = PrometheusEventHandler()
+    bus.register_event_handler(prom)
+    real_window(bus, WINDOW_SAMPLES[0])
+    assert bus.flush(10)
+    got = scrape(prom)
+    check_le_buckets(got["monitor_bus_lat_histogram_bucket"], WINDOW_SAMPLES[0], MAX_LE_BUCKETS)
+    assert {"monitor_bus_lat_p50", "monitor_bus_lat_p99", "monitor_bus_lat_stddev"} < set(got)

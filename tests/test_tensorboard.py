@@ -20,7 +20,7 @@ import monitor_bus
 from monitor_bus import STAT_EVENT, Event, TensorboardEventHandler
 from monitor_bus.tensorboard import SummaryWriter
 
-from .conftest import WINDOW_SAMPLES, distribution_window, require
+from .conftest import WINDOW_SAMPLES, distribution_window, real_window, require
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -678,3 +678,20 @@ def test_add_histogram_raw_rejects_bad_arguments_naming_them(
     with SummaryWriter(tmp_path) as writer, pytest.raises(error, match=match):
         writer.add_histogram_raw(**args)
     assert load(tmp_path).Tags()["histograms"] == []
+
+
+def test_a_real_stat_window_becomes_a_histogram(bus: monitor_bus.EventBus, tmp_path: Path) -> None:
+    """A window of a real Stat with HISTOGRAM reaches EventAccumulator as a histogram of all
+    its samples, its percentiles and stddev as scalars."""
+    writer = SummaryWriter(tmp_path)
+    bus.register_event_handler(TensorboardEventHandler(writer))
+    real_window(bus, WINDOW_SAMPLES[0])
+    assert bus.flush(10)
+    writer.close()
+    acc = EventAccumulator(str(tmp_path), size_guidance={"histograms": 0})
+    acc.Reload()
+    (event,) = acc.Histograms("lat.histogram")
+    got = event.histogram_value
+    samples = WINDOW_SAMPLES[0]
+    assert (got.num, got.min, got.max) == (len(samples), min(samples), max(samples))
+    assert sorted(acc.Tags()["scalars"]) == ["lat.p50", "lat.p99", "lat.stddev"]
