@@ -3,6 +3,7 @@ library's QueueHandler/QueueListener.
 
     python benchmarks/core.py                    # print the table
     python benchmarks/core.py --write docs/performance.md
+    python benchmarks/core.py --only stat-add    # just the Stat.add rows
 
 Each figure is the median of several rounds; the contenders alternate within each round so
 both see the same machine load. torch is optional: without it, its columns say "n/a".
@@ -16,6 +17,7 @@ import logging
 import logging.handlers
 import platform
 import queue
+import random
 import statistics
 import sys
 import threading
@@ -61,6 +63,57 @@ def stat_add_torch(n: int) -> None:
     add = stat.add
     for _ in range(n):
         add(0.5)
+
+
+# -- 1b. Stat.add of varying samples: the distributions against MEAN alone (issue 22) --
+
+# Step-time-like samples (a log-normal around 0.1 s), the same for every contender.
+_rng = random.Random(22)
+VALUES = [_rng.lognormvariate(-2.3, 0.4) for _ in range(1 << 16)]
+DISTRIBUTIONS = [
+    monitor_bus.Aggregation.MEAN,
+    monitor_bus.Aggregation.P50,
+    monitor_bus.Aggregation.P99,
+    monitor_bus.Aggregation.STDDEV,
+]
+
+
+def stat_add_values(aggregations: list[monitor_bus.Aggregation], n: int) -> tuple[float, float]:
+    """ns per ``Stat.add`` of ``VALUES`` (cycled): wall time, and the CPU time of the caller's
+    thread (the distributions are bucketed on the dispatcher's, which runs: a handler is
+    registered, as in any real use)."""
+    stat = monitor_bus.Stat("x", aggregations, timedelta(hours=1))
+    add = stat.add
+    values = (VALUES * (n // len(VALUES) + 1))[:n]
+    gc.collect()
+    start, cpu = time.perf_counter_ns(), time.thread_time_ns()
+    for v in values:
+        add(v)
+    return (time.perf_counter_ns() - start) / n, (time.thread_time_ns() - cpu) / n
+
+
+def stat_add_values_torch(n: int) -> float:
+    stat = torch_monitor.Stat("x", [torch_monitor.Aggregation.MEAN], timedelta(hours=1))
+    add = stat.add
+    values = (VALUES * (n // len(VALUES) + 1))[:n]
+    gc.collect()
+    start = time.perf_counter_ns()
+    for v in values:
+        add(v)
+    return (time.perf_counter_ns() - start) / n
+
+
+def stat_add_rows(r: dict[str, float], n: int) -> None:
+    """The Stat.add measures of one round, the contenders alternating."""
+    r["add_ours"] = per_call_ns(stat_add_ours, n)
+    if torch_monitor is not None:
+        r["add_torch"] = per_call_ns(stat_add_torch, n)
+    handle = monitor_bus.register_event_handler(lambda e: None)
+    r["add_mean_wall"], r["add_mean_cpu"] = stat_add_values([monitor_bus.Aggregation.MEAN], n)
+    r["add_dist_wall"], r["add_dist_cpu"] = stat_add_values(DISTRIBUTIONS, n)
+    monitor_bus.unregister_event_handler(handle)
+    if torch_monitor is not None:
+        r["add_values_torch"] = stat_add_values_torch(n)
 
 
 # -- 2. Event + log_event with one handler --
@@ -162,7 +215,7 @@ def median_of(rounds: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in rounds if key in r)
 
 
-def run(rounds: int, scale: float) -> dict[str, float]:
+def run(rounds: int, scale: float, only: str) -> dict[str, float]:
     n_add = int(1_000_000 * scale)
     n_log = int(200_000 * scale)
     n_tp = int(200_000 * scale)
@@ -170,9 +223,10 @@ def run(rounds: int, scale: float) -> dict[str, float]:
     results: list[dict[str, float]] = []
     for _ in range(rounds):
         r: dict[str, float] = {}
-        r["add_ours"] = per_call_ns(stat_add_ours, n_add)
-        if torch_monitor is not None:
-            r["add_torch"] = per_call_ns(stat_add_torch, n_add)
+        stat_add_rows(r, n_add)
+        if only == "stat-add":
+            results.append(r)
+            continue
         handle = monitor_bus.register_event_handler(lambda e: None)
         r["log_ours"] = per_call_ns(log_ours, n_log)
         monitor_bus.unregister_event_handler(handle)
@@ -207,6 +261,30 @@ def table(m: dict[str, float], rounds: int) -> str:
             "<= 1.0",
         ),
         (
+            "`Stat.add` [MEAN, P50, P99, STDDEV] vs [MEAN], caller's thread CPU ns/call",
+            val("add_dist_cpu", ".0f"),
+            val("add_mean_cpu", ".0f"),
+            "monitor_bus [MEAN]",
+            ratio("add_dist_cpu", "add_mean_cpu"),
+            "<= 1.3",
+        ),
+        (
+            "`Stat.add` [MEAN, P50, P99, STDDEV] vs [MEAN], wall ns/call (same process)",
+            val("add_dist_wall", ".0f"),
+            val("add_mean_wall", ".0f"),
+            "monitor_bus [MEAN]",
+            ratio("add_dist_wall", "add_mean_wall"),
+            "report",
+        ),
+        (
+            "`Stat.add` [MEAN, P50, P99, STDDEV] vs torch.monitor [MEAN], wall ns/call",
+            val("add_dist_wall", ".0f"),
+            val("add_values_torch", ".0f"),
+            "torch.monitor",
+            ratio("add_dist_wall", "add_values_torch"),
+            "report",
+        ),
+        (
             "`Event(...)` + `log_event`, one handler, ns/call",
             val("log_ours", ".0f"),
             val("log_torch", ".0f"),
@@ -237,7 +315,7 @@ def table(m: dict[str, float], rounds: int) -> str:
         "| measure | monitor_bus | other | other is | ratio | target |",
         "|---|---:|---:|---|---:|---|",
     ]
-    lines += [f"| {' | '.join(row)} |" for row in rows]
+    lines += [f"| {' | '.join(row)} |" for row in rows if row[1] != "n/a"]
     return "\n".join(lines)
 
 
@@ -261,10 +339,13 @@ def main() -> None:
     )
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every iteration count")
     parser.add_argument(
+        "--only", choices=["all", "stat-add"], default="all", help="run only these rows"
+    )
+    parser.add_argument(
         "--write", type=Path, help="replace the results section of this markdown file"
     )
     args = parser.parse_args()
-    medians = run(args.rounds, args.scale)
+    medians = run(args.rounds, args.scale, args.only)
     text = f"Measured on {datetime.now():%Y-%m-%d}: {machine()}.\n\n{table(medians, args.rounds)}\n"
     print(text)
     if args.write:

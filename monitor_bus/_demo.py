@@ -393,7 +393,16 @@ async def _train(
     net = _Net(rng)
 
     step_time = Stat(
-        "step_time_ms", [Aggregation.MEAN, Aggregation.MIN, Aggregation.MAX], WINDOW, bus=bus
+        "step_time_ms",
+        [
+            Aggregation.MEAN,
+            Aggregation.MIN,
+            Aggregation.MAX,
+            Aggregation.P50,
+            Aggregation.P99,
+        ],
+        WINDOW,
+        bus=bus,
     )
     throughput = Stat("samples_per_s", [Aggregation.MEAN], WINDOW, bus=bus)
     train_loss = Stat("train_loss", [Aggregation.MEAN], WINDOW, bus=bus)

@@ -12,7 +12,7 @@ Guarantees
 - Resolution: a Histogram starts at scale ``MAX_SCALE`` (20) and coarsens, one scale at a
   time (each halving the buckets), until each sign's buckets fit ``max_buckets`` (2048 by
   default), as OpenTelemetry's SDK does. With 2048, any samples whose magnitudes lie in an
-  interval ``(x, x * 2**31.98]`` keep scale 6 or finer, where ``quantile`` is within 0.55% of
+  interval ``(x, x * 2**31.98]`` keep scale 6 or finer, where ``quantile`` is within 0.54% of
   the true value; those in ``(2**k, 2**(k + 32)]`` too. Wider data gets coarser buckets: each
   scale lower doubles the error bound (``(r - 1) / (r + 1)`` with ``r = 2**(2**-scale)``).
 - Exactness: buckets are counted at scale 20 and only ever coarsened by shifting indices, and a
@@ -349,7 +349,7 @@ class Histogram:
         The nearest-rank quantile (numpy's ``inverted_cdf``): the sample of rank
         ``max(1, ceil(q * n))`` among ``n``, estimated as the point of its bucket nearest to
         every value the bucket can hold (relative error at most ``(r - 1) / (r + 1)``,
-        ``r = 2**(2**-scale)``: 0.55% at scale 6), kept within ``[min, max]``: ``quantile(0)``
+        ``r = 2**(2**-scale)``: 0.54% at scale 6), kept within ``[min, max]``: ``quantile(0)``
         is ``min`` and ``quantile(1)`` is ``max``.
 
         Args:

@@ -823,7 +823,7 @@ def _fold_distribution(
 # or not running.
 _DIST_BACKLOG = 8
 
-# Buckets per sign of a window's Histogram: scale 6 (percentiles within 0.55%) for values
+# Buckets per sign of a window's Histogram: scale 6 (percentiles within 0.54%) for values
 # spanning up to 32 octaves; the open window's Histogram holds at most twice this many counts.
 _MAX_BUCKETS = 2048
 

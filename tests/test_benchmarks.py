@@ -44,7 +44,7 @@ def test_core_benchmark_writes_the_figures_it_measured(tmp_path: Path) -> None:
     rows = [line.strip("| ").split(" | ") for line in out.splitlines() if line.startswith("| ")]
     header, *measures = rows  # the |---| rule does not start with "| "
     assert header == ["measure", "monitor_bus", "other", "other is", "ratio", "target"]
-    assert len(measures) == 4
+    assert len(measures) == 7
     has_torch = importlib.util.find_spec("torch") is not None
     for measure, ours, other, other_is, ratio, _target in measures:
         assert _number(ours) > 0, measure

@@ -24,7 +24,13 @@ from monitor_bus.tensorboard import SummaryWriter
 from .conftest import distribution_window
 
 STAT_GROUPS = {
-    "step_time_ms": {"step_time_ms.mean", "step_time_ms.min", "step_time_ms.max"},
+    "step_time_ms": {
+        "step_time_ms.mean",
+        "step_time_ms.min",
+        "step_time_ms.max",
+        "step_time_ms.p50",
+        "step_time_ms.p99",
+    },
     "samples_per_s": {"samples_per_s.mean"},
     "train_loss": {"train_loss.mean"},
 }
@@ -79,6 +85,10 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
     assert len(result.latencies_ms) == len(events)
     assert all(
         e.data["step_time_ms.min"] <= e.data["step_time_ms.mean"] <= e.data["step_time_ms.max"]
+        and e.data["step_time_ms.min"]
+        <= e.data["step_time_ms.p50"]
+        <= e.data["step_time_ms.p99"]
+        <= e.data["step_time_ms.max"]
         for e in by_stat["step_time_ms"]
     )
 
