@@ -10,8 +10,9 @@ take to reach a handler. Needs the ``demo`` extra (numpy; tensorboard unless dis
 In TensorBoard every chart's x axis is the training step: an epoch is drawn at the steps done
 by its end (its ``"step"`` key), a Stat window at the steps done when it closed (added to the
 window as ``"step"``, which ``TensorboardEventHandler`` takes as the global step). Stat tags are
-grouped under ``stats/`` and the epoch metrics under ``epoch/``, one section each; the files go
-in the run's own subdirectory, ``<log dir>/demo``.
+grouped under ``stats/`` and the epoch metrics under ``epoch/``, one section each; the step
+time's histogram is in the HISTOGRAMS and DISTRIBUTIONS tabs. The files go in the run's own
+subdirectory, ``<log dir>/demo``.
 """
 
 from __future__ import annotations
@@ -400,6 +401,7 @@ async def _train(
             Aggregation.MAX,
             Aggregation.P50,
             Aggregation.P99,
+            Aggregation.HISTOGRAM,
         ],
         WINDOW,
         bus=bus,

@@ -35,6 +35,7 @@ STAT_GROUPS = {
     "train_loss": {"train_loss.mean"},
 }
 STAT_KEYS = set().union(*STAT_GROUPS.values())
+HISTOGRAM_KEY = "step_time_ms.histogram"  # a window's Histogram: not a scalar
 EPOCH_KEYS = ["epoch", "step", "train_loss", "val_loss", "val_accuracy"]
 
 
@@ -70,7 +71,8 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
 
     # Each Stat logs its own event per window, holding exactly that Stat's keys.
     by_stat = {
-        name: [e for e in stats if set(e.data) == keys] for name, keys in STAT_GROUPS.items()
+        name: [e for e in stats if set(e.data) - {HISTOGRAM_KEY} == keys]
+        for name, keys in STAT_GROUPS.items()
     }
     assert sum(len(windows) for windows in by_stat.values()) == len(stats)
     assert all(by_stat.values())
@@ -95,8 +97,15 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
     # TensorBoard: a run named "demo"; Stat tags in the "stats/" section, epochs in "epoch/";
     # every x is a training step.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo", "events.jsonl"]
-    acc = EventAccumulator(str(tmp_path / "demo"), size_guidance={"scalars": 0})
+    acc = EventAccumulator(str(tmp_path / "demo"), size_guidance={"scalars": 0, "histograms": 0})
     acc.Reload()
+    # The step time's histogram: one per window, at the step its scalars are drawn at.
+    histograms = acc.Histograms(f"stats/{HISTOGRAM_KEY}")
+    windows = [e.data[HISTOGRAM_KEY] for e in by_stat["step_time_ms"]]
+    assert [(h.histogram_value.num, h.histogram_value.sum) for h in histograms] == [
+        (w.count, w.sum) for w in windows
+    ]
+    assert [h.step for h in histograms] == [s.step for s in acc.Scalars("stats/step_time_ms.p50")]
     assert set(acc.Tags()["scalars"]) == {f"stats/{k}" for k in STAT_KEYS} | {
         f"epoch/{k}" for k in EPOCH_KEYS[2:]
     }
