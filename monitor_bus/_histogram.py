@@ -15,8 +15,10 @@ Guarantees
   interval ``(x, x * 2**31.98]`` keep scale 6 or finer, where ``quantile`` is within 0.54% of
   the true value; those in ``(2**k, 2**(k + 32)]`` too. Wider data gets coarser buckets: each
   scale lower doubles the error bound (``(r - 1) / (r + 1)`` with ``r = 2**(2**-scale)``).
-- Exactness: buckets are counted at scale 20 and only ever coarsened by shifting indices, and a
-  Histogram's scale is the finest at which its samples fit, so ``Histogram.of(a + b)``,
+- Exactness: a sample's bucket at scale s is its scale-20 bucket shifted right by ``20 - s``
+  (computed as ``ceil(log2(v) * 2**s) - 1``, which equals it exactly: a power of two scales a
+  float without rounding), buckets are only ever coarsened by shifting, and a Histogram's
+  scale is the finest at which its samples fit, so ``Histogram.of(a + b)``,
   ``Histogram.of(a).merge(Histogram.of(b))`` and ``Histogram.of(b).merge(Histogram.of(a))``
   are equal for any split and order. The sum is kept exactly (as an integer count of
   ``2**-1074``, the smallest float step), so it does not depend on the order either.
@@ -30,29 +32,34 @@ Guarantees
 from __future__ import annotations
 
 import math
-import operator
-from collections import Counter
 from collections.abc import Iterable
-from itertools import chain, repeat
 from typing import Any
 
+from ._buckets import (
+    MAX_SCALE,
+    MIN_SCALE,
+    Accumulator,
+    Buckets,
+    as_counter,
+    bound,
+    clamp,
+    decode_exact,
+    dense,
+    encode_exact,
+    estimate,
+    fit_shift,
+    held_range,
+    nan_max,
+    nan_min,
+    observed_sum,
+    same_float,
+    shifted,
+    units,
+)
 from ._check import check_int, wrong_type
 
-MAX_SCALE = 20
-"""The finest scale, where every Histogram starts (OpenTelemetry's SDK's default)."""
-MIN_SCALE = -10
-"""The coarsest scale: every float magnitude fits 3 buckets there."""
-
-# The exact sum is an int counting _UNIT = 2**-1074 (the smallest subnormal float), so every
-# float sample is a whole number of them.
-_UNIT_EXP = 1074
-# |exact sum| < 2**63 samples * 2**1024: a bound for decoded exact sums.
-_MAX_EXACT_BITS = _UNIT_EXP + 1024 + 64
-_FACTOR = float(1 << MAX_SCALE)
 _FLOAT_KEY = "$float"  # non-finite floats in to_dict, as the JSONL sink writes them
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-_Buckets = tuple[int, tuple[int, ...]]  # offset, counts
 
 
 class Histogram:
@@ -115,8 +122,8 @@ class Histogram:
 
     _scale: int
     _zero: int
-    _pos: _Buckets
-    _neg: _Buckets
+    _pos: Buckets
+    _neg: Buckets
     _count: int
     _exact: int
     _min: float
@@ -169,13 +176,13 @@ class Histogram:
                 if not (inf or ninf) and sum == sum:
                     raise ValueError(f"sum is {sum} without infinite samples: give exact_sum")
             else:
-                exact = _units(float(sum))
+                exact = units(float(sum))
         else:
-            exact = _decode_exact(exact_sum)
+            exact = decode_exact(exact_sum)
         if inf or ninf:
             exact = 0  # not observable once the sum is infinite: one form for equality
-        if not _same(_observed_sum(exact, inf, ninf), float(sum)):
-            raise ValueError(f"sum must be exact_sum rounded ({_observed_sum(exact, inf, ninf)})")
+        if not same_float(observed_sum(exact, inf, ninf), float(sum)):
+            raise ValueError(f"sum must be exact_sum rounded ({observed_sum(exact, inf, ninf)})")
         numbers = count - nan
         low, high = float(min), float(max)
         if not numbers:
@@ -189,8 +196,8 @@ class Histogram:
         self,
         scale: int,
         zero: int,
-        pos: _Buckets,
-        neg: _Buckets,
+        pos: Buckets,
+        neg: Buckets,
         count: int,
         exact: int,
         low: float,
@@ -276,13 +283,13 @@ class Histogram:
     @property
     def sum(self) -> float:
         """The sum of the non-NaN samples, correctly rounded (``inf`` past the float range)."""
-        return _observed_sum(self._exact, self._inf, self._ninf)
+        return observed_sum(self._exact, self._inf, self._ninf)
 
     @property
     def exact_sum(self) -> tuple[int, int]:
         """The sum of the finite samples exactly, as ``(m, e)`` meaning ``m * 2**e`` with ``m``
         odd or zero (``(0, 0)`` once the sum is infinite)."""
-        return _encode_exact(self._exact)
+        return encode_exact(self._exact)
 
     @property
     def min(self) -> float:
@@ -332,13 +339,13 @@ class Histogram:
         for i in range(len(counts) - 1, -1, -1):
             if counts[i]:
                 index = offset + i
-                out.append((-_bound(index + 1, scale), -_bound(index, scale), counts[i]))
+                out.append((-bound(index + 1, scale), -bound(index, scale), counts[i]))
         if self._zero:
             out.append((0.0, 0.0, self._zero))
         offset, counts = self._pos
         for i, n in enumerate(counts):
             if n:
-                out.append((_bound(offset + i, scale), _bound(offset + i + 1, scale), n))
+                out.append((bound(offset + i, scale), bound(offset + i + 1, scale), n))
         if self._inf:
             out.append((math.inf, math.inf, self._inf))
         return out
@@ -374,7 +381,7 @@ class Histogram:
             return self._max
         if rank == 1:
             return self._min
-        return _clamp(self._rank_estimate(rank), self._min, self._max)
+        return clamp(self._rank_estimate(rank), self._min, self._max)
 
     def _rank_estimate(self, rank: int) -> float:
         """The estimate of the sample of 1-based ``rank`` in ascending order (bounds are
@@ -387,7 +394,7 @@ class Histogram:
         for i in range(len(counts) - 1, -1, -1):
             seen += counts[i]
             if seen >= rank:
-                return -_estimate(_bound(offset + i, scale), _bound(offset + i + 1, scale))
+                return -estimate(bound(offset + i, scale), bound(offset + i + 1, scale))
         seen += self._zero
         if seen >= rank:
             return 0.0
@@ -395,7 +402,7 @@ class Histogram:
         for i, n in enumerate(counts):
             seen += n
             if seen >= rank:
-                return _estimate(_bound(offset + i, scale), _bound(offset + i + 1, scale))
+                return estimate(bound(offset + i, scale), bound(offset + i + 1, scale))
         return math.inf
 
     # -- combining --
@@ -439,7 +446,7 @@ class Histogram:
             "negative_counts": list(self._neg[1]),
             "count": self._count,
             "sum": _json_float(self.sum),
-            "exact_sum": list(_encode_exact(self._exact)),
+            "exact_sum": list(encode_exact(self._exact)),
             "min": _json_float(self._min),
             "max": _json_float(self._max),
             "nan_count": self._nan,
@@ -542,330 +549,38 @@ _FIELDS = frozenset(
     )
 )
 
-# -- bucketing --
-
-
-class Accumulator:
-    """A Histogram being built chunk by chunk (a Stat's open window, ``Histogram.of``):
-    bucket counts in Counters at the finest scale its samples fit so far, counted by C
-    builtins (``math.log2`` through ``map``, ``Counter.update``'s C counting). Not
-    thread-safe: its owner serialises ``add``.
-
-    Memory: at most ``max_buckets`` counts per sign, whatever it was given.
-    """
-
-    __slots__ = (
-        "count",
-        "exact",
-        "high",
-        "inf",
-        "low",
-        "max_buckets",
-        "nan",
-        "neg",
-        "neg_range",
-        "ninf",
-        "pos",
-        "pos_range",
-        "scale",
-        "zero",
-    )
-
-    def __init__(self, max_buckets: int) -> None:
-        self.max_buckets = max_buckets
-        self.scale = MAX_SCALE
-        # Keys are bucket index + 1 (``ceil``, before the ``- 1``), ranges the indices held.
-        self.pos: Counter[int] = Counter()
-        self.neg: Counter[int] = Counter()
-        self.pos_range: tuple[int, int] | None = None
-        self.neg_range: tuple[int, int] | None = None
-        self.count = self.zero = self.nan = self.inf = self.ninf = self.exact = 0
-        self.low = self.high = math.nan
-
-    def add(self, samples: list[float]) -> None:
-        """Count float ``samples``."""
-        if not samples:
-            return
-        self.count += len(samples)
-        probe = sum(samples)  # a C loop: finite only if every sample is
-        if probe - probe == 0:  # all finite: the common case
-            finite = samples
-        else:
-            self.nan += sum(map(math.isnan, samples))
-            inf = samples.count(math.inf)
-            ninf = samples.count(-math.inf)
-            self.inf += inf
-            self.ninf += ninf
-            if inf or ninf:
-                self.exact = 0  # not observable once the sum is infinite
-                self.low = _nan_min(self.low, -math.inf if ninf else math.inf)
-                self.high = _nan_max(self.high, math.inf if inf else -math.inf)
-            finite = [v for v in samples if v - v == 0]
-            if not finite:
-                return
-        low, high = min(finite), max(finite)
-        self.low, self.high = _nan_min(self.low, low), _nan_max(self.high, high)
-        if low > 0:
-            positive, negative = finite, []
-            smallest = low
-        else:
-            positive = [v for v in finite if v > 0]
-            negative = [-v for v in finite if v < 0]
-            self.zero += len(finite) - len(positive) - len(negative)
-            smallest = min(chain((math.inf,), positive, negative))  # inf: zeros only
-        pos = (min(positive), high) if positive else None
-        neg = (min(negative), max(negative)) if negative else None
-        factor = self._fit(pos, neg)
-        if positive:
-            self.pos.update(map(math.ceil, map(operator.mul, map(math.log2, positive), factor)))
-        if negative:
-            self.neg.update(map(math.ceil, map(operator.mul, map(math.log2, negative), factor)))
-        if not (self.inf or self.ninf) and smallest != math.inf:
-            self.exact += _exact_sum(finite, smallest)
-
-    def _fit(
-        self, pos: tuple[float, float] | None, neg: tuple[float, float] | None
-    ) -> repeat[float]:
-        """Coarsen to the finest scale where the held buckets and magnitudes ``pos`` and
-        ``neg`` (smallest, largest) fit; ``repeat(2**scale)`` for the indices."""
-        scale = self.scale
-        pos_range = _widen(self.pos_range, pos, scale)
-        neg_range = _widen(self.neg_range, neg, scale)
-        shift = max(
-            _fit_shift(pos_range, self.max_buckets), _fit_shift(neg_range, self.max_buckets)
-        )
-        if shift:
-            scale -= shift
-            self.scale = scale
-            self.pos = _shifted(self.pos, shift)
-            self.neg = _shifted(self.neg, shift)
-            pos_range = (
-                None if pos_range is None else (pos_range[0] >> shift, pos_range[1] >> shift)
-            )
-            neg_range = (
-                None if neg_range is None else (neg_range[0] >> shift, neg_range[1] >> shift)
-            )
-        self.pos_range, self.neg_range = pos_range, neg_range
-        return repeat(math.ldexp(1.0, scale))
-
-    def histogram(self) -> Histogram:
-        """The Histogram of the samples counted so far."""
-        return Histogram.__new__(Histogram)._set(
-            self.scale,
-            self.zero,
-            _dense(self.pos, self.pos_range),
-            _dense(self.neg, self.neg_range),
-            self.count,
-            self.exact,
-            self.low,
-            self.high,
-            (self.nan, self.inf, self.ninf),
-            self.max_buckets,
-        )
-
-
-def _index(magnitude: float, scale: int) -> int:
-    """The bucket of a positive finite magnitude at ``scale``: ``ceil(log2(v) * 2**scale) - 1``.
-
-    An exact power of two (whose log2 is exact) is the upper bound of its bucket; a power of
-    two scales a float exactly, so this is the scale-20 index shifted right, as coarsening
-    makes it.
-    """
-    return math.ceil(math.log2(magnitude) * math.ldexp(1.0, scale)) - 1
-
-
-def _widen(
-    held: tuple[int, int] | None, new: tuple[float, float] | None, scale: int
-) -> tuple[int, int] | None:
-    if new is None:
-        return held
-    low, high = _index(new[0], scale), _index(new[1], scale)
-    if held is None:
-        return (low, high)
-    return (min(held[0], low), max(held[1], high))
-
-
-def _fit_shift(held: tuple[int, int] | None, max_buckets: int) -> int:
-    """The fewest scales down at which the indices ``held`` fit ``max_buckets``."""
-    if held is None:
-        return 0
-    low, high = held
-    shift = 0
-    while (high >> shift) - (low >> shift) >= max_buckets:
-        shift += 1
-    return shift
-
-
-def _shifted(counts: Counter[int], shift: int) -> Counter[int]:
-    """Counts keyed by index + 1, coarsened ``shift`` scales."""
-    coarse: Counter[int] = Counter()
-    for key, n in counts.items():
-        coarse[((key - 1) >> shift) + 1] += n
-    return coarse
-
-
-def _dense(counts: Counter[int], held: tuple[int, int] | None) -> _Buckets:
-    """Counts keyed by index + 1 over indices ``held``, as ``(offset, counts)``."""
-    if held is None:
-        return (0, ())
-    low, high = held
-    return (low, tuple(counts.get(i, 0) for i in range(low + 1, high + 2)))
-
 
 def _merge(a: Histogram, b: Histogram) -> Histogram:
     max_buckets = min(a._max_buckets, b._max_buckets)
     scale = min(a._scale, b._scale)
-    pos = _counter(a._pos, a._scale - scale)
-    pos.update(_counter(b._pos, b._scale - scale))
-    neg = _counter(a._neg, a._scale - scale)
-    neg.update(_counter(b._neg, b._scale - scale))
-    pos_range, neg_range = _held(pos), _held(neg)
-    shift = max(_fit_shift(pos_range, max_buckets), _fit_shift(neg_range, max_buckets))
+    pos = as_counter(a._pos, a._scale - scale)
+    pos.update(as_counter(b._pos, b._scale - scale))
+    neg = as_counter(a._neg, a._scale - scale)
+    neg.update(as_counter(b._neg, b._scale - scale))
+    pos_range, neg_range = held_range(pos), held_range(neg)
+    shift = max(fit_shift(pos_range, max_buckets), fit_shift(neg_range, max_buckets))
     if shift:
-        pos, neg = _shifted(pos, shift), _shifted(neg, shift)
-        pos_range, neg_range = _held(pos), _held(neg)
+        pos, neg = shifted(pos, shift), shifted(neg, shift)
+        pos_range, neg_range = held_range(pos), held_range(neg)
     inf, ninf = a._inf + b._inf, a._ninf + b._ninf
     return Histogram.__new__(Histogram)._set(
         scale - shift,
         a._zero + b._zero,
-        _dense(pos, pos_range),
-        _dense(neg, neg_range),
+        dense(pos, pos_range),
+        dense(neg, neg_range),
         a._count + b._count,
         0 if inf or ninf else a._exact + b._exact,
-        _nan_min(a._min, b._min),
-        _nan_max(a._max, b._max),
+        nan_min(a._min, b._min),
+        nan_max(a._max, b._max),
         (a._nan + b._nan, inf, ninf),
         max_buckets,
     )
 
 
-def _counter(buckets: _Buckets, shift: int) -> Counter[int]:
-    """``(offset, counts)`` as counts keyed by index + 1, coarsened ``shift`` scales."""
-    offset, counts = buckets
-    out: Counter[int] = Counter()
-    for i, n in enumerate(counts):
-        if n:
-            out[((offset + i) >> shift) + 1] += n
-    return out
-
-
-def _held(counts: Counter[int]) -> tuple[int, int] | None:
-    """The lowest and highest index of counts keyed by index + 1."""
-    return (min(counts) - 1, max(counts) - 1) if counts else None
-
-
-def _nan_min(x: float, y: float) -> float:
-    """The smaller, ignoring NaN (an empty side's)."""
-    if x != x:
-        return y
-    return x if y != y or x <= y else y
-
-
-def _nan_max(x: float, y: float) -> float:
-    if x != x:
-        return y
-    return x if y != y or x >= y else y
-
-
-# -- bounds and estimates --
-
-
-def _bound(index: int, scale: int) -> float:
-    """``2**(index * 2**-scale)``, the lower bound of bucket ``index`` (``inf`` past floats)."""
-    try:
-        if scale <= 0:
-            return math.ldexp(1.0, index << -scale)
-        return float(2.0 ** (index / (1 << scale)))
-    except OverflowError:
-        return math.inf
-
-
-def _estimate(low: float, high: float) -> float:
-    """The point of ``(low, high]`` (``0 < low``) whose largest relative error to a value
-    there is least: ``2 * low * high / (low + high)``."""
-    if math.isinf(high):
-        return 2 * low
-    return 2 / (1 / low + 1 / high) if low else high  # low underflows below 2**-1074
-
-
-def _clamp(value: float, low: float, high: float) -> float:
-    return low if value < low else high if value > high else value
-
-
-# -- the exact sum --
-
-
-def _units(x: float) -> int:
-    """A finite float as a whole number of ``2**-1074``."""
-    n, d = x.as_integer_ratio()
-    return n << (_UNIT_EXP - d.bit_length() + 1)
-
-
-def _exact_sum(values: list[float], smallest: float) -> int:
-    """The exact sum of finite floats in ``2**-1074`` units; ``smallest`` is the least
-    nonzero magnitude among them.
-
-    ``math.fsum`` rounds correctly; summing again with the rounded sum subtracted gives the
-    rest, exactly when the sum is under ``2**52`` times ``smallest`` (the rest is then a
-    multiple of ``smallest``'s last bit, under ``2**53`` of them): two C passes for most
-    data. Otherwise parts are taken until nothing is left.
-    """
-    try:
-        total = math.fsum(values)
-        if abs(total) <= _TWO_POW_52 * smallest:
-            return _units(total) + _units(math.fsum(chain(values, (-total,))))
-        parts = [-total]
-        while True:
-            part = math.fsum(chain(values, parts))
-            if not part:
-                return -sum(map(_units, parts))
-            parts.append(-part)
-    except OverflowError:  # an intermediate sum past the float range: rare, per sample
-        return sum(map(_units, values))
-
-
-_TWO_POW_52 = 2.0**52
-
-
-def _observed_sum(exact: int, inf: int, ninf: int) -> float:
-    if inf and ninf:
-        return math.nan
-    if inf or ninf:
-        return math.inf if inf else -math.inf
-    try:
-        return exact / (1 << _UNIT_EXP)  # int division: correctly rounded
-    except OverflowError:
-        return math.inf if exact > 0 else -math.inf
-
-
-def _encode_exact(exact: int) -> tuple[int, int]:
-    if not exact:
-        return (0, 0)
-    zeros = (exact & -exact).bit_length() - 1
-    return (exact >> zeros, zeros - _UNIT_EXP)
-
-
-def _decode_exact(pair: object) -> int:
-    if (
-        not isinstance(pair, tuple)
-        or len(pair) != 2
-        or any(isinstance(x, bool) or not isinstance(x, int) for x in pair)
-    ):
-        raise wrong_type("exact_sum", "a pair of ints (m, e)", pair)
-    m, e = pair
-    if e < -_UNIT_EXP or e + _UNIT_EXP + m.bit_length() > _MAX_EXACT_BITS:
-        raise ValueError(f"exact_sum must be m * 2**e within the sums of floats, got {pair}")
-    return int(m) << int(e + _UNIT_EXP)
-
-
-def _same(x: float, y: float) -> bool:
-    return x == y or (x != x and y != y)
-
-
 # -- checks and JSON --
 
 
-def _check_buckets(sign: str, offset: object, counts: object, max_buckets: int) -> _Buckets:
+def _check_buckets(sign: str, offset: object, counts: object, max_buckets: int) -> Buckets:
     check_int(f"{sign}_offset", offset, -(2**62))
     assert isinstance(offset, int)
     if isinstance(counts, (str, bytes)) or not isinstance(counts, Iterable):
@@ -887,7 +602,7 @@ def _check_buckets(sign: str, offset: object, counts: object, max_buckets: int) 
     return (offset + start if values else 0, values)
 
 
-def _total(buckets: _Buckets) -> int:
+def _total(buckets: Buckets) -> int:
     return sum(buckets[1])
 
 

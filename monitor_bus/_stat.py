@@ -9,7 +9,12 @@ the buffer only once their aggregates are computed, in straight-line code a sign
 interrupt, so a Ctrl-C landing in a fold loses nothing.
 
 The numbers' edges (an overflowing sum, a NaN) are handled once per fold, never per add
-(``_fold``). A window's first fold starts a stopped dispatcher that has work, so a forked
+(``_fold``). The distribution aggregates (percentiles, STDDEV, HISTOGRAM) are folded off the
+caller's thread: a folded chunk waits in ``_dist_chunks`` for the dispatcher, which buckets
+it under the Stat's lock; the caller folds the waiting chunks itself only once
+``_DIST_BACKLOG`` wait (the dispatcher busy or not running), and a window's are all folded
+before it is logged, so no sample is left out or counted twice. A window's Histogram counts
+at most 2 x 2048 buckets. A window's first fold starts a stopped dispatcher that has work, so a forked
 child's timer closes the windows of the Stats it inherited; ``_RESOLVING`` is new in a forked
 child (``module_lock``).
 """
@@ -30,9 +35,10 @@ from time import monotonic
 from typing import TYPE_CHECKING, Union
 
 from . import _device
+from ._buckets import Accumulator
 from ._check import check_int, wrong_type
 from ._device import ARRAY_CLASSES, Deferred
-from ._histogram import Accumulator, Histogram
+from ._histogram import Histogram
 from ._lifecycle import module_lock, process
 
 if TYPE_CHECKING:
@@ -107,6 +113,11 @@ class Stat:
     window closes on the first ``add`` after its end and, while the bus has handlers, on a
     timer in the dispatcher, so a stalled loop still reports. The add that reaches
     ``max_samples`` logs the window at once; later adds are discarded until the next window.
+
+    P50, P90, P95 and P99 are nearest-rank percentiles of the window's non-NaN values read from
+    its ``Histogram`` (within 1% for values spanning up to 32 octaves; see
+    ``monitor_bus.Histogram``), HISTOGRAM is that Histogram, and STDDEV the population standard
+    deviation, computed stably (NaN with a NaN or infinite value).
 
     SUM is the float sum in add order (``inf`` once it overflows); MEAN is the mean even then
     (two adds of ``1e308``: SUM ``inf``, MEAN ``1e308``). A NaN among a window's values makes
@@ -272,7 +283,8 @@ class Stat:
             self._fold()
 
     def get(self) -> dict[Aggregation, AggregateValue]:
-        """The aggregates of the last logged window (empty before the first).
+        """The aggregates of the last logged window (empty before the first): floats, COUNT's
+        int and HISTOGRAM's ``Histogram``.
 
         If that window holds tensor samples the bus has not read yet, they are read here, on
         the caller's thread (waiting for their device), as asked.

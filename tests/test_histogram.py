@@ -7,6 +7,7 @@ import json
 import math
 import pickle
 import random
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -325,3 +326,17 @@ def test_merge_is_exact_for_any_split_and_order(
         assert a.merge(b) == whole
         assert b.merge(a) == whole
         assert a.merge(b).sum == whole.sum or math.isnan(whole.sum)
+
+
+def test_exact_sum_is_the_rational_sum() -> None:
+    """exact_sum is the exact rational sum of the finite samples, for data that needs many
+    fsum passes (magnitudes 1e-300 to 1e300) and data past the float range, and sum is it
+    correctly rounded."""
+    rng = random.Random(5)
+    wide = [rng.choice((-1, 1)) * 10.0 ** rng.uniform(-300, 300) for _ in range(500)]
+    huge = [1.7e308] * 5 + [-1e308, 3.0]
+    for samples in (wide, huge, [0.1] * 10):
+        h = Histogram.of(samples)
+        m, e = h.exact_sum
+        assert Fraction(m) * Fraction(2) ** e == sum(map(Fraction, samples))
+        assert h.sum == (math.fsum(samples) if samples is not huge else math.inf)
