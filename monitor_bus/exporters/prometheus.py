@@ -31,9 +31,10 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._buckets import MIN_SCALE
 from .._event import Event
 from .._handler import call_each
-from .._histogram import MIN_SCALE, Histogram
+from .._histogram import Histogram
 from .._skipped import SkipReporter, float64_or_why, is_utf8
 from .._stat import STAT_EVENT
 
