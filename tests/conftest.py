@@ -140,3 +140,18 @@ def real_window(bus: monitor_bus.EventBus, samples: list[float], name: str = "la
     )
     for sample in samples:
         stat.add(sample)
+
+
+def log_windows(bus: monitor_bus.EventBus, start: datetime) -> list[monitor_bus.Event]:
+    """Log a ``distribution_window`` of each of ``WINDOW_SAMPLES``, a second apart from
+    ``start``, wait until the bus has delivered them, and return them."""
+    from datetime import timedelta
+
+    windows = [
+        distribution_window(samples, start + timedelta(seconds=i))
+        for i, samples in enumerate(WINDOW_SAMPLES)
+    ]
+    for window in windows:
+        bus.log_event(window)
+    assert bus.flush(60)
+    return windows

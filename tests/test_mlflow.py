@@ -18,7 +18,7 @@ import pytest
 import monitor_bus
 from monitor_bus import METRICS_EVENT, STAT_EVENT, Run
 
-from .conftest import WINDOW_SAMPLES, distribution_window, require
+from .conftest import log_windows, require
 
 # MLflow's SQL store uses SQLAlchemy APIs its newest release deprecates.
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated")
@@ -318,13 +318,7 @@ def test_percentiles_are_metrics_and_histograms_are_skipped_with_one_warning(
     uri = str(tmp_path / "mlruns")
     handler = MlflowEventHandler(uri, experiment_name="distributions")
     bus.register_event_handler(handler)
-    windows = [
-        distribution_window(samples, T0 + timedelta(seconds=i))
-        for i, samples in enumerate(WINDOW_SAMPLES)
-    ]
-    for window in windows:
-        bus.log_event(window)
-    assert bus.flush(60)
+    windows = log_windows(bus, T0)
     client = _mlflow().MlflowClient(uri)
     for key in ("lat.p50", "lat.p99", "lat.stddev"):
         history = client.get_metric_history(handler.run_id, key)

@@ -20,7 +20,7 @@ import monitor_bus
 from monitor_bus import STAT_EVENT, Event, TensorboardEventHandler
 from monitor_bus.tensorboard import SummaryWriter
 
-from .conftest import WINDOW_SAMPLES, distribution_window, real_window, require
+from .conftest import WINDOW_SAMPLES, distribution_window, log_windows, real_window, require
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -576,13 +576,7 @@ def test_histogram_becomes_a_histogram_summary(
     spanning exactly its samples; the percentiles and stddev become scalars."""
     writer = make_writer(kind, tmp_path)
     bus.register_event_handler(TensorboardEventHandler(writer))
-    windows = [
-        distribution_window(samples, T0 + timedelta(seconds=i))
-        for i, samples in enumerate(WINDOW_SAMPLES)
-    ]
-    for window in windows:
-        bus.log_event(window)
-    assert bus.flush(10)
+    windows = log_windows(bus, T0)
     writer.close()
     acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "histograms": 0})
     acc.Reload()
