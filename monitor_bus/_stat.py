@@ -541,7 +541,7 @@ class Stat:
             self._min,
         )
         if self._want_hist or self._want_moments:
-            values += _distribution(self._moments, self._hist)
+            values += distribution(self._moments, _histogram_of(self._hist))
         last = self._pick(values)  # type: ignore[arg-type]  # no device value pending: a float
         data = dict(zip(self._keys, last, strict=True))
         # Queued before the window is emptied: a Ctrl-C in between can log it twice at worst,
@@ -727,8 +727,7 @@ class ClosedWindow:
         """The window's samples as a Histogram (after ``resolve``), for the percentiles and
         HISTOGRAM; None unless the Stat reports one of them. ``Histogram.merge`` combines two
         windows' exactly."""
-        accumulator = self._accumulator
-        return None if accumulator is None else accumulator.histogram()
+        return _histogram_of(self._accumulator)
 
     def aggregates(self) -> tuple[AggregateValue, ...]:
         """Every aggregate, in ``Aggregation`` order (after ``resolve``); the distribution's
@@ -744,7 +743,7 @@ class ClosedWindow:
             self.low,
         )
         if self.stat._want_hist or self.stat._want_moments:
-            values += _distribution(self.moments, self._accumulator)
+            values += distribution(self.moments, self.histogram)
         return values  # type: ignore[return-value]
 
     def picked(self) -> tuple[AggregateValue, ...]:
@@ -840,11 +839,23 @@ _DIST_BACKLOG = 8
 _MAX_BUCKETS = 2048
 
 
-def _distribution(moments: Moments, accumulator: Accumulator | None) -> tuple[AggregateValue, ...]:
-    """P50, P90, P95, P99, STDDEV and HISTOGRAM of a window, in ``Aggregation`` order."""
-    hist = None if accumulator is None else accumulator.histogram()
+def distribution(moments: Moments, hist: Histogram | None) -> tuple[AggregateValue, ...]:
+    """P50, P90, P95, P99, STDDEV and HISTOGRAM of a window (or of merged windows) from its
+    moments and Histogram, in ``Aggregation`` order (``picked`` positions 6 to 11).
+
+    Args:
+        moments: the samples' ``Moments`` (``_NO_MOMENTS`` if STDDEV is not reported).
+        hist: the samples' Histogram, or None if no percentile or HISTOGRAM is reported.
+
+    Returns:
+        The six values; NaN percentiles and an empty Histogram without ``hist``.
+    """
     if hist is None:
         quantiles = (math.nan,) * len(_QUANTILES)
     else:
         quantiles = tuple(hist.quantile(q) for q in _QUANTILES.values())
     return (*quantiles, stddev(moments), hist if hist is not None else Histogram())
+
+
+def _histogram_of(accumulator: Accumulator | None) -> Histogram | None:
+    return None if accumulator is None else accumulator.histogram()

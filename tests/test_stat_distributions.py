@@ -28,7 +28,7 @@ from monitor_bus import (
     _stat,
     _wire,
 )
-from monitor_bus._stat import ClosedWindow, merge_moments, stddev
+from monitor_bus._stat import ClosedWindow, distribution, merge_moments, stddev
 
 from . import child_workers
 from .conftest import Recorder
@@ -165,7 +165,14 @@ def test_closed_windows_carry_what_a_merge_needs(bus: EventBus, clock: StepClock
     assert merge_moments(b.moments, a.moments)[0] == 8000
     assert a.histogram is not None
     assert b.histogram is not None
-    assert a.histogram.merge(b.histogram) == Histogram.of(first + second)
+    whole = a.histogram.merge(b.histogram)
+    assert whole == Histogram.of(first + second)
+    p50, p90, p95, p99, merged_stddev, hist = distribution(merged, whole)
+    assert (p50, p90, p95, p99, hist) == (
+        *(whole.quantile(q) for q in (0.5, 0.9, 0.95, 0.99)),
+        whole,
+    )
+    assert merged_stddev == stddev(merged)
     bus._window_tap = None
 
 
