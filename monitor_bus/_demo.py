@@ -12,8 +12,8 @@ In TensorBoard every chart's x axis is the training step: an epoch is drawn at t
 by its end (its ``"step"`` key), a Stat window at the steps done when it closed (added to the
 window as ``"step"``, which ``TensorboardEventHandler`` takes as the global step). Stat tags are
 grouped under ``stats/``, the system metrics under ``system/`` and the epoch metrics under
-``epoch/``, one section each; the files go
-in the run's own subdirectory, ``<log dir>/demo``.
+``epoch/``, one section each; the step time's histogram is in the HISTOGRAMS and DISTRIBUTIONS
+tabs. The files go in the run's own subdirectory, ``<log dir>/demo``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 import anyio
 
 from ._bus import EventBus
-from ._event import Event
+from ._event import Event, from_slots
 from ._jsonl import JsonlEventHandler
 from ._run import Run
 from ._stat import STAT_EVENT, Aggregation, Stat
@@ -144,7 +144,8 @@ class _AtStep:
             if next(iter(data), "").startswith(SYSTEM_PREFIX):
                 data = {key.removeprefix(SYSTEM_PREFIX): value for key, value in data.items()}
                 handler = self._system
-            event = Event(event.name, event.timestamp, {**data, "step": step})
+            # from_slots: a window may hold a Histogram, which Event() takes from no caller.
+            event = from_slots(event.name, event.timestamp, {**data, "step": step})
         handler(event)
 
     def flush(self) -> None:
@@ -424,6 +425,7 @@ async def _train(
             Aggregation.MAX,
             Aggregation.P50,
             Aggregation.P99,
+            Aggregation.HISTOGRAM,
         ],
         WINDOW,
         bus=bus,

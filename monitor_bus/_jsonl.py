@@ -12,8 +12,11 @@ DataLoader worker id, or null), which ``read_jsonl`` restores as ``Event.origin`
   reads back as an ``int``, a ``float`` as a ``float`` (written with a ``.0`` or an
   exponent), a ``bool`` as a ``bool``. JSON has no NaN or infinities, so a non-finite float
   is written as the object ``{"$float": "NaN"}``, ``{"$float": "Infinity"}`` or
-  ``{"$float": "-Infinity"}``; no other value is ever an object, so this cannot be confused
-  with one, and every line stays standard JSON that any tool can parse.
+  ``{"$float": "-Infinity"}``, and a ``Histogram`` (a Stat window's ``<name>.histogram``) as
+  ``{"$histogram": Histogram.to_dict()}``, which ``read_jsonl`` restores to an equal
+  ``Histogram`` (an object there that ``Histogram.from_dict`` refuses makes the line not an
+  event). No other value is ever an object, so these cannot be confused with one, and every
+  line stays standard JSON that any tool can parse.
 - Text holding lone surrogates (what ``os.fsdecode`` makes of a non-UTF-8 file name) is written
   with those as ``\\udXXX`` escapes, so the file stays UTF-8 and reads back equal. An int too
   long to write as decimal text (over ``sys.get_int_max_str_digits()`` digits) is skipped and
@@ -51,7 +54,8 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from ._event import Event, EventOrigin
+from ._event import Event, EventOrigin, from_slots
+from ._histogram import Histogram
 from ._skipped import SkipReporter
 
 if TYPE_CHECKING:
@@ -65,7 +69,20 @@ KEEP_CHARS = 16 * 2**20
 
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _FLOAT_KEY = "$float"
-_encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_HISTOGRAM_KEY = "$histogram"
+
+
+def _default(value: Any) -> Any:
+    """The JSON form of a value the encoder has no type for: a ``Histogram`` as
+    ``{"$histogram": Histogram.to_dict()}`` (the one place that knows value types beyond JSON's)."""
+    if isinstance(value, Histogram):
+        return {_HISTOGRAM_KEY: value.to_dict()}
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+_encoder = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_default
+)
 _encode = _encoder.encode
 _encode_str = json.encoder.encode_basestring  # _encoder's own, for ensure_ascii=False
 
@@ -82,7 +99,7 @@ def _make_data_encoder() -> Callable[[dict[str, Any]], str]:
     if make is None:
         return _encode
     try:
-        c_encode = make(None, None, _encode_str, None, ":", ",", False, False, False)
+        c_encode = make(None, _default, _encode_str, None, ":", ",", False, False, False)
 
         def encode(data: dict[str, Any]) -> str:
             return "".join(c_encode(data, 0))
@@ -630,17 +647,30 @@ def _event(obj: Any, lineno: int, on_skip: SkipCallback) -> Event:
             )
             continue
         if isinstance(value, dict):
-            special = value.get(_FLOAT_KEY) if len(value) == 1 else None
-            if not isinstance(special, str) or special not in _NONFINITE:
-                raise _NotAnEvent(f"data[{key!r}] is not a value: {value!r}")
-            value = _NONFINITE[special]
+            value = _object_value(key, value)
         elif not isinstance(value, (str, int, float)):  # bool is an int
             raise _NotAnEvent(f"data[{key!r}] is not a value: {value!r}")
         values[key] = value
-    event = Event(name, timestamp, values)
+    # Every value checked above; a Histogram is a window's value, which Event() takes from no caller.
+    event = from_slots(name, timestamp, values)
     if origin is not None:
         event._origin = origin
     return event
+
+
+def _object_value(key: str, obj: dict[str, Any]) -> float | Histogram:
+    """The value a JSON object in ``data`` stands for: a non-finite float or a histogram."""
+    if len(obj) == 1:
+        special = obj.get(_FLOAT_KEY)
+        if isinstance(special, str) and special in _NONFINITE:
+            return _NONFINITE[special]
+        fields = obj.get(_HISTOGRAM_KEY)
+        if isinstance(fields, dict):
+            try:
+                return Histogram.from_dict(fields)
+            except (TypeError, ValueError) as exc:
+                raise _NotAnEvent(f"data[{key!r}] is not a valid histogram: {exc}") from None
+    raise _NotAnEvent(f"data[{key!r}] is not a value: {obj!r}")
 
 
 def _origin(obj: Any) -> EventOrigin:

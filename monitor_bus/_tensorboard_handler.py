@@ -1,4 +1,5 @@
-"""TensorBoard as a sink, through any writer with ``add_scalar``."""
+"""TensorBoard as a sink, through any writer with ``add_scalar`` (and ``add_histogram_raw``
+for a window's ``Histogram``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any, Protocol
 
 from ._event import Event, from_slots
 from ._handler import call_each
+from ._histogram import Histogram
 from ._queue import SLOTS
 from ._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
 from ._skipped import (
@@ -31,6 +33,46 @@ class ScalarWriter(Protocol):
     def add_scalar(
         self, tag: str, scalar_value: Any, global_step: Any = ..., walltime: Any = ...
     ) -> Any: ...
+
+
+def tensorboard_histogram(histogram: Histogram) -> dict[str, Any] | None:
+    """``histogram`` as the arguments of ``add_histogram_raw`` (TensorBoard's
+    ``HistogramProto``), or None if it has no finite sample.
+
+    The buckets are the upper edge of each non-empty one (ascending) and its count, a bucket
+    reaching from the edge before it (the first from ``min``); a gap between two becomes one
+    empty bucket, so none stretches over values it never held. NaN and infinite samples are
+    left out (TensorBoard's charts need finite edges): ``num`` counts the others and ``min``,
+    ``max`` are the outer edges of their buckets when the histogram's own are infinite.
+    ``sum_squares``, which a Histogram does not keep and TensorBoard's charts do not use, is 0.
+    """
+    limits: list[float] = []
+    counts: list[int] = []
+    for lower, upper, count in histogram.buckets():
+        if lower == upper and math.isinf(lower):
+            continue  # the -inf and +inf samples
+        if not limits:
+            first = lower
+        elif lower > limits[-1] and lower != upper:
+            limits.append(lower)
+            counts.append(0)
+        limits.append(upper)
+        counts.append(count)
+    if not limits:
+        return None
+    low, high = histogram.min, histogram.max
+    return {
+        "min": low if math.isfinite(low) else first,
+        "max": high if math.isfinite(high) else limits[-1],
+        "num": histogram.count
+        - histogram.nan_count
+        - histogram.inf_count
+        - histogram.neg_inf_count,
+        "sum": histogram.sum,
+        "sum_squares": 0.0,
+        "bucket_limits": limits,
+        "bucket_counts": counts,
+    }
 
 
 class TensorboardEventHandler:
@@ -58,6 +100,15 @@ class TensorboardEventHandler:
     ``skipped_values`` and logged as a warning on the ``monitor_bus`` logger, at most once per
     key every 10 seconds. The numbers of a ``METRICS_EVENT`` are checked the same way. NaN and
     infinities are written.
+
+    Distributions: a window's percentiles and stddev (``"step_time.p99"``) are scalars like
+    the rest; its ``Histogram`` (``"step_time.histogram"``) becomes a histogram summary, shown
+    in the HISTOGRAMS and DISTRIBUTIONS tabs, through the writer's ``add_histogram_raw``
+    (ours, torch's and tensorboardX's have it), at the same steps: its non-empty buckets with
+    their exact edges and counts, its count, sum, min and max (``tensorboard_histogram``; NaN
+    and infinite samples are left out, TensorBoard's charts needing finite edges). A histogram
+    for a writer without ``add_histogram_raw``, under a key that is not UTF-8, or with no
+    finite sample is skipped, counted in ``skipped_values`` and reported like a value.
 
     The bus calls ``flush()`` after each delivered batch, which flushes the writer (if it
     has a ``flush`` method): once ``bus.flush()`` returns, the scalars are in the event file.
@@ -97,6 +148,8 @@ class TensorboardEventHandler:
                     f"group must be a non-empty tag prefix without a trailing '/', got {group!r}"
                 )
         self._writer = writer
+        add_histogram_raw = getattr(writer, "add_histogram_raw", None)
+        self._add_histogram_raw = add_histogram_raw if callable(add_histogram_raw) else None
         add_run_event = getattr(writer, "add_run_event", None)
         self._add_run_event = add_run_event if callable(add_run_event) else None
         self._prefix = "" if group is None else group + "/"
@@ -174,18 +227,47 @@ class TensorboardEventHandler:
         step = data.get("step")
         if step.__class__ is int and INT64_MIN <= step <= INT64_MAX:
             for key, value in data.items():
-                if key != "step":
+                if isinstance(value, Histogram):  # a window's (data_value_t is torch's alias)
+                    self._write_histogram(key, value, step, walltime)
+                elif key != "step":
                     scalar = self._scalar(key, value)
                     if scalar is not None:
                         add_scalar(prefix + key, scalar, global_step=step, walltime=walltime)
             return
         steps = self._steps
         for key, value in data.items():
+            if isinstance(value, Histogram):  # a window's (data_value_t is torch's alias)
+                n = steps.get(key, 0)
+                if self._write_histogram(key, value, n, walltime):
+                    steps[key] = n + 1
+                continue
             scalar = self._scalar(key, value)
             if scalar is not None:
                 n = steps.get(key, 0)
                 steps[key] = n + 1
                 add_scalar(prefix + key, scalar, global_step=n, walltime=walltime)
+
+    def _write_histogram(self, key: str, value: Histogram, step: int, walltime: float) -> bool:
+        """Write ``value`` as a histogram summary; False (counted and reported) if it cannot
+        be: a writer without ``add_histogram_raw``, a key that is not UTF-8, no sample in a
+        bucket."""
+        add_histogram_raw = self._add_histogram_raw
+        summary = None
+        if add_histogram_raw is None:
+            reason = "no_histogram_writer"
+            why = f"Stat value {key!r} is a histogram and the writer has no add_histogram_raw"
+        elif not is_utf8(key):
+            reason, why = "invalid_text", f"Stat key {key!r} is not valid UTF-8, so no tag"
+        else:
+            summary = tensorboard_histogram(value)
+            reason = "empty_histogram"
+            why = f"Stat value {key!r} is a histogram without a finite sample"
+        if add_histogram_raw is None or summary is None:
+            self.skipped_values += 1
+            self._skips.report(reason, key, why, self.skipped_values)
+            return False
+        add_histogram_raw(self._prefix + key, global_step=step, walltime=walltime, **summary)
+        return True
 
     def _scalar(self, key: str, value: object) -> float | None:
         """``value`` as the float to write, or None (counted and reported) if it cannot be."""

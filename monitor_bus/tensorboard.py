@@ -1,5 +1,5 @@
-"""A torch-free ``SummaryWriter`` for scalars, text and hparams, on the ``tensorboard``
-package's own writer.
+"""A torch-free ``SummaryWriter`` for scalars, histograms, text and hparams, on the
+``tensorboard`` package's own writer.
 
 Event files hold ``tensorboard.compat.proto`` messages and the text and hparams plugins' own
 protos, framed as ``tensorboard``'s own ``RecordWriter`` frames them, so TensorBoard (its
@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
 
@@ -61,7 +61,8 @@ __all__ = ["SummaryWriter"]
 
 
 class SummaryWriter:
-    """Write scalars to a TensorBoard event file, with the interface of torch's writer.
+    """Write scalars and histograms to a TensorBoard event file, with the interface of
+    torch's writer.
 
     Each writer makes a new ``events.out.tfevents.*`` file in ``log_dir``; several writers
     (or runs) may share a directory. Records reach the disk at ``flush()``, ``close()``, every
@@ -191,6 +192,66 @@ class SummaryWriter:
         with self._lock:
             self._check_open()
             self._writer.add(event.SerializeToString())
+
+    def add_histogram_raw(
+        self,
+        tag: str,
+        min: SupportsFloat,  # noqa: A002 - torch's argument names
+        max: SupportsFloat,  # noqa: A002
+        num: SupportsFloat,
+        sum: SupportsFloat,  # noqa: A002
+        sum_squares: SupportsFloat,
+        bucket_limits: Sequence[SupportsFloat],
+        bucket_counts: Sequence[SupportsFloat],
+        global_step: SupportsIndex | None = None,
+        walltime: float | None = None,
+    ) -> None:
+        """Record a histogram from its buckets, shown in the HISTOGRAMS and DISTRIBUTIONS tabs,
+        with the interface of torch's writer.
+
+        Bucket ``i`` holds the values from ``bucket_limits[i - 1]`` (``min`` for the first) up
+        to ``bucket_limits[i]``, ``bucket_counts[i]`` of them. Everything is stored as float64
+        (``HistogramProto``).
+
+        Args:
+            tag: the series name.
+            min: the smallest value.
+            max: the largest value.
+            num: how many values.
+            sum: their sum.
+            sum_squares: the sum of their squares.
+            bucket_limits: the upper edge of each bucket, ascending.
+            bucket_counts: the values in each bucket.
+            global_step: the x coordinate; 0 when omitted.
+            walltime: seconds since the epoch; now when omitted.
+
+        Raises:
+            TypeError: ``tag`` is not a str, or a number is not a real number.
+            ValueError: ``tag`` is not valid UTF-8, ``bucket_limits`` is empty or not as long
+                as ``bucket_counts``, or ``global_step`` is outside int64.
+            RuntimeError: the writer is closed.
+            OSError: the record is refused (see ``add_scalar``).
+        """
+        _check_tag(tag)
+        limits = _floats("bucket_limits", bucket_limits)
+        counts = _floats("bucket_counts", bucket_counts)
+        if not limits or len(limits) != len(counts):
+            raise ValueError(
+                f"bucket_limits ({len(limits)}) and bucket_counts ({len(counts)}) must be "
+                "equally long and not empty"
+            )
+        stats = {
+            name: _floats(name, [number])[0]
+            for name, number in (
+                ("min", min),
+                ("max", max),
+                ("num", num),
+                ("sum", sum),
+                ("sum_squares", sum_squares),
+            )
+        }
+        histo = summary_pb2.HistogramProto(bucket_limit=limits, bucket=counts, **stats)
+        self._add(_event(summary_pb2.Summary.Value(tag=tag, histo=histo), global_step, walltime))
 
     def add_scalars(
         self,
@@ -454,6 +515,14 @@ def _check_tag(tag: Any) -> None:
         raise TypeError(f"tag must be a str, not {type(tag).__name__}")
     if not is_utf8(tag):
         raise ValueError(f"tag {tag!r} is not valid UTF-8, which event files need")
+
+
+def _floats(name: str, numbers: Sequence[Any]) -> list[float]:
+    """``numbers`` as floats, or a ``TypeError`` naming the argument ``name``."""
+    try:
+        return [float(number) for number in numbers]
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError(f"{name} must hold real numbers, got {numbers!r:.200}") from None
 
 
 def _summary_value(tag: Any, scalar_value: Any, new_style: bool, double_precision: bool) -> Any:

@@ -94,3 +94,64 @@ class LogSeen(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if self.text in record.getMessage():
             self.seen.set()
+
+
+def distribution_window(
+    samples: list[float], when: datetime | None = None, name: str = "lat"
+) -> monitor_bus.Event:
+    """The event a Stat with P50, P99, STDDEV and HISTOGRAM logs for a window of ``samples``,
+    built as the Stat builds it: ``Event()`` takes a ``Histogram`` from no caller."""
+    import math
+    import statistics
+
+    from monitor_bus._event import from_slots
+
+    histogram = monitor_bus.Histogram.of(samples)
+    data = {
+        f"{name}.p50": histogram.quantile(0.5),
+        f"{name}.p99": histogram.quantile(0.99),
+        f"{name}.stddev": (
+            statistics.pstdev(samples) if all(map(math.isfinite, samples)) else math.nan
+        ),
+        f"{name}.histogram": histogram,
+    }
+    stamp = when or datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+    return from_slots(monitor_bus.STAT_EVENT, stamp, data)
+
+
+#: Two windows of samples away from bucket edges, of both signs, with a zero and a wide span.
+WINDOW_SAMPLES = (
+    [0.0, -2.5, 0.3, 1.7, 3.3, 5.1, 12.9, 250.4],
+    [0.6, 7.7, -0.1, 1e6 + 3.1, 3.3],
+)
+
+
+def real_window(bus: monitor_bus.EventBus, samples: list[float], name: str = "lat") -> None:
+    """Close one window of a real ``Stat`` with P50, P99, STDDEV and HISTOGRAM on ``bus``."""
+    from datetime import timedelta
+
+    agg = monitor_bus.Aggregation
+    stat = monitor_bus.Stat(
+        name,
+        [agg.P50, agg.P99, agg.STDDEV, agg.HISTOGRAM],
+        timedelta(hours=1),
+        max_samples=len(samples),
+        bus=bus,
+    )
+    for sample in samples:
+        stat.add(sample)
+
+
+def log_windows(bus: monitor_bus.EventBus, start: datetime) -> list[monitor_bus.Event]:
+    """Log a ``distribution_window`` of each of ``WINDOW_SAMPLES``, a second apart from
+    ``start``, wait until the bus has delivered them, and return them."""
+    from datetime import timedelta
+
+    windows = [
+        distribution_window(samples, start + timedelta(seconds=i))
+        for i, samples in enumerate(WINDOW_SAMPLES)
+    ]
+    for window in windows:
+        bus.log_event(window)
+    assert bus.flush(60)
+    return windows

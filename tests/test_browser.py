@@ -451,6 +451,8 @@ STAT_TAGS = {
     "stats/step_time_ms.mean",
     "stats/step_time_ms.min",
     "stats/step_time_ms.max",
+    "stats/step_time_ms.p50",
+    "stats/step_time_ms.p99",
     "stats/samples_per_s.mean",
     "stats/train_loss.mean",
 }
@@ -484,6 +486,19 @@ def test_demo_run_in_tensorboard(browser: Any, tensorboard_demo: tuple[str, str,
             assert steps == [*expected, DEMO_STEPS] if DEMO_STEPS % per_epoch else expected
         else:
             assert len(steps) >= 2, tag
+
+    # The step time's histogram, as the HISTOGRAMS and DISTRIBUTIONS tabs load it: one per
+    # window, over the training step.
+    histogram = "stats/step_time_ms.histogram"
+    tags = get_json(url + "data/plugin/histograms/tags")
+    assert {name: list(run_tags) for name, run_tags in tags.items()} == {run: [histogram]}
+    query = urllib.parse.urlencode({"run": run, "tag": histogram})
+    histograms = get_json(url + "data/plugin/histograms/histograms?" + query)
+    steps = [step for _, step, _ in histograms]
+    assert len(steps) >= 2
+    assert steps == sorted(steps)
+    assert steps[-1] == DEMO_STEPS
+    assert all(sum(count for _, _, count in buckets) > 0 for _, _, buckets in histograms)
 
     visit = Visit(browser, url + "#scalars", height=1700)
     try:

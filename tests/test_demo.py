@@ -20,6 +20,9 @@ from monitor_bus import (
     read_jsonl,
 )
 from monitor_bus._demo import EPOCH_EVENT, DemoResult, _AtStep, _Progress, run_demo
+from monitor_bus.tensorboard import SummaryWriter
+
+from .conftest import distribution_window
 
 STAT_GROUPS = {
     "step_time_ms": {
@@ -33,6 +36,7 @@ STAT_GROUPS = {
     "train_loss": {"train_loss.mean"},
 }
 STAT_KEYS = set().union(*STAT_GROUPS.values())
+HISTOGRAM_KEY = "step_time_ms.histogram"  # a window's Histogram: not a scalar
 EPOCH_KEYS = ["epoch", "step", "train_loss", "val_loss", "val_accuracy"]
 
 
@@ -75,7 +79,8 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
 
     # Each Stat logs its own event per window, holding exactly that Stat's keys.
     by_stat = {
-        name: [e for e in stats if set(e.data) == keys] for name, keys in STAT_GROUPS.items()
+        name: [e for e in stats if set(e.data) - {HISTOGRAM_KEY} == keys]
+        for name, keys in STAT_GROUPS.items()
     }
     assert sum(len(windows) for windows in by_stat.values()) == len(stats)
     assert all(by_stat.values())
@@ -104,8 +109,15 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
     # TensorBoard: a run named "demo"; Stat tags in the "stats/" section, epochs in "epoch/";
     # every x is a training step.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo", "events.jsonl"]
-    acc = EventAccumulator(str(tmp_path / "demo"), size_guidance={"scalars": 0})
+    acc = EventAccumulator(str(tmp_path / "demo"), size_guidance={"scalars": 0, "histograms": 0})
     acc.Reload()
+    # The step time's histogram: one per window, at the step its scalars are drawn at.
+    histograms = acc.Histograms(f"stats/{HISTOGRAM_KEY}")
+    windows = [e.data[HISTOGRAM_KEY] for e in by_stat["step_time_ms"]]
+    assert [(h.histogram_value.num, h.histogram_value.sum) for h in histograms] == [
+        (w.count, w.sum) for w in windows
+    ]
+    assert [h.step for h in histograms] == [s.step for s in acc.Scalars("stats/step_time_ms.p50")]
     system_tags = {"system/" + k.removeprefix("system.") for k in system_keys}
     assert set(acc.Tags()["scalars"]) == {f"stats/{k}" for k in STAT_KEYS} | system_tags | {
         f"epoch/{k}" for k in EPOCH_KEYS[2:]
@@ -257,3 +269,23 @@ def test_a_stat_window_is_drawn_at_the_steps_done_when_it_closed() -> None:
         ("stats/loss.mean", 30.0, 3),
         ("system/process_cpu_percent.mean", 5.0, 2),
     ]
+
+
+def test_a_window_histogram_is_drawn_at_its_step(tmp_path: Path) -> None:
+    """A window holding a Histogram reaches TensorBoard through the demo's step-adding
+    handler as a histogram at the steps done when it closed."""
+    progress = _Progress()
+    progress.done_at.extend([10.0, 11.0, 12.0])
+    writer = SummaryWriter(tmp_path)
+    handler = _AtStep(
+        TensorboardEventHandler(writer, group="stats"),
+        progress,
+        TensorboardEventHandler(writer, group="system"),
+    )
+    window = distribution_window([0.5, 1.5], datetime.fromtimestamp(11.5, timezone.utc))
+    handler(window)
+    writer.close()
+    acc = EventAccumulator(str(tmp_path), size_guidance={"histograms": 0})
+    acc.Reload()
+    (event,) = acc.Histograms("stats/lat.histogram")
+    assert (event.step, event.histogram_value.num) == (2, 2)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import codecs
+import json
+import math
+import re
 import sys
 import warnings
 from datetime import datetime, timezone
@@ -10,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from monitor_bus import STAT_EVENT, Event, JsonlEventHandler, read_jsonl
+from monitor_bus import STAT_EVENT, Event, EventBus, Histogram, JsonlEventHandler, read_jsonl
 from monitor_bus._jsonl import iter_jsonl
+
+from .conftest import WINDOW_SAMPLES, Recorder, distribution_window, real_window
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 LINE = '{"name":"a","timestamp":"2026-03-01T12:00:00+00:00","data":{"x":1}}'
@@ -162,3 +167,56 @@ def test_a_line_torn_after_a_long_int_is_a_torn_line(tmp_path: Path) -> None:
     assert [str(w.message) for w in caught] == [
         f"{run}, line 2: skipped a line that is not valid JSON (a write torn by a crash?)"
     ]
+
+
+def test_a_window_histogram_reads_back_equal(tmp_path: Path, bus: EventBus) -> None:
+    """A window's Histogram is written as {"$histogram": to_dict()} and read back equal, its
+    percentiles and stddev as floats, NaN and infinite samples included."""
+    run = tmp_path / "run.jsonl"
+    handler = JsonlEventHandler(run)
+    bus.register_event_handler(handler)
+    windows = [distribution_window(s) for s in (*WINDOW_SAMPLES, [1.5, math.nan, -math.inf])]
+    for window in windows:
+        bus.log_event(window)
+    assert bus.flush(10)
+    handler.close()
+    lines = run.read_text().splitlines()
+    histogram = windows[0].data["lat.histogram"]
+    assert json.loads(lines[0])["data"]["lat.histogram"] == {"$histogram": histogram.to_dict()}
+    events = read_jsonl(run)
+    assert [e.data for e in events] == [w.data for w in windows]
+    assert [type(e.data["lat.histogram"]) for e in events] == [Histogram] * 3
+    assert events[2].data["lat.histogram"].nan_count == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ({"$histogram": {"scale": 99}}, "is not a valid histogram: scale must be at most 20"),
+        ({"$histogram": [1, 2]}, "is not a value"),
+        ({"$histogram": {}, "x": 1}, "is not a value"),
+    ],
+)
+def test_a_bad_histogram_object_is_not_an_event(tmp_path: Path, value: object, why: str) -> None:
+    """An object under "$histogram" that from_dict refuses, or that is not one, is named."""
+    run = tmp_path / "run.jsonl"
+    line = {"name": STAT_EVENT, "timestamp": "2026-03-01T12:00:00+00:00", "data": {"h": value}}
+    run.write_text(json.dumps(line) + "\n")
+    with pytest.raises(ValueError, match=re.escape(f"line 1: data['h'] {why}")):
+        read_jsonl(run)
+
+
+def test_a_real_stat_window_reads_back_as_logged(
+    tmp_path: Path, bus: EventBus, recorder: Recorder
+) -> None:
+    """A window of a real Stat with distributions reads back equal to what the bus delivered."""
+    run = tmp_path / "run.jsonl"
+    handler = JsonlEventHandler(run)
+    bus.register_event_handler(handler)
+    bus.register_event_handler(recorder)
+    real_window(bus, WINDOW_SAMPLES[0])
+    assert bus.flush(10)
+    handler.close()
+    (event,) = read_jsonl(run)
+    assert event.data == recorder.events[0].data
+    assert event.data["lat.histogram"] == Histogram.of(WINDOW_SAMPLES[0])

@@ -18,7 +18,7 @@ import pytest
 import monitor_bus
 from monitor_bus import METRICS_EVENT, STAT_EVENT, Run
 
-from .conftest import require
+from .conftest import log_windows, require
 
 # MLflow's SQL store uses SQLAlchemy APIs its newest release deprecates.
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated")
@@ -302,3 +302,33 @@ def test_bad_arguments_name_themselves() -> None:
         MlflowEventHandler(run_id=3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_pending must be a positive int"):
         MlflowEventHandler(max_pending=0)
+
+
+def test_percentiles_are_metrics_and_histograms_are_skipped_with_one_warning(
+    bus: monitor_bus.EventBus,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A window's percentiles and stddev reach a file store as metrics; its Histogram, which
+    MLflow cannot hold, is skipped and counted, with one warning for all of them."""
+    from monitor_bus.exporters.mlflow import MlflowEventHandler
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = str(tmp_path / "mlruns")
+    handler = MlflowEventHandler(uri, experiment_name="distributions")
+    bus.register_event_handler(handler)
+    windows = log_windows(bus, T0)
+    client = _mlflow().MlflowClient(uri)
+    for key in ("lat.p50", "lat.p99", "lat.stddev"):
+        history = client.get_metric_history(handler.run_id, key)
+        assert [(m.step, m.value, m.timestamp) for m in history] == [
+            (i, w.data[key], _ms(w.timestamp)) for i, w in enumerate(windows)
+        ]
+    assert "lat.histogram" not in client.get_run(handler.run_id).data.metrics
+    assert (handler.skipped_histograms, handler.skipped_values, handler.dropped) == (2, 0, 0)
+    assert [r.getMessage() for r in caplog.records if "histogram" in r.getMessage()] == [
+        "MlflowEventHandler: Stat value 'lat.histogram' is a histogram, which MLflow cannot "
+        "hold: it and every later histogram are skipped, counted in skipped_histograms and not "
+        "warned of again (its percentiles and stddev are metrics)"
+    ]

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import monitor_bus
-from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Stat
+from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Histogram, Stat
 
-from .conftest import IN_CI
+from .conftest import IN_CI, WINDOW_SAMPLES, distribution_window, real_window
 
 if not IN_CI:  # in CI the import below fails instead
     pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
@@ -28,10 +28,19 @@ from opentelemetry.sdk._logs.export import (  # noqa: E402
     InMemoryLogRecordExporter,
     SimpleLogRecordProcessor,
 )
+from opentelemetry.sdk.metrics import Histogram as SdkHistogram  # noqa: E402
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
+from opentelemetry.sdk.metrics.export import (  # noqa: E402
+    AggregationTemporality,
+    ExponentialHistogram,
+    InMemoryMetricReader,
+)
 
-from monitor_bus.exporters.otel import OpenTelemetryEventHandler, make_resource  # noqa: E402
+from monitor_bus.exporters.otel import (  # noqa: E402
+    OpenTelemetryEventHandler,
+    histogram_view,
+    make_resource,
+)
 
 T0 = datetime(2026, 3, 4, 5, 6, 7, 891011, tzinfo=timezone.utc)
 T0_NS = 1772600767_891011000
@@ -555,3 +564,181 @@ def test_log_attributes_otlp_cannot_carry_are_skipped(
         f"OpenTelemetryEventHandler: data key 'k\\ud800' of event 'odd' is not valid UTF-8: "
         f"skipped (1 so far; {REPEATS})",
     ]
+
+
+# -- distributions: a window's Histogram, percentiles and stddev --
+
+
+def exponential_points(reader: InMemoryMetricReader) -> dict[str, Any]:
+    """The exponential histogram points a reader collects now, by metric name."""
+    data = reader.get_metrics_data()
+    assert data is not None
+    return {
+        metric.name: metric.data.data_points
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if isinstance(metric.data, ExponentialHistogram)
+    }
+
+
+def same_as(point: Any, histogram: Histogram) -> bool:
+    """Whether an exponential histogram point holds ``histogram`` (finite samples only)."""
+    return (
+        point.scale,
+        point.zero_count,
+        (point.positive.offset, tuple(point.positive.bucket_counts)),
+        (point.negative.offset, tuple(point.negative.bucket_counts)),
+        point.count,
+        point.sum,
+        point.min,
+        point.max,
+    ) == (
+        histogram.scale,
+        histogram.zero_count,
+        (histogram.positive_offset, histogram.positive_counts),
+        (histogram.negative_offset, histogram.negative_counts),
+        histogram.count,
+        histogram.sum,
+        histogram.min,
+        histogram.max,
+    )
+
+
+def test_histogram_passes_through_as_an_exponential_histogram(bus: EventBus) -> None:
+    """With histogram_view(), a window's Histogram reaches the reader as an exponential
+    histogram point with its own scale and buckets, the windows merged exactly (cumulative);
+    the percentiles and stddev are gauges."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], views=[histogram_view()])
+    handler = OpenTelemetryEventHandler(provider, LoggerProvider())
+    bus.register_event_handler(handler)
+    first, second = (distribution_window(samples) for samples in WINDOW_SAMPLES)
+    bus.log_event(first)
+    assert bus.flush(10)
+    (point,) = exponential_points(reader)["lat.histogram"]
+    assert same_as(point, first.data["lat.histogram"])
+    bus.log_event(second)
+    assert bus.flush(10)
+    (point,) = exponential_points(reader)["lat.histogram"]
+    everything = Histogram.of([s for samples in WINDOW_SAMPLES for s in samples])
+    assert same_as(point, everything)
+    assert everything.scale < first.data["lat.histogram"].scale  # the wider span coarsened it
+    gauges = {
+        metric.name: metric.data.data_points[0].value
+        for metric in reader.get_metrics_data().resource_metrics[0].scope_metrics[0].metrics
+        if metric.name != "lat.histogram"
+    }
+    assert gauges == {k: v for k, v in second.data.items() if k != "lat.histogram"}
+    assert handler.skipped_values == 0
+    provider.shutdown()
+
+
+def test_histogram_delta_temporality_holds_the_windows_since_the_last_collection(
+    bus: EventBus,
+) -> None:
+    """With delta temporality each collection holds the windows logged since the one before,
+    and none when there were none."""
+    reader = InMemoryMetricReader(
+        preferred_temporality={SdkHistogram: AggregationTemporality.DELTA}
+    )
+    provider = MeterProvider(metric_readers=[reader], views=[histogram_view()])
+    bus.register_event_handler(OpenTelemetryEventHandler(provider, LoggerProvider()))
+    for samples in WINDOW_SAMPLES:
+        bus.log_event(distribution_window(samples))
+        assert bus.flush(10)
+        (point,) = exponential_points(reader)["lat.histogram"]
+        assert same_as(point, Histogram.of(samples))
+    assert "lat.histogram" not in exponential_points(reader)
+    provider.shutdown()
+
+
+@pytest.mark.usefixtures("still_clock")
+def test_histogram_without_the_view_is_skipped_and_counted(
+    bus: EventBus, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a provider without histogram_view() a histogram is skipped, counted and reported
+    (the SDK could only re-bucket samples); NaN and infinite samples, which no OTLP bucket
+    holds, are left out of a point's count."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    handler = OpenTelemetryEventHandler(provider, LoggerProvider())
+    bus.register_event_handler(handler)
+    for samples in WINDOW_SAMPLES:
+        bus.log_event(distribution_window(samples))
+    assert bus.flush(10)
+    assert handler.skipped_values == 2
+    assert exponential_points(reader) == {}
+    assert skip_warnings(caplog) == [
+        "OpenTelemetryEventHandler: Stat value 'lat.histogram' is a histogram and the meter "
+        "provider has no histogram_view() for it (MeterProvider(views=[histogram_view(scope)], "
+        "...)): skipped (1 so far; repeats of this key are logged at most every 10 s)"
+    ]
+    provider.shutdown()
+
+
+def test_histogram_nan_and_infinite_samples_are_not_in_the_point_count(bus: EventBus) -> None:
+    """NaN and infinite samples, which no OTLP bucket holds (the SDK drops such measurements),
+    are left out of the point's count; sum, min and max are the Histogram's."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], views=[histogram_view()])
+    bus.register_event_handler(OpenTelemetryEventHandler(provider, LoggerProvider()))
+    bus.log_event(distribution_window([1.5, -2.5, math.nan, math.inf]))
+    assert bus.flush(10)
+    (point,) = exponential_points(reader)["lat.histogram"]
+    assert (point.count, point.sum, point.min, point.max) == (2, math.inf, -2.5, math.inf)
+    provider.shutdown()
+
+
+def test_histogram_over_otlp_http(receiver: Receiver, bus: EventBus) -> None:
+    """The provider the handler makes sends a window's Histogram over OTLP/HTTP as an
+    exponential histogram with the same scale and buckets."""
+    handler = OpenTelemetryEventHandler(endpoint=receiver.url, export_interval=3600)
+    window = distribution_window(WINDOW_SAMPLES[0])
+    try:
+        bus.register_event_handler(handler, name="otel")
+        bus.log_event(window)
+        assert bus.flush(10)
+        assert handler.force_flush(30)
+    finally:
+        assert handler.shutdown(30)
+    histogram = window.data["lat.histogram"]
+    (metric,) = [
+        metric
+        for rm in receiver.metrics[0].resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == "lat.histogram"
+    ]
+    (point,) = metric.exponential_histogram.data_points
+    assert (point.scale, point.zero_count, point.count, point.sum, point.min, point.max) == (
+        histogram.scale,
+        histogram.zero_count,
+        histogram.count,
+        histogram.sum,
+        histogram.min,
+        histogram.max,
+    )
+    assert (point.positive.offset, tuple(point.positive.bucket_counts)) == (
+        histogram.positive_offset,
+        histogram.positive_counts,
+    )
+    assert (point.negative.offset, tuple(point.negative.bucket_counts)) == (
+        histogram.negative_offset,
+        histogram.negative_counts,
+    )
+
+
+def test_a_real_stat_window_becomes_an_exponential_histogram(bus: EventBus) -> None:
+    """A window of a real Stat with HISTOGRAM reaches the reader as the Histogram of its
+    samples; its percentiles and stddev as gauges."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], views=[histogram_view()])
+    bus.register_event_handler(OpenTelemetryEventHandler(provider, LoggerProvider()))
+    real_window(bus, WINDOW_SAMPLES[0])
+    assert bus.flush(10)
+    (point,) = exponential_points(reader)["lat.histogram"]
+    assert same_as(point, Histogram.of(WINDOW_SAMPLES[0]))
+    names = {m.name for m in reader.get_metrics_data().resource_metrics[0].scope_metrics[0].metrics}
+    assert names == {"lat.p50", "lat.p99", "lat.stddev", "lat.histogram"}
+    provider.shutdown()

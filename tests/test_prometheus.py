@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import shutil
 import socket
 import subprocess
@@ -17,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Stat
+from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Histogram, Stat
 
-from .conftest import IN_CI, require
+from .conftest import IN_CI, WINDOW_SAMPLES, distribution_window, real_window, require
 
 if not IN_CI:  # in CI the import below fails instead
     pytest.importorskip("prometheus_client", reason="the prometheus extra is not installed")
@@ -30,9 +31,12 @@ from prometheus_client import (  # noqa: E402
     Gauge,
     generate_latest,
 )
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from monitor_bus.exporters.prometheus import (  # noqa: E402
+    MAX_LE_BUCKETS,
     PrometheusEventHandler,
+    le_buckets,
     metric_name,
     serve,
 )
@@ -340,6 +344,7 @@ def test_real_prometheus_scrapes_the_gauges(
     bus.log_event(
         Event(STAT_EVENT, T0, {"step_time.mean": 0.25, "loss (val).max": 3.5, "note": "text"})
     )
+    bus.log_event(distribution_window(WINDOW_SAMPLES[0]))
     assert bus.flush(10)
     with prom.serve(0) as endpoint:
         server = PrometheusServer(tmp_path, f"127.0.0.1:{endpoint.port}")
@@ -359,6 +364,12 @@ def test_real_prometheus_scrapes_the_gauges(
                 'monitor_bus_skipped_total{reason="string_value"}', deadline
             )
             assert sample["value"][1] == "1"  # type: ignore[index]
+            # A window's Histogram is a histogram: its le buckets count the samples below.
+            for le, below in (("0.0", "2"), ("+Inf", "8")):
+                (sample,) = server.wait_for(
+                    f'monitor_bus_lat_histogram_bucket{{le="{le}"}}', deadline
+                )
+                assert sample["value"][1] == below  # type: ignore[index]
             # A later window replaces the value at the next scrape.
             bus.log_event(Event(STAT_EVENT, T0, {"step_time.mean": 0.75}))
             assert bus.flush(10)
@@ -366,3 +377,96 @@ def test_real_prometheus_scrapes_the_gauges(
             assert sample["value"][1] == "0.75"  # type: ignore[index]
         finally:
             server.close()
+
+
+# -- distributions: a window's Histogram, percentiles and stddev --
+
+
+def scrape(prom: PrometheusEventHandler) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """The handler's registry as a scrape reads it: samples by name, through
+    prometheus_client's text parser."""
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(generate_latest(prom.registry).decode()):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return samples
+
+
+def check_le_buckets(
+    buckets: list[tuple[dict[str, str], float]], samples: list[float], most: int
+) -> None:
+    """Each ``le`` bucket counts exactly the samples at or below its bound; at most ``most``
+    bounds besides +Inf, which counts them all (NaN too)."""
+    bounds = [(float(labels["le"]), value) for labels, value in buckets]
+    assert bounds[-1] == (math.inf, len(samples))
+    assert 1 < len(bounds) <= most + 1
+    assert [b for b, _ in bounds] == sorted(b for b, _ in bounds)
+    finite = bounds[:-1]
+    assert [value for _, value in finite] == [sum(s <= b for s in samples) for b, _ in finite]
+
+
+def test_histogram_is_a_prometheus_histogram_with_le_buckets(bus: EventBus) -> None:
+    """A window's Histogram becomes a histogram whose le buckets, count and sum hold every
+    window so far (Prometheus histograms are cumulative), without count and sum once a sample
+    is negative (OpenMetrics); percentiles and stddev are gauges."""
+    prom = PrometheusEventHandler(labels={"rank": "3"})
+    bus.register_event_handler(prom)
+    seen: list[float] = []
+    for samples in WINDOW_SAMPLES:
+        window = distribution_window(samples)
+        positive = [abs(s) for s in samples]
+        bus.log_event(window)
+        bus.log_event(distribution_window(positive, name="pos"))
+        assert bus.flush(10)
+        seen += samples
+        got = scrape(prom)
+        assert {labels["rank"] for labels, _ in got["monitor_bus_lat_histogram_bucket"]} == {"3"}
+        check_le_buckets(got["monitor_bus_lat_histogram_bucket"], seen, MAX_LE_BUCKETS)
+        assert "monitor_bus_lat_histogram_sum" not in got
+        check_le_buckets(
+            got["monitor_bus_pos_histogram_bucket"], [abs(s) for s in seen], MAX_LE_BUCKETS
+        )
+        assert got["monitor_bus_pos_histogram_count"] == [({"rank": "3"}, len(seen))]
+        sums = got["monitor_bus_pos_histogram_sum"]
+        assert sums == [({"rank": "3"}, math.fsum(abs(s) for s in seen))]
+        for key in ("p50", "p99", "stddev"):
+            assert got[f"monitor_bus_lat_{key}"] == [({"rank": "3"}, window.data[f"lat.{key}"])]
+    assert (prom.skipped_values, prom.skipped_names) == (0, 0)
+
+
+def test_le_buckets_are_bounded_and_exact() -> None:
+    """Samples spanning 600 octaves get at most MAX_LE_BUCKETS bounds (the exponential
+    buckets merged in pairs until they fit), each counting its samples exactly; -inf counts
+    at every bound, +inf and NaN at +Inf only."""
+    rng = random.Random(22)
+    wide = [rng.choice((-1, 1)) * 2.0 ** rng.uniform(-300, 300) for _ in range(3000)]
+    for samples in (wide, [*wide[:50], -math.inf, math.inf, 0.0]):
+        buckets = le_buckets(Histogram.of(samples))
+        check_le_buckets([({"le": le}, n) for le, n in buckets], samples, MAX_LE_BUCKETS)
+    for samples, most in (([math.nan, 2.5], 1), (wide, 3)):
+        buckets = le_buckets(Histogram.of(samples), max_buckets=most)
+        check_le_buckets([({"le": le}, n) for le, n in buckets], samples, most)
+
+
+def test_histogram_whose_name_is_taken_is_skipped_and_counted(bus: EventBus) -> None:
+    """A histogram whose metric name the registry already has is skipped and counted."""
+    registry = CollectorRegistry()
+    Gauge("monitor_bus_lat_histogram_count", "someone else's", registry=registry)
+    prom = PrometheusEventHandler(registry)
+    bus.register_event_handler(prom)
+    bus.log_event(distribution_window(WINDOW_SAMPLES[0]))
+    assert bus.flush(10)
+    assert prom.skipped_names == 1
+    assert registry.get_sample_value("monitor_bus_skipped_total", {"reason": "name_taken"}) == 1
+    assert registry.get_sample_value("monitor_bus_lat_p50") is not None
+
+
+def test_a_real_stat_window_becomes_a_histogram(bus: EventBus) -> None:
+    """A window of a real Stat with HISTOGRAM is scraped as le buckets of its samples."""
+    prom = PrometheusEventHandler()
+    bus.register_event_handler(prom)
+    real_window(bus, WINDOW_SAMPLES[0])
+    assert bus.flush(10)
+    got = scrape(prom)
+    check_le_buckets(got["monitor_bus_lat_histogram_bucket"], WINDOW_SAMPLES[0], MAX_LE_BUCKETS)
+    assert {"monitor_bus_lat_p50", "monitor_bus_lat_p99", "monitor_bus_lat_stddev"} < set(got)

@@ -20,7 +20,7 @@ import monitor_bus
 from monitor_bus import STAT_EVENT, Event, TensorboardEventHandler
 from monitor_bus.tensorboard import SummaryWriter
 
-from .conftest import require
+from .conftest import WINDOW_SAMPLES, distribution_window, log_windows, real_window, require
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -338,6 +338,20 @@ def skip_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "monitor_bus"]
 
 
+def make_writer(kind: str, log_dir: Path) -> Any:
+    """A SummaryWriter of ours, torch's or tensorboardX's."""
+    if kind == "ours":
+        return SummaryWriter(log_dir)
+    require(importlib.util.find_spec(kind) is not None, f"{kind} is not installed")
+    if kind == "torch":
+        from torch.utils.tensorboard import SummaryWriter as TorchWriter
+
+        return TorchWriter(str(log_dir))
+    from tensorboardX import SummaryWriter as XWriter
+
+    return XWriter(str(log_dir))
+
+
 @pytest.mark.parametrize("kind", ["ours", "torch", "tensorboardX"])
 @pytest.mark.usefixtures("still_clock")
 def test_handler_skips_values_it_cannot_write_and_writes_the_rest(
@@ -345,18 +359,7 @@ def test_handler_skips_values_it_cannot_write_and_writes_the_rest(
 ) -> None:
     """Strings, numbers beyond float32 (a scalar's type) and non-UTF-8 keys are skipped and
     counted; the rest, NaN and infinities included, is written."""
-    if kind == "ours":
-        writer: Any = SummaryWriter(tmp_path)
-    else:
-        require(importlib.util.find_spec(kind) is not None, f"{kind} is not installed")
-        if kind == "torch":
-            from torch.utils.tensorboard import SummaryWriter as TorchWriter
-
-            writer = TorchWriter(str(tmp_path))
-        else:
-            from tensorboardX import SummaryWriter as XWriter
-
-            writer = XWriter(str(tmp_path))
+    writer = make_writer(kind, tmp_path)
     handler = TensorboardEventHandler(writer)
     handle = bus.register_event_handler(handler, name="tb")
     bus.log_event(stat_event(0, ODD))
@@ -552,3 +555,137 @@ def test_metrics_beyond_float32_are_skipped_and_counted(
         "32-bit float TensorBoard stores a scalar as (it would read back as an infinity): "
         "skipped (1 so far; repeats of this key are logged at most every 10 s)",
     ]
+
+
+# -- distributions: a window's Histogram, percentiles and stddev --
+
+
+def in_bucket(samples: list[float], i: int, edges: list[float]) -> int:
+    """How many samples TensorBoard's bucket ``i`` spans: from ``edges[i]`` (the first from
+    ``min``, included) up to ``edges[i + 1]``."""
+    low, high = edges[i], edges[i + 1]
+    return sum(low < s <= high or (i == 0 and s == low) for s in samples)
+
+
+@pytest.mark.parametrize("kind", ["ours", "torch", "tensorboardX"])
+def test_histogram_becomes_a_histogram_summary(
+    kind: str, bus: monitor_bus.EventBus, tmp_path: Path
+) -> None:
+    """A window's Histogram becomes a histogram summary (the HISTOGRAMS and DISTRIBUTIONS
+    tabs) that EventAccumulator reads back with its count, sum, min, max and buckets, each
+    spanning exactly its samples; the percentiles and stddev become scalars."""
+    writer = make_writer(kind, tmp_path)
+    bus.register_event_handler(TensorboardEventHandler(writer))
+    windows = log_windows(bus, T0)
+    writer.close()
+    acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "histograms": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    assert (tags["histograms"], tags["distributions"]) == (["lat.histogram"], ["lat.histogram"])
+    assert sorted(tags["scalars"]) == ["lat.p50", "lat.p99", "lat.stddev"]
+    events = acc.Histograms("lat.histogram")
+    for step, (samples, window, event) in enumerate(
+        zip(WINDOW_SAMPLES, windows, events, strict=True)
+    ):
+        got = event.histogram_value
+        assert (event.step, event.wall_time) == (step, window.timestamp.timestamp())
+        assert (got.min, got.max, got.num, got.sum) == (
+            min(samples),
+            max(samples),
+            len(samples),
+            math.fsum(samples),
+        )
+        edges = [got.min, *got.bucket_limit]
+        assert list(got.bucket) == [in_bucket(samples, i, edges) for i in range(len(got.bucket))]
+        # The non-empty buckets are the Histogram's own, edge for edge.
+        nonempty = [(limit, n) for limit, n in zip(got.bucket_limit, got.bucket, strict=True) if n]
+        histogram = window.data["lat.histogram"]
+        assert nonempty == [(upper, n) for _, upper, n in histogram.buckets()]
+    for key in ("lat.p50", "lat.p99", "lat.stddev"):
+        assert [v for _, _, v in scalars(acc, key)] == [f32(w.data[key]) for w in windows]
+
+
+@pytest.mark.usefixtures("still_clock")
+def test_histogram_without_finite_samples_or_writer_support_is_skipped(
+    bus: monitor_bus.EventBus, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NaN and infinite samples are left out of a histogram summary (its edges stay finite); a
+    histogram with no other sample, or for a writer without add_histogram_raw, is skipped and
+    counted, the scalars written."""
+    writer = SummaryWriter(tmp_path)
+    ours = TensorboardEventHandler(writer)
+    fake = FakeWriter()
+    plain = TensorboardEventHandler(fake)
+    bus.register_event_handler(ours)
+    bus.register_event_handler(plain)
+    samples = [1.5, 3.3, math.inf, -math.inf, math.nan]
+    bus.log_event(distribution_window(samples))
+    bus.log_event(distribution_window([math.nan]))
+    assert bus.flush(10)
+    writer.close()
+    assert (ours.skipped_values, plain.skipped_values) == (1, 2)
+    assert [tag for tag, *_ in fake.calls] == ["lat.p50", "lat.p99", "lat.stddev"] * 2
+    acc = EventAccumulator(str(tmp_path), size_guidance={"histograms": 0})
+    acc.Reload()
+    (event,) = acc.Histograms("lat.histogram")
+    got = event.histogram_value
+    histogram = monitor_bus.Histogram.of(samples)
+    (low, _, _), (_, high, _) = histogram.buckets()[1], histogram.buckets()[-2]
+    assert (got.num, got.min, got.max) == (2, low, high)
+    assert math.isnan(got.sum)  # inf + -inf
+    assert list(got.bucket_limit) == [histogram.buckets()[1][1], histogram.buckets()[2][0], high]
+    assert sorted(skip_warnings(caplog)) == [  # the two handlers' threads, in either order
+        "TensorboardEventHandler: Stat value 'lat.histogram' is a histogram and the writer has "
+        "no add_histogram_raw: skipped (1 so far; repeats of this key are logged at most every "
+        "10 s)",
+        "TensorboardEventHandler: Stat value 'lat.histogram' is a histogram without a finite "
+        "sample: skipped (1 so far; repeats of this key are logged at most every 10 s)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        ({"bucket_counts": [1]}, ValueError, r"bucket_limits \(2\) and bucket_counts \(1\)"),
+        ({"bucket_limits": [], "bucket_counts": []}, ValueError, "not empty"),
+        ({"bucket_limits": [1.0, "x"]}, TypeError, "bucket_limits must hold real numbers"),
+        ({"sum": None}, TypeError, "sum must hold real numbers"),
+        ({"tag": 3}, TypeError, "tag must be a str"),
+        ({"global_step": 2**63}, ValueError, "outside int64"),
+    ],
+)
+def test_add_histogram_raw_rejects_bad_arguments_naming_them(
+    tmp_path: Path, change: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    """add_histogram_raw raises on a bad argument, naming it, and writes nothing."""
+    args: dict[str, Any] = {
+        "tag": "h",
+        "min": 0.5,
+        "max": 3.0,
+        "num": 2,
+        "sum": 3.5,
+        "sum_squares": 9.25,
+        "bucket_limits": [1.0, 4.0],
+        "bucket_counts": [1, 1],
+        **change,
+    }
+    with SummaryWriter(tmp_path) as writer, pytest.raises(error, match=match):
+        writer.add_histogram_raw(**args)
+    assert load(tmp_path).Tags()["histograms"] == []
+
+
+def test_a_real_stat_window_becomes_a_histogram(bus: monitor_bus.EventBus, tmp_path: Path) -> None:
+    """A window of a real Stat with HISTOGRAM reaches EventAccumulator as a histogram of all
+    its samples, its percentiles and stddev as scalars."""
+    writer = SummaryWriter(tmp_path)
+    bus.register_event_handler(TensorboardEventHandler(writer))
+    real_window(bus, WINDOW_SAMPLES[0])
+    assert bus.flush(10)
+    writer.close()
+    acc = EventAccumulator(str(tmp_path), size_guidance={"histograms": 0})
+    acc.Reload()
+    (event,) = acc.Histograms("lat.histogram")
+    got = event.histogram_value
+    samples = WINDOW_SAMPLES[0]
+    assert (got.num, got.min, got.max) == (len(samples), min(samples), max(samples))
+    assert sorted(acc.Tags()["scalars"]) == ["lat.p50", "lat.p99", "lat.stddev"]

@@ -26,6 +26,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from .._event import Event
 from .._handler import call_each
+from .._histogram import Histogram
 from .._ratelimit import Throttle
 from .._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
 from .._skipped import INT64_MAX, INT64_MIN, SkipReporter, float64_or_why
@@ -60,7 +61,11 @@ class MlflowEventHandler:
       is the event's int ``"step"`` when it has one (not written itself); otherwise each key
       counts its own steps 0, 1, 2, ... A value that is not a number (a string, an int beyond
       float64) is skipped and counted in ``skipped_values``, and so is a key MLflow refuses
-      as a name (other than letters, digits, ``_ - . / :`` and spaces; at most 250).
+      as a name (other than letters, digits, ``_ - . / :`` and spaces; at most 250). A
+      window's percentiles and stddev (``"step_time.p99"``, ``"step_time.stddev"``) are
+      metrics like any other; its ``Histogram`` (``"step_time.histogram"``) is not, MLflow
+      having no histogram metric: each is skipped and counted in ``skipped_histograms``, with
+      one warning for the first.
     - ``RUN_START_EVENT``: ``config.*`` and ``hparams.*`` as params (values cut to MLflow's
       6000 characters), the other keys (host, pid, rank, versions) as tags, monitor_bus's run
       id as the tag ``monitor_bus.run_id`` (``RUN_ID_TAG``; earlier versions wrote ``run_id``,
@@ -140,6 +145,8 @@ class MlflowEventHandler:
         self.run_id = run_id
         #: Values skipped because MLflow metrics are numbers.
         self.skipped_values = 0
+        #: Histograms (``<stat>.histogram``) skipped: MLflow has no histogram metric.
+        self.skipped_histograms = 0
         #: Entries (metrics, params, tags) dropped: past ``max_pending``, or refused as invalid.
         self.dropped = 0
         #: Requests to the tracking server that failed (after MLflow's own retries).
@@ -185,6 +192,9 @@ class MlflowEventHandler:
         for key, value in data.items():
             if fixed and key == "step":
                 continue
+            if isinstance(value, Histogram):  # a window's (data_value_t is torch's alias)
+                self._skip_histogram(key)
+                continue
             if not _valid_name(key):
                 self._skip("invalid_name", key, f"{key!r} is not a valid MLflow metric name")
                 continue
@@ -205,6 +215,17 @@ class MlflowEventHandler:
                 for _ in range(excess):
                     self._metrics.popleft()
                 self.dropped += excess
+
+    def _skip_histogram(self, key: str) -> None:
+        """Count a histogram, which an MLflow metric cannot hold; warn of the first only."""
+        self.skipped_histograms += 1
+        if self.skipped_histograms == 1:
+            logger.warning(
+                "MlflowEventHandler: Stat value %r is a histogram, which MLflow cannot hold: "
+                "it and every later histogram are skipped, counted in skipped_histograms and "
+                "not warned of again (its percentiles and stddev are metrics)",
+                key,
+            )
 
     def _skip(self, reason: str, key: str, why: str) -> None:
         self.skipped_values += 1

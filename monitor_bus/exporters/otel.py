@@ -1,4 +1,5 @@
-"""OpenTelemetry as a sink: Stat windows become gauge points, other events log records.
+"""OpenTelemetry as a sink: Stat windows become gauge points (a window's Histogram an exponential
+histogram point), other events log records.
 
 Needs the ``otel`` extra (``opentelemetry-sdk`` and ``opentelemetry-exporter-otlp-proto-http``);
 both are imported when a handler is made, not when ``monitor_bus`` is.
@@ -13,6 +14,18 @@ Mapping
   meaningless, ``count`` is an integer where the others are floats, and the key is used as it
   was logged, with no guess about where a dotted stat name ends. A point's timestamp is the SDK's
   collection time, as the metrics data model has it for gauges.
+- Distributions: a window's percentiles and stddev (``step_time.p99``, ``step_time.stddev``)
+  are gauges like the rest. Its ``Histogram`` (``step_time.histogram``) is recorded on a
+  histogram instrument of that name and reaches the readers as an ``ExponentialHistogram``
+  point with the window's own scale, offsets and bucket counts, count, sum, min and max, not
+  re-bucketed: the ``histogram_view()`` of the provider passes it through, the windows since
+  the last collection (delta) or since the start (cumulative, the SDK's default for
+  histograms) merged exactly by ``Histogram.merge``. The providers the handler makes have that
+  view; give one you make ``views=[histogram_view(scope)]``, else its histograms are skipped
+  and counted (the SDK's own exponential aggregation could only re-bucket samples one at a
+  time, which a window no longer has). NaN and infinite samples, which no OTLP bucket holds
+  (the SDK drops such measurements), are not in the point's count; ``sum``, ``min`` and
+  ``max`` are the Histogram's.
 - Any other event becomes one log record: ``event_name`` and ``body`` are the event's name,
   ``timestamp`` is the event's timestamp (nanoseconds, exact) and the data are its attributes.
 
@@ -22,7 +35,8 @@ Each value is checked on its own; one that cannot be sent is skipped, counted, a
 the event is sent (one bad value used to make every later export of all metrics fail):
 
 - gauge values: a string; an int outside int64 (OTLP's ``as_int``); NaN or an infinity (the SDK
-  drops those measurements). A bool is sent as 0 or 1. Counted in ``skipped_values``.
+  drops those measurements). A bool is sent as 0 or 1. Counted in ``skipped_values``, as is a
+  histogram on a provider without ``histogram_view()``.
 - gauge names: a key that is not a valid instrument name once sanitized (over 255 characters, or
   colliding with another key's sanitized name) has no instrument. Counted in ``skipped_names``.
 - log attributes: an int outside int64, or a string that is not valid UTF-8 (a lone surrogate,
@@ -50,12 +64,14 @@ from typing import TYPE_CHECKING, Any
 from .._check import check_timeout
 from .._event import Event
 from .._handler import call_each
+from .._histogram import Histogram
 from .._skipped import INT64_MAX, INT64_MIN, SkipReporter, is_utf8
 from .._stat import STAT_EVENT
 
 if TYPE_CHECKING:
     from opentelemetry._logs import Logger, LoggerProvider
     from opentelemetry.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.view import View
     from opentelemetry.sdk.resources import Resource
 
 logger = logging.getLogger("monitor_bus")
@@ -202,7 +218,7 @@ class OpenTelemetryEventHandler:
             resource = make_resource(service_name)
         self._owned: list[Any] = []
         if meter_provider is None:
-            meter_provider = self._make_meter_provider(resource, endpoint, export_interval)
+            meter_provider = self._make_meter_provider(resource, endpoint, export_interval, scope)
             self._owned.append(meter_provider)
         if logger_provider is None:
             logger_provider = self._make_logger_provider(resource, endpoint)
@@ -215,6 +231,8 @@ class OpenTelemetryEventHandler:
 
         self._log_record = LogRecord
         self._gauges: dict[str, Any] = {}  # event key -> gauge, or None when skipped
+        # event key -> histogram instrument, None (no name) or _NO_VIEW (no histogram_view)
+        self._histograms: dict[str, Any] = {}
         self._names: dict[str, str] = {}  # instrument name -> the key that owns it
         self._no_name: dict[str, str] = {}  # key without an instrument -> why
         self._skips = SkipReporter("OpenTelemetryEventHandler")
@@ -227,14 +245,17 @@ class OpenTelemetryEventHandler:
         self.skipped_names = 0
 
     @staticmethod
-    def _make_meter_provider(resource: Any, endpoint: str | None, interval: float) -> Any:
+    def _make_meter_provider(
+        resource: Any, endpoint: str | None, interval: float, scope: str
+    ) -> Any:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
         exporter = OTLPMetricExporter(endpoint=_signal_url(endpoint, "metrics"))
         reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval * 1000)
-        return MeterProvider(resource=resource, metric_readers=[reader])
+        views = [histogram_view(scope)]
+        return MeterProvider(resource=resource, metric_readers=[reader], views=views)
 
     @staticmethod
     def _make_logger_provider(resource: Any, endpoint: str | None) -> Any:
@@ -261,13 +282,16 @@ class OpenTelemetryEventHandler:
     def _set_gauges(self, event: Event) -> None:
         gauges = self._gauges
         for key, value in event.data.items():
+            if isinstance(value, Histogram):  # a window's (data_value_t is torch's alias)
+                self._record_histogram(key, value)
+                continue
             problem = _gauge_problem(value)
             if problem is not None:
                 self._skip_value(problem[0], key, f"Stat value {key!r} {problem[1]}")
                 continue
             gauge = gauges.get(key, _MISSING)
             if gauge is _MISSING:
-                gauge = self._make_gauge(key)
+                gauge = self._make_instrument(key, gauges, self._meter.create_gauge)
             if gauge is None:
                 self.skipped_names += 1
                 self._skips.report("no_name", key, self._no_name[key], self.skipped_names)
@@ -278,22 +302,48 @@ class OpenTelemetryEventHandler:
         self.skipped_values += 1
         self._skips.report(reason, key, message, self.skipped_values)
 
-    def _make_gauge(self, key: str) -> Any:
+    def _make_instrument(
+        self, key: str, instruments: dict[str, Any], create: Callable[[str], Any]
+    ) -> Any:
+        """The instrument of ``key`` in ``instruments``, made by ``create`` (a gauge or a
+        histogram) on first use; None if ``key`` cannot have one (``_no_name`` says why)."""
         with self._lock:  # one handler object may serve several buses
-            if key in self._gauges:
-                return self._gauges[key]
+            if key in instruments:
+                return instruments[key]
             name = _instrument_name(key)
             owner = self._names.get(name) if name is not None else None
-            gauge = None
+            instrument = None
             if name is None:
                 self._no_name[key] = f"Stat key {key!r} cannot be an instrument name"
             elif owner is not None:
                 self._no_name[key] = f"Stat key {key!r} sanitizes to {name!r} like {owner!r}"
             else:
                 self._names[name] = key
-                gauge = self._meter.create_gauge(name)
-            self._gauges[key] = gauge
-            return gauge
+                instrument = create(name)
+            instruments[key] = instrument
+            return instrument
+
+    def _record_histogram(self, key: str, value: Histogram) -> None:
+        """Record a window's histogram, to reach the readers as it is (``histogram_view``)."""
+        histogram = self._histograms.get(key, _MISSING)
+        if histogram is _MISSING:
+            histogram = self._make_instrument(key, self._histograms, self._meter.create_histogram)
+            if histogram is not None and not _passes_through(self.meter_provider, histogram):
+                self._histograms[key] = histogram = _NO_VIEW
+        if histogram is None:
+            self.skipped_names += 1
+            self._skips.report("no_name", key, self._no_name[key], self.skipped_names)
+        elif histogram is _NO_VIEW:
+            self._skip_value(
+                "no_histogram_view",
+                key,
+                f"Stat value {key!r} is a histogram and the meter provider has no "
+                "histogram_view() for it (MeterProvider(views=[histogram_view(scope)], ...))",
+            )
+        else:
+            from ._otel_histogram import HistogramMeasurement
+
+            histogram.record(HistogramMeasurement(value))
 
     def _emit_log(self, event: Event) -> None:
         from opentelemetry._logs import SeverityNumber
@@ -409,6 +459,54 @@ def _bounded(func: Callable[[], bool], timeout: float | None) -> bool:
 
 
 _MISSING: Any = object()
+_NO_VIEW: Any = object()  # a histogram instrument no histogram_view() passes through
+
+
+def histogram_view(scope: str = "monitor_bus") -> View:
+    """The view that lets a ``MeterProvider`` you make carry the handler's histograms.
+
+    Pass it to the provider whose meter the handler uses (``MeterProvider(views=[
+    histogram_view()], ...)``; the providers the handler makes have it): each window's
+    ``<stat>.histogram`` then reaches the readers as an ``ExponentialHistogram`` point with
+    the window's own scale, offsets, bucket counts, count, sum, min and max (the windows since
+    the last collection merged exactly, by ``Histogram.merge``; with cumulative temporality
+    every window since the start). Without it, the SDK could only re-bucket samples one at a
+    time, so the handler skips and counts histograms instead.
+
+    Args:
+        scope: the handler's ``scope``, the meter name the view matches.
+
+    Raises:
+        TypeError: ``scope`` is not a str.
+        ImportError: the OpenTelemetry SDK is not installed.
+    """
+    from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
+    from opentelemetry.sdk.metrics.view import View
+
+    from ._otel_histogram import WindowHistogramAggregation
+
+    if not isinstance(scope, str):
+        raise TypeError(f"scope must be a str, not {type(scope).__name__}")
+    return View(
+        instrument_type=HistogramInstrument,
+        meter_name=scope,
+        aggregation=WindowHistogramAggregation(),
+    )
+
+
+def _passes_through(meter_provider: Any, instrument: Any) -> bool:
+    """Whether a ``histogram_view()`` of ``meter_provider`` matches ``instrument`` (an SDK
+    provider's views are only readable through its private configuration)."""
+    views = getattr(getattr(meter_provider, "_sdk_config", None), "views", None)
+    if not views:
+        return False
+    from ._otel_histogram import WindowHistogramAggregation
+
+    return any(
+        isinstance(getattr(view, "_aggregation", None), WindowHistogramAggregation)
+        and view._match(instrument)
+        for view in views
+    )
 
 
 def _gauge_problem(value: object) -> tuple[str, str] | None:

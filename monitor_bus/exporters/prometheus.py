@@ -8,18 +8,33 @@ outside ``[a-zA-Z0-9_:]`` replaced by ``_``: ``step_time.mean`` is
 exported as such. Prometheus stores no strings and stamps samples with the scrape time, so string
 values (and ints beyond float64's range) are skipped and counted, and the event's timestamp is not
 exported. Other events are ignored, as ``torch.monitor``'s TensorBoard handler does.
+
+Distributions: a window's percentiles and stddev (``step_time.p99``) are gauges like the rest.
+Its ``Histogram`` (``step_time.histogram``) makes the histogram ``<namespace>_<key>`` (its
+``_bucket`` series), holding every window so far merged exactly (``Histogram.merge``), since
+Prometheus histograms are cumulative and queried with ``rate()`` and ``histogram_quantile``.
+Its ``le`` bounds are the upper edges of the non-empty exponential buckets, at most
+``MAX_LE_BUCKETS`` (64) of them besides ``+Inf``: past that the buckets are merged in pairs, as
+a coarser scale holds them, until they fit. Each bound counts exactly the samples at or below
+it, so a bound's series only grows; ``-inf`` samples count at every bound, ``+inf`` and NaN at
+``+Inf`` only (which is the count). With a negative sample there are no ``_count`` and ``_sum``
+series (OpenMetrics: a sum that can fall is no counter; ``prometheus_client`` leaves them out);
+``+Inf`` still counts every sample.
 """
 
 from __future__ import annotations
 
 import errno
+import math
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._buckets import MIN_SCALE
 from .._event import Event
 from .._handler import call_each
+from .._histogram import Histogram
 from .._skipped import SkipReporter, float64_or_why, is_utf8
 from .._stat import STAT_EVENT
 
@@ -107,6 +122,8 @@ class PrometheusEventHandler:
         self.namespace = namespace
         self._labels = labels
         self._gauges: dict[str, Any] = {}  # event key -> labelled gauge child, or None if skipped
+        self._histograms: dict[str, Any] = {}  # event key -> _HistogramCollector, or None
+
         self._names: dict[str, str] = {}  # metric name -> the key that owns it
         self._taken: dict[str, str] = {}  # skipped key -> why its name is taken
         self._skips = SkipReporter("PrometheusEventHandler")
@@ -139,6 +156,9 @@ class PrometheusEventHandler:
     def _set_gauges(self, event: Event) -> None:
         gauges = self._gauges
         for key, value in event.data.items():
+            if isinstance(value, Histogram):  # a window's (data_value_t is torch's alias)
+                self._add_histogram(key, value)
+                continue
             # The value first: a gauge made for a value it cannot hold would export a phantom 0.
             if value.__class__ is float:
                 number: float | None = value
@@ -149,28 +169,48 @@ class PrometheusEventHandler:
                 continue
             gauge = gauges.get(key, _MISSING)
             if gauge is _MISSING:
-                gauge = self._make_gauge(key)
+                gauge = self._make_metric(key, gauges, self._new_gauge)
             if gauge is None:
-                self.skipped_names += 1
-                self._skipped_name.inc()
-                self._skips.report("name_taken", key, self._taken[key], self.skipped_names)
+                self._skip_name(key)
             else:
                 gauge.set(number)
+
+    def _add_histogram(self, key: str, value: Histogram) -> None:
+        histogram = self._histograms.get(key, _MISSING)
+        if histogram is _MISSING:
+            histogram = self._make_metric(key, self._histograms, self._new_histogram)
+        if histogram is None:
+            self._skip_name(key)
+        else:
+            histogram.add(value)
+
+    def _new_histogram(self, name: str, help_text: str) -> _HistogramCollector:
+        collector = _HistogramCollector(name, help_text, self._labels)
+        self.registry.register(collector)
+        return collector
+
+    def _skip_name(self, key: str) -> None:
+        self.skipped_names += 1
+        self._skipped_name.inc()
+        self._skips.report("name_taken", key, self._taken[key], self.skipped_names)
 
     def _skip_value(self, reason: str, key: str, why: str) -> None:
         self.skipped_values += 1
         (self._skipped_string if reason == "string_value" else self._skipped_range).inc()
         self._skips.report(reason, key, why, self.skipped_values)
 
-    def _make_gauge(self, key: str) -> Any:
-        from prometheus_client import Gauge
-
+    def _make_metric(
+        self, key: str, metrics: dict[str, Any], create: Callable[[str, str], Any]
+    ) -> Any:
+        """The metric of ``key`` in ``metrics``, made on first use by ``create(name, help)``
+        (a ``ValueError`` if the registry has the name); None if its name is taken
+        (``_taken`` says why)."""
         with self._lock:  # one handler object may serve several buses
-            if key in self._gauges:
-                return self._gauges[key]
+            if key in metrics:
+                return metrics[key]
             name = metric_name(self.namespace, key)
             owner = self._names.get(name)
-            gauge = None
+            metric = None
             if owner is not None:
                 owner = f"by Stat key {owner!r}"
             else:
@@ -178,16 +218,21 @@ class PrometheusEventHandler:
                 # make every later scrape fail to encode.
                 help_text = f"monitor_bus Stat {key if is_utf8(key) else repr(key)}"
                 try:
-                    parent = Gauge(name, help_text, list(self._labels), registry=self.registry)
+                    metric = create(name, help_text)
                 except ValueError as exc:  # the registry already has a metric of that name
                     owner = f"in the registry ({exc})"
                 else:
-                    gauge = parent.labels(**self._labels) if self._labels else parent
                     self._names[name] = key
-            if gauge is None:
+            if metric is None:
                 self._taken[key] = f"Stat key {key!r} maps to {name!r}, which is taken {owner}"
-            self._gauges[key] = gauge
-            return gauge
+            metrics[key] = metric
+            return metric
+
+    def _new_gauge(self, name: str, help_text: str) -> Any:
+        from prometheus_client import Gauge
+
+        parent = Gauge(name, help_text, list(self._labels), registry=self.registry)
+        return parent.labels(**self._labels) if self._labels else parent
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> MetricsServer:
         """Serve this handler's registry over HTTP; see ``serve``."""
@@ -195,6 +240,72 @@ class PrometheusEventHandler:
 
 
 _MISSING: Any = object()
+
+#: The most ``le`` bounds (besides ``+Inf``) a histogram is exposed with: past that its
+#: exponential buckets are merged in pairs, as a coarser scale would hold them, until they fit.
+MAX_LE_BUCKETS = 64
+
+
+class _HistogramCollector:
+    """One Stat key's histogram: every window added so far, merged exactly, collected as a
+    Prometheus histogram (cumulative, as Prometheus histograms are). Thread-safe."""
+
+    def __init__(self, name: str, help_text: str, labels: dict[str, str]) -> None:
+        self._name = name
+        self._help = help_text
+        self._labels = labels
+        self._lock = threading.Lock()
+        self._total: Histogram | None = None
+
+    def add(self, histogram: Histogram) -> None:
+        with self._lock:
+            total = self._total
+            self._total = histogram if total is None else total.merge(histogram)
+
+    def describe(self) -> list[Any]:
+        return [self._family()]
+
+    def collect(self) -> list[Any]:
+        family = self._family()
+        total = self._total
+        if total is not None:
+            family.add_metric(
+                list(self._labels.values()), buckets=le_buckets(total), sum_value=total.sum
+            )
+        return [family]
+
+    def _family(self) -> Any:
+        from prometheus_client.core import HistogramMetricFamily
+
+        return HistogramMetricFamily(self._name, self._help, labels=list(self._labels))
+
+
+def le_buckets(histogram: Histogram, max_buckets: int = MAX_LE_BUCKETS) -> list[tuple[str, int]]:
+    """``histogram`` as Prometheus ``le`` buckets: (bound, samples at or below it), ascending,
+    then ``("+Inf", count)``.
+
+    The bounds are the upper edges of the non-empty exponential buckets, at the histogram's
+    scale or, when that gives more than ``max_buckets``, at the finest coarser scale that
+    gives no more (``Histogram.merge`` with an empty histogram there), so each bound's count
+    is exact. ``-inf`` samples count at every bound; ``+inf`` and NaN samples only in
+    ``+Inf``, which is ``count``, as Prometheus requires. A negative sample exactly on a bound
+    counts at the next bound up (a negative bucket holds ``[-upper, -lower)``).
+    """
+    from prometheus_client.utils import floatToGoString
+
+    buckets = histogram.buckets()
+    scale = histogram.scale
+    while len(buckets) > max_buckets and scale > MIN_SCALE:
+        scale -= 1
+        buckets = histogram.merge(Histogram(scale=scale)).buckets()
+    out: list[tuple[str, int]] = []
+    below = 0
+    for _, upper, count in buckets:
+        below += count
+        if math.isfinite(upper):  # past the float range, and +inf: only +Inf is above
+            out.append((floatToGoString(upper), below))  # type: ignore[no-untyped-call]
+    out.append(("+Inf", histogram.count))
+    return out
 
 
 class MetricsServer:
