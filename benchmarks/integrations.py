@@ -136,6 +136,9 @@ def start_mlflow_server(store: Path, timeout: float = 120) -> tuple[subprocess.P
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        # No job runner (server-side jobs, none used here): a second process importing MLflow
+        # alongside the server's doubled its start on two busy cores.
+        env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout

@@ -45,6 +45,7 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import logging.handlers  # noqa: E402
 import math  # noqa: E402
+import multiprocessing  # noqa: E402
 import platform  # noqa: E402
 import queue  # noqa: E402
 import random  # noqa: E402
@@ -667,6 +668,12 @@ def main() -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             parser.error("--plot needs matplotlib: pip install 'monitor_bus[plot]'")
+    # The sink processes fork from a server holding this script's imports. Its default preload,
+    # '__main__', never happens (CPython hands the server the main path under another key), so
+    # each child would import them again as it reruns this script: torch takes seconds a time.
+    multiprocessing.set_forkserver_preload(
+        ["numpy", "monitor_bus", "monitor_bus.tensorboard", *(["torch"] * (torch is not None))]
+    )
     load_before = os.getloadavg()
     loop_runs, rates = run(args)
     load_after = os.getloadavg()
