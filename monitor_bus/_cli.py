@@ -8,8 +8,10 @@ one line and status 130. Outputs are written only once the inputs have been chec
 What a read skips is reported on stderr and does not fail the command: torn lines, lines of
 JSON that are not events and values this Python cannot read (the first five as they came, each
 with its file, line and why, then a total), and Stat values that are not numbers or are beyond
-a float (a count per key). A file with no event at all is an error. ``summary`` reads the run one event at a
-time, so its memory does not grow with the file; ``plot`` keeps 16 bytes per point drawn.
+a float (a count per key); a window's ``Histogram`` is no single number and is left out
+without a word (its percentiles are numbers of their own). A file with no event at all is an
+error. ``summary`` reads the run one event at a time, so its memory does not grow with the
+file; ``plot`` keeps 16 bytes per point drawn.
 
 Both read Stat windows (over time) and ``METRICS_EVENT`` events, the numbers a framework
 (Lightning, Hugging Face) logged, over their ``"step"`` (or their order where they have none;
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from . import __version__
 from ._event import Event, EventOrigin
+from ._histogram import Histogram
 from ._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
 from ._stat import STAT_EVENT
 from .integrations._merge import STRAGGLER_EVENT
@@ -359,6 +362,8 @@ def _stat_values(event: Event, skips: _StatSkips) -> Iterator[tuple[str, float]]
     if event.name != STAT_EVENT:
         return
     for key, value in event.data.items():
+        if isinstance(value, Histogram):
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             skips.not_numbers[key] += 1
             continue

@@ -908,3 +908,25 @@ def test_summary_and_plot_read_metrics_events_over_their_step(
     assert (list(line.get_xdata()), list(line.get_ydata())) == ([10.0, 20.0, 3.0], [2.0, 1.0, 0.5])
     assert loss.get_title(loc="left") == "loss (metrics)"
     assert lr.get_xlabel() == "step"
+
+
+def test_summary_leaves_a_windows_histogram_out_without_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real Stat window with HISTOGRAM: the Histogram is not a number to summarise and is
+    left out silently; its percentiles are rows of their own."""
+    run = tmp_path / "run.jsonl"
+    A = monitor_bus.Aggregation
+    with JsonlEventHandler(run) as sink, monitor_bus.EventBus(name="cli") as bus:
+        bus.register_event_handler(sink)
+        lat = monitor_bus.Stat("lat", [A.P50, A.HISTOGRAM], timedelta(days=3650), bus=bus)
+        for i in range(1, 101):
+            lat.add(float(i))
+    (window,) = read_jsonl(run)
+    assert isinstance(window.data["lat.histogram"], monitor_bus.Histogram)
+    assert main(["summary", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    rows = [line.split() for line in out.splitlines()]
+    assert ["lat", "p50", "1"] in [row[:3] for row in rows]
+    assert not any(row[:2] == ["lat", "histogram"] for row in rows)
