@@ -35,6 +35,7 @@ import logging
 import os
 import threading
 from concurrent.futures import TimeoutError as FutureTimeout
+from time import time as _now
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -43,7 +44,7 @@ from . import _device
 from ._check import check_int, check_timeout, wrong_type
 from ._device import Deferred
 from ._dispatcher import Dispatcher, _deadline, _remaining, _TimedOut
-from ._event import Event, EventOrigin
+from ._event import Event, EventOrigin, check_name, data_value_t, plain
 from ._handler import EventHandler, EventHandlerHandle, _Handler
 from ._lifecycle import WeakRegistry, in_bus_thread, process
 from ._queue import (
@@ -186,13 +187,53 @@ class EventBus:
         """
         if event.__class__ is not Event and not isinstance(event, Event):
             raise wrong_type("event", "a monitor_bus.Event", event)
+        self._put((event.name, event.timestamp, event.data))
+
+    def log(self, name: str, /, **data: data_value_t) -> None:
+        """Queue an event named ``name`` holding ``data`` for every registered handler, as
+        ``log_event(Event(name, datetime.now(), data))`` does, at a fraction of its cost.
+
+        For code that logs many events per step: no ``Event`` is made on the caller's thread,
+        and the timestamp is taken as ``time.time()`` and made the ``datetime`` handlers get
+        (naive local time, as ``datetime.now()``) on the dispatcher's thread. The checks and
+        conversions are ``Event``'s, so handlers get the same events. A no-op when no handler
+        is registered (the arguments are still checked). Safe from any thread, from a
+        garbage-collection finalizer and from a signal handler.
+
+        Args:
+            name: what happened, for example ``"train.step"``.
+            **data: the event's values, as ``Event``'s ``data`` takes them.
+
+        Raises:
+            TypeError: ``name`` is not a str, or a value is of none of the types ``Event``
+                takes (the message names its key).
+
+        Examples:
+            >>> with EventBus() as bus:
+            ...     seen = []
+            ...     handle = bus.register_event_handler(seen.append)
+            ...     bus.log("train.step", loss=0.5, step=1)
+            ...     bus.flush()
+            ...     seen[0].data
+            True
+            {'loss': 0.5, 'step': 1}
+        """
+        self._log(name, _now(), data)
+
+    def _log(self, name: str, now: float, data: dict[str, Any]) -> None:
+        """``log`` with its timestamp taken and its data packed (the default bus's way in)."""
+        if name.__class__ is not str:
+            name = check_name(name)
+        self._put((name, now, plain(data)))
+
+    def _put(self, item: _Item) -> None:
+        """Send ``item`` to the parent process (a child's) and queue it for the handlers."""
         if self._uplink is not None:  # a child process: to the parent, before returning
-            self._uplink.send(self, (event.name, event.timestamp, event.data), window=False)
+            self._uplink.send(self, item, window=False)
         if not self._handlers:
             return
         # Queued flat, as three slots (see _queue for the protocol). Each handler gets an Event
         # rebuilt from the slots, as torch.monitor builds one per handler call.
-        item = (event.name, event.timestamp, event.data)
         queue = self._queue
         if len(queue.slots) < queue.crowded:
             queue.slots.extend(item)  # one C call: atomic with respect to other producers

@@ -124,3 +124,10 @@ def events_and_a_window_from_forked_children(events: int, adds_: int) -> None:
         proc.start()
         proc.join(60)
         assert proc.exitcode == 0
+
+
+def log_fast(n: int) -> int:
+    """Log n events with ``monitor_bus.log`` (a forked child: the parent's clock seam holds)."""
+    for i in range(n):
+        monitor_bus.log("fast", i=i, loss=0.5, tag="child")
+    return os.getpid()
