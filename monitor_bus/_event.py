@@ -13,7 +13,8 @@ from ._device import ARRAY_CLASSES, Deferred, array_class, capture, one_value
 data_value_t = Union[str, float, int, bool]  # noqa: UP007 - a runtime alias, as in torch
 """A value an event's ``data`` may hold: ``str``, ``float``, ``int`` or ``bool``."""
 
-_PLAIN = frozenset((str, int, float, bool))
+# The value types ``data`` holds as they are; anything else goes through ``normalize``.
+PLAIN = frozenset((str, int, float, bool))
 
 
 class EventOrigin(NamedTuple):
@@ -128,8 +129,8 @@ def plain(data: dict[str, Any]) -> dict[str, Any]:
     beats set operations on the small dicts events carry.
     """
     for key, value in data.items():
-        if key.__class__ is not str or value.__class__ not in _PLAIN:
-            return _normalize(data)
+        if type(key) is not str or type(value) not in PLAIN:
+            return normalize(data)
     return data
 
 
@@ -162,7 +163,7 @@ def resolved(data: dict[str, object]) -> dict[str, object]:
     return out
 
 
-def _normalize(data: dict[str, data_value_t]) -> dict[str, data_value_t]:
+def normalize(data: dict[str, data_value_t]) -> dict[str, data_value_t]:
     """Convert subclasses, numpy-style scalars and device values, or raise a TypeError naming
     the key. Returns ``data``, or a ``DeferredData`` copy of it holding device values."""
     deferred = False
@@ -179,7 +180,7 @@ def _normalize(data: dict[str, data_value_t]) -> dict[str, data_value_t]:
 
 
 def _plain_value(key: str, value: object) -> data_value_t:
-    if value.__class__ in _PLAIN:
+    if value.__class__ in PLAIN:
         return value  # type: ignore[return-value]
     cls = value.__class__
     array = ARRAY_CLASSES.get(cls)
@@ -191,7 +192,7 @@ def _plain_value(key: str, value: object) -> data_value_t:
     else:  # a scalar (numpy's): as it is, or the Python value it holds
         value = one_value(f"data[{key!r}]", value)
     cls = value.__class__
-    if cls in _PLAIN or cls is Deferred:
+    if cls in PLAIN or cls is Deferred:
         return value  # type: ignore[return-value]
     if isinstance(value, bool):
         return bool(value)
