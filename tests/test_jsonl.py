@@ -498,3 +498,18 @@ def test_lines_orjson_refuses_take_the_stdlib_path(
     assert first.endswith(
         '"data":{"max":18446744073709551615,"min":-9223372036854775808,"f":1e-7}}'
     )
+
+
+@pytest.mark.parametrize("kind", ENCODERS)
+def test_a_value_of_another_type_goes_to_the_one_default_hook(kind: str) -> None:
+    """Either encoder hands a value JSON has no type for to ``_jsonl._default`` (one hook for
+    both); with none defined for it, a TypeError names its type."""
+
+    class Odd:
+        pass
+
+    with (
+        encoder(kind),
+        pytest.raises(TypeError, match=r"^Object of type Odd is not JSON serializable$"),
+    ):
+        _jsonl._encode_data({"ok": 1, "odd": Odd()})
