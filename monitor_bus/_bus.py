@@ -4,7 +4,8 @@ Guarantees
 ----------
 - Ordering: each handler sees events in the order they were appended to the queue, so events
   from one producing thread arrive in the order that thread logged them.
-- Blocking: ``log_event`` appends to a ``deque`` and returns. It takes no lock and makes no
+- Blocking: ``log_event`` (and ``log``, the same path without an ``Event``) appends to a
+  ``deque`` and returns. It takes no lock and makes no
   cross-thread call unless the dispatcher is idle, when it schedules one wake-up. Only the
   ``"block"`` overflow policy makes it wait, for at most ``block_timeout``; a thread of the bus
   itself (a handler, the dispatcher) never waits there: it would be waiting on itself. Nor
