@@ -1,5 +1,5 @@
-"""What the benchmark scripts share: the machine they ran on, their arguments' checks, and
-the numpy training step they log from."""
+"""What the benchmark scripts share: the machine they ran on, their arguments' checks, the
+numpy training step they log from, and how they put their output on a docs page."""
 
 from __future__ import annotations
 
@@ -57,3 +57,13 @@ def numpy_mlp_step(batch: int = 64) -> Callable[[], tuple[float, float]]:
         return loss, math.sqrt(float((g_w1 * g_w1).sum() + (g_w2 * g_w2).sum()))
 
     return step
+
+
+def write_between(page: Path, text: str, marker: str) -> None:
+    """Replace what ``page`` holds between ``<!-- {marker}:begin -->`` and
+    ``<!-- {marker}:end -->`` with ``text``: a page's figures are a run's own output."""
+    doc = page.read_text()
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    page.write_text(f"{head}{begin}\n{text}{end}{tail}")

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from _machine import cpu_model
+from _machine import cpu_model, write_between
 
 import monitor_bus
 
@@ -132,10 +132,35 @@ def log_torch(n: int) -> None:
         log(Event("e", TS, DATA))
 
 
+# -- 2b. the caller's own cost: log(name, **data) against Event(name, now, data) + log_event --
+
+
+def caller_ns(fast: bool, n: int) -> float:
+    """CPU ns per call on the caller's thread alone (``time.thread_time``), one no-op handler
+    registered; the bus lingers its longest and never fills half way (which ends a linger), so
+    its thread rarely runs meanwhile."""
+    with monitor_bus.EventBus(capacity=2 * n + 2, linger=1.0) as bus:
+        bus.register_event_handler(lambda e: None)
+        gc.collect()
+        if fast:
+            log = bus.log
+            start = time.thread_time_ns()
+            for _ in range(n):
+                log("e", loss=0.25, step=7)
+        else:
+            Event, log_event, now = monitor_bus.Event, bus.log_event, datetime.now
+            start = time.thread_time_ns()
+            for _ in range(n):
+                log_event(Event("e", now(), {"loss": 0.25, "step": 7}))
+        spent = time.thread_time_ns() - start
+        bus.flush()
+    return spent / n
+
+
 # -- 3. delivered events per second, one producer, one sync handler --
 
 
-def throughput_ours(n: int) -> float:
+def throughput_ours(n: int, fast: bool = False) -> float:
     with monitor_bus.EventBus(capacity=n + 1) as bus:
         done = threading.Event()
         count = 0
@@ -147,10 +172,14 @@ def throughput_ours(n: int) -> float:
                 done.set()
 
         bus.register_event_handler(handler)
-        Event, log = monitor_bus.Event, bus.log_event
+        Event, log_event, log = monitor_bus.Event, bus.log_event, bus.log
         start = time.perf_counter()
-        for _ in range(n):
-            log(Event("e", TS, DATA))
+        if fast:
+            for _ in range(n):
+                log("e", loss=0.25, step=7)
+        else:
+            for _ in range(n):
+                log_event(Event("e", TS, DATA))
         done.wait()
         return n / (time.perf_counter() - start)
 
@@ -234,7 +263,10 @@ def run(rounds: int, scale: float, only: str) -> dict[str, float]:
             th = torch_monitor.register_event_handler(lambda e: None)
             r["log_torch"] = per_call_ns(log_torch, n_log)
             torch_monitor.unregister_event_handler(th)
+        r["caller_log"] = caller_ns(True, n_log)
+        r["caller_event"] = caller_ns(False, n_log)
         r["tp_ours"] = throughput_ours(n_tp)
+        r["tp_log"] = throughput_ours(n_tp, fast=True)
         r["tp_queue"] = throughput_queue_listener(n_tp)
         r["p99_base"] = p99_log_event_us(n_lat, slow=False)
         r["p99_slow"] = p99_log_event_us(n_lat, slow=True)
@@ -293,6 +325,22 @@ def table(m: dict[str, float], rounds: int) -> str:
             "<= 0.5",
         ),
         (
+            "`log(name, **data)`, caller's thread CPU, ns/call",
+            val("caller_log", ".0f"),
+            val("caller_event", ".0f"),
+            "`Event(name, datetime.now(), data)` + `log_event`",
+            ratio("caller_log", "caller_event"),
+            "<= 0.33",
+        ),
+        (
+            "delivered events/s, one producer, one sync handler, `log()`",
+            val("tp_log", ",.0f"),
+            val("tp_ours", ",.0f"),
+            "`Event(...)` + `log_event`",
+            ratio("tp_log", "tp_ours"),
+            ">= 1.5",
+        ),
+        (
             "delivered events/s, one producer, one sync handler",
             val("tp_ours", ",.0f"),
             val("tp_queue", ",.0f"),
@@ -349,11 +397,7 @@ def main() -> None:
     text = f"Measured on {datetime.now():%Y-%m-%d}: {machine()}.\n\n{table(medians, args.rounds)}\n"
     print(text)
     if args.write:
-        doc = args.write.read_text()
-        begin, end = "<!-- results:begin -->", "<!-- results:end -->"
-        head, rest = doc.split(begin, 1)
-        _, tail = rest.split(end, 1)
-        args.write.write_text(f"{head}{begin}\n{text}{end}{tail}")
+        write_between(args.write, text, "results")
 
 
 if __name__ == "__main__":

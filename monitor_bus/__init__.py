@@ -10,6 +10,7 @@ from ._default import aflush as aflush
 from ._default import configure_default_bus as configure_default_bus
 from ._default import flush as flush
 from ._default import get_default_bus as get_default_bus
+from ._default import log as log
 from ._default import log_event as log_event
 from ._default import register_event_handler as register_event_handler
 from ._default import subscribe as subscribe
@@ -60,6 +61,7 @@ __all__ = [
     "data_value_t",
     "flush",
     "get_default_bus",
+    "log",
     "log_event",
     "read_jsonl",
     "register_event_handler",

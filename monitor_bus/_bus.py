@@ -4,7 +4,8 @@ Guarantees
 ----------
 - Ordering: each handler sees events in the order they were appended to the queue, so events
   from one producing thread arrive in the order that thread logged them.
-- Blocking: ``log_event`` appends to a ``deque`` and returns. It takes no lock and makes no
+- Blocking: ``log_event`` (and ``log``, the same path without an ``Event``) appends to a
+  ``deque`` and returns. It takes no lock and makes no
   cross-thread call unless the dispatcher is idle, when it schedules one wake-up. Only the
   ``"block"`` overflow policy makes it wait, for at most ``block_timeout``; a thread of the bus
   itself (a handler, the dispatcher) never waits there: it would be waiting on itself. Nor
@@ -35,6 +36,7 @@ import logging
 import os
 import threading
 from concurrent.futures import TimeoutError as FutureTimeout
+from time import time as _now
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -43,7 +45,7 @@ from . import _device
 from ._check import check_int, check_timeout, wrong_type
 from ._device import Deferred
 from ._dispatcher import Dispatcher, _deadline, _remaining, _TimedOut
-from ._event import Event, EventOrigin
+from ._event import PLAIN, Event, EventOrigin, check_name, data_value_t, normalize
 from ._handler import EventHandler, EventHandlerHandle, _Handler
 from ._lifecycle import WeakRegistry, in_bus_thread, process
 from ._queue import (
@@ -188,13 +190,60 @@ class EventBus:
         """
         if event.__class__ is not Event and not isinstance(event, Event):
             raise wrong_type("event", "a monitor_bus.Event", event)
+        self._put((event.name, event.timestamp, event.data))
+
+    def log(self, name: str, /, **data: data_value_t) -> None:
+        """Queue an event named ``name`` holding ``data`` for every registered handler, as
+        ``log_event(Event(name, datetime.now(), data))`` does, at a fraction of its cost.
+
+        For code that logs many events per step: no ``Event`` is made on the caller's thread,
+        and the timestamp is taken as ``time.time()`` and made the ``datetime`` handlers get
+        (naive local time, as ``datetime.now()``) on the dispatcher's thread. The checks and
+        conversions are ``Event``'s, so handlers get the same events. A no-op when no handler
+        is registered (the arguments are still checked). Safe from any thread, from a
+        garbage-collection finalizer and from a signal handler.
+
+        Args:
+            name: what happened, for example ``"train.step"``.
+            **data: the event's values, as ``Event``'s ``data`` takes them; the keys are the
+                keyword names (a ``str`` subclass among keys unpacked with ``**`` is kept).
+
+        Raises:
+            TypeError: ``name`` is not a str, or a value is of none of the types ``Event``
+                takes (the message names its key).
+
+        Examples:
+            >>> with EventBus() as bus:
+            ...     seen = []
+            ...     handle = bus.register_event_handler(seen.append)
+            ...     bus.log("train.step", loss=0.5, step=1)
+            ...     bus.flush()
+            ...     seen[0].data
+            True
+            {'loss': 0.5, 'step': 1}
+        """
+        self._log(name, _now(), data)
+
+    def _log(self, name: str, now: float, data: dict[str, Any]) -> None:
+        """``log`` with its timestamp taken and its data packed (the default bus's way in)."""
+        if name.__class__ is not str:
+            name = check_name(name)
+        # ``plain`` for keyword arguments, whose keys Python made str: the values only, inline
+        # (the caller's hot path: half of what ``Event`` pays for its checks).
+        for value in data.values():
+            if type(value) not in PLAIN:
+                data = normalize(data)
+                break
+        self._put((name, now, data))
+
+    def _put(self, item: _Item) -> None:
+        """Send ``item`` to the parent process (a child's) and queue it for the handlers."""
         if self._uplink is not None:  # a child process: to the parent, before returning
-            self._uplink.send(self, (event.name, event.timestamp, event.data), window=False)
+            self._uplink.send(self, item, window=False)
         if not self._handlers:
             return
         # Queued flat, as three slots (see _queue for the protocol). Each handler gets an Event
         # rebuilt from the slots, as torch.monitor builds one per handler call.
-        item = (event.name, event.timestamp, event.data)
         queue = self._queue
         if len(queue.slots) < queue.crowded:
             queue.slots.extend(item)  # one C call: atomic with respect to other producers

@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 import os
 import sys
+from datetime import datetime
+from time import time as _now
 from typing import Any
 
 from ._bus import Children, EventBus, Overflow, check_setting
 from ._check import wrong_type
-from ._event import Event
+from ._event import Event, data_value_t
 from ._handler import EventHandler, EventHandlerHandle
 from ._lifecycle import process
 from ._subscription import EventFilter, Subscription
@@ -172,6 +174,23 @@ def log_event(event: Event) -> None:
             return  # no bus yet, so no handler
         bus = get_default_bus()  # a spawned child: its events go to the parent
     bus.log_event(event)
+
+
+def log(name: str, /, **data: data_value_t) -> None:
+    """Queue an event on the default bus, cheaper than ``log_event(Event(...))``; see
+    ``EventBus.log``.
+
+    Examples:
+        >>> monitor_bus.log("train.step", loss=0.25, lr=1e-3)  # doctest: +SKIP
+    """
+    now = _now()
+    bus = process.default_bus
+    if bus is None:
+        if process.uplink is None:  # no bus yet, so no handler: the arguments are checked
+            Event(name, datetime.fromtimestamp(now), data)
+            return
+        bus = get_default_bus()  # a spawned child: its events go to the parent
+    bus._log(name, now, data)
 
 
 def register_event_handler(

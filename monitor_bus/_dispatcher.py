@@ -48,7 +48,7 @@ import anyio
 
 from . import _device, _stat
 from ._lifecycle import process
-from ._queue import resolve_ready, wait_for_devices
+from ._queue import resolve_ready, stamped, wait_for_devices
 from ._ratelimit import LOG_INTERVAL, Throttle
 
 if TYPE_CHECKING:
@@ -530,6 +530,7 @@ class Dispatcher:
                 if failed:
                     self._unreadable(failed)
             if batch:
+                batch = stamped(batch)
                 for handler in handlers:
                     handler.push(batch, capacity, overflow)
         self.report_drops(handlers)

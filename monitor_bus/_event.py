@@ -13,7 +13,8 @@ from ._device import ARRAY_CLASSES, Deferred, array_class, capture, one_value
 data_value_t = Union[str, float, int, bool]  # noqa: UP007 - a runtime alias, as in torch
 """A value an event's ``data`` may hold: ``str``, ``float``, ``int`` or ``bool``."""
 
-_PLAIN = frozenset((str, int, float, bool))
+# The value types ``data`` holds as they are; anything else goes through ``normalize``.
+PLAIN = frozenset((str, int, float, bool))
 
 
 class EventOrigin(NamedTuple):
@@ -64,7 +65,7 @@ class Event:
 
     def __init__(self, name: str, timestamp: datetime, data: Mapping[str, data_value_t]) -> None:
         if name.__class__ is not str:
-            name = _check_str(name)
+            name = check_name(name)
         if not isinstance(timestamp, datetime):
             raise wrong_type("timestamp", "a datetime", timestamp)
         if data.__class__ is dict:
@@ -73,15 +74,9 @@ class Event:
             copied = dict(data)
         else:
             raise wrong_type("data", "a mapping", data)
-        # The caller's hot path: a plain loop with identity checks beats set operations on
-        # the small dicts events carry.
-        for key, value in copied.items():
-            if key.__class__ is not str or value.__class__ not in _PLAIN:
-                copied = _normalize(copied)
-                break
         self.name = name
         self.timestamp = timestamp
-        self.data = copied
+        self.data = plain(copied)
         self._origin = None
 
     @property
@@ -126,7 +121,23 @@ def from_slots(
     return event
 
 
-def _check_str(name: object) -> str:
+def plain(data: dict[str, Any]) -> dict[str, Any]:
+    """``data``, a dict the caller owns, with plain ``str`` keys and values (see ``Event``):
+    as it is when they are, else converted in place (or a ``DeferredData`` holding device
+    values). Raises a TypeError naming the key of a value that is none of these.
+
+    The caller's hot path (``Event``, ``EventBus.log``): a plain loop with identity checks
+    beats set operations on the small dicts events carry.
+    """
+    for key, value in data.items():
+        if type(key) is not str or type(value) not in PLAIN:
+            return normalize(data)
+    return data
+
+
+def check_name(name: object) -> str:
+    """An event's name that is not exactly a ``str``: a subclass becomes one, anything else
+    raises a TypeError naming ``name`` (callers test ``name.__class__ is str`` first)."""
     if isinstance(name, str):
         return str(name)
     raise wrong_type("name", "a str", name)
@@ -153,7 +164,7 @@ def resolved(data: dict[str, object]) -> dict[str, object]:
     return out
 
 
-def _normalize(data: dict[str, data_value_t]) -> dict[str, data_value_t]:
+def normalize(data: dict[str, data_value_t]) -> dict[str, data_value_t]:
     """Convert subclasses, numpy-style scalars and device values, or raise a TypeError naming
     the key. Returns ``data``, or a ``DeferredData`` copy of it holding device values."""
     deferred = False
@@ -170,7 +181,7 @@ def _normalize(data: dict[str, data_value_t]) -> dict[str, data_value_t]:
 
 
 def _plain_value(key: str, value: object) -> data_value_t:
-    if value.__class__ in _PLAIN:
+    if value.__class__ in PLAIN:
         return value  # type: ignore[return-value]
     cls = value.__class__
     array = ARRAY_CLASSES.get(cls)
@@ -182,7 +193,7 @@ def _plain_value(key: str, value: object) -> data_value_t:
     else:  # a scalar (numpy's): as it is, or the Python value it holds
         value = one_value(f"data[{key!r}]", value)
     cls = value.__class__
-    if cls in _PLAIN or cls is Deferred:
+    if cls in PLAIN or cls is Deferred:
         return value  # type: ignore[return-value]
     if isinstance(value, bool):
         return bool(value)

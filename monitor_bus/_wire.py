@@ -237,9 +237,13 @@ _EPOCH = datetime(1970, 1, 1)
 _MICROSECOND = timedelta(microseconds=1)
 
 
-def stamp(ts: datetime) -> tuple[int | None, Any]:
+def stamp(ts: datetime | float) -> tuple[int | None, Any]:
     """A timestamp as microseconds since 1970 and 0 (UTC) or None (naive), or else as its
-    naive time and its zone (``unstamp``): pickling an aware datetime costs ~11 us, this ~1 us."""
+    naive time and its zone (``unstamp``): pickling an aware datetime costs ~11 us, this ~1 us.
+    A float is ``time.time()`` (``EventBus.log``): sent as the naive local time it stands for,
+    the ``datetime`` the parent's handlers would get from it here."""
+    if isinstance(ts, float):
+        ts = datetime.fromtimestamp(ts)
     tz = ts.tzinfo
     if ts.fold or ts.__class__ is not datetime or not (tz is None or tz is timezone.utc):
         return None, _zoned(ts)

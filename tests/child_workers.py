@@ -136,3 +136,10 @@ def add_distribution(values: list[float]) -> None:
     )
     for v in values:
         stat.add(v)
+
+
+def log_fast(n: int) -> int:
+    """Log n events with ``monitor_bus.log`` (a forked child: the parent's clock seam holds)."""
+    for i in range(n):
+        monitor_bus.log("fast", i=i, loss=0.5, tag="child")
+    return os.getpid()

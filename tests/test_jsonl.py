@@ -6,6 +6,8 @@ import json
 import math
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -15,10 +17,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import monitor_bus
-from monitor_bus import STAT_EVENT, Aggregation, Event, JsonlEventHandler, Stat, read_jsonl
+from monitor_bus import STAT_EVENT, Aggregation, Event, JsonlEventHandler, Stat, _jsonl, read_jsonl
+
+from .conftest import require
 
 UTC = timezone.utc
 T0 = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
+ENCODERS = ["fast", "stdlib"]
+
+
+@contextmanager
+def encoder(kind: str) -> Iterator[None]:
+    """Handlers encode data with orjson (``"fast"``) or the standard library meanwhile."""
+    if kind == "fast":
+        require(_jsonl._fast_encode_data is not None, "orjson (the fast extra) is not installed")
+    chosen = _jsonl._fast_encode_data if kind == "fast" else _jsonl._stdlib_encode_data
+    saved = _jsonl._encode_data
+    _jsonl._encode_data = chosen  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        _jsonl._encode_data = saved
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
@@ -43,8 +62,10 @@ def test_line_format(tmp_path: Path) -> None:
         json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard token {c}"))
 
 
-def test_round_trip_types_unicode_and_non_finite(tmp_path: Path) -> None:
-    """read_jsonl gives back equal events: unicode names, ints, floats, bools, strings, infinities; NaN stays NaN."""
+@pytest.mark.parametrize("kind", ENCODERS)
+def test_round_trip_types_unicode_and_non_finite(tmp_path: Path, kind: str) -> None:
+    """read_jsonl gives back equal events, either encoder: unicode names, ints of any size,
+    floats, bools, strings, infinities, offsets; NaN stays NaN."""
     tz = timezone(timedelta(hours=-5, minutes=-30))
     logged = [
         Event(
@@ -52,21 +73,27 @@ def test_round_trip_types_unicode_and_non_finite(tmp_path: Path) -> None:
             T0,
             {"ключ": "значение ✓", "n": 2**70, "zero": 0.0, "t": True, "f": False},
         ),
+        Event(
+            "ints", T0, {"max": 2**64 - 1, "past": 2**64, "min": -(2**63), "below": -(2**63) - 1}
+        ),
+        Event("floats", T0, {"tiny": 1e-7, "big": 1e16, "one": 1.0, "max": 1.7976931348623157e308}),
         Event("inf", T0.astimezone(tz), {"pos": math.inf, "neg": -math.inf, "small": 5e-324}),
         Event("empty", T0, {}),
     ]
     path = tmp_path / "run.jsonl"
-    with JsonlEventHandler(path) as handler:
+    with encoder(kind), JsonlEventHandler(path) as handler:
         for event in logged:
             handler(event)
         handler(Event("nan", T0, {"x": math.nan}))
     back = read_jsonl(path)
-    assert back[:3] == logged
+    assert back[:5] == logged
     assert [type(v) for v in back[0].data.values()] == [str, int, float, bool, bool]
-    assert back[1].timestamp.utcoffset() == timedelta(hours=-5, minutes=-30)
-    assert back[3].name == "nan"
-    assert list(back[3].data) == ["x"]
-    assert math.isnan(back[3].data["x"])
+    assert [type(v) for v in back[1].data.values()] == [int] * 4
+    assert [type(v) for v in back[2].data.values()] == [float] * 4
+    assert back[3].timestamp.utcoffset() == timedelta(hours=-5, minutes=-30)
+    assert back[5].name == "nan"
+    assert list(back[5].data) == ["x"]
+    assert math.isnan(back[5].data["x"])
 
 
 def test_naive_timestamps_read_back_as_local_time(tmp_path: Path) -> None:
@@ -96,13 +123,19 @@ def test_naive_timestamps_read_back_as_local_time(tmp_path: Path) -> None:
     ),
     micros=st.integers(0, 10**12),
 )
+@pytest.mark.parametrize("kind", ENCODERS)
 def test_round_trip_property(
-    tmp_path_factory: pytest.TempPathFactory, name: str, data: dict[str, Any], micros: int
+    tmp_path_factory: pytest.TempPathFactory,
+    kind: str,
+    name: str,
+    data: dict[str, Any],
+    micros: int,
 ) -> None:
-    """Any event with aware timestamp and plain data (NaN aside) reads back equal, value types included."""
+    """Any event with aware timestamp and plain data (NaN aside) reads back equal, value types
+    included, either encoder."""
     path = tmp_path_factory.mktemp("rt") / "run.jsonl"
     event = Event(name, T0 + timedelta(microseconds=micros), data)
-    with JsonlEventHandler(path) as handler:
+    with encoder(kind), JsonlEventHandler(path) as handler:
         handler(event)
     (back,) = read_jsonl(path)
     assert back == event
@@ -419,3 +452,64 @@ def test_the_bus_calls_a_handle_batch_set_on_the_instance(tmp_path: Path) -> Non
     handler.close()
     assert seen == [3]
     assert path.read_bytes() == b""
+
+
+def test_orjson_encodes_when_installed() -> None:
+    """With orjson installed (the ``fast`` extra), handlers encode data with it."""
+    require(_jsonl._fast_encode_data is not None, "orjson (the fast extra) is not installed")
+    assert _jsonl._encode_data is _jsonl._fast_encode_data
+
+
+def test_lines_orjson_refuses_take_the_stdlib_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With orjson, exactly the data it refuses (an int past 64 bits, a lone surrogate) or
+    would write as null (NaN, an infinity; a string holding ``:null``, to be exact) goes
+    through the standard library's encoder; every line reads back equal."""
+    stdlib = _jsonl._stdlib_encode_data
+    took: list[dict[str, Any]] = []
+
+    def counting(data: dict[str, Any]) -> str:
+        took.append(dict(data))
+        return stdlib(data)
+
+    monkeypatch.setattr(_jsonl, "_stdlib_encode_data", counting)
+    events = [
+        Event("fits", T0, {"max": 2**64 - 1, "min": -(2**63), "f": 1e-7}),
+        Event("past", T0, {"n": 2**64}),
+        Event("below", T0, {"n": -(2**63) - 1}),
+        Event("surrogate", T0, {"s": "a\ud800"}),
+        Event("null text", T0, {"s": "x:null"}),
+        Event("inf", T0, {"x": math.inf}),
+    ]
+    path = tmp_path / "run.jsonl"
+    with encoder("fast"), JsonlEventHandler(path) as handler:
+        for event in events:
+            handler(event)
+    assert took == [
+        {"n": 2**64},
+        {"n": -(2**63) - 1},
+        {"s": "a\ud800"},
+        {"s": "x:null"},
+        {"x": math.inf},  # raises there: the line is written with {"$float": ...}
+    ]
+    assert read_jsonl(path) == events
+    first = path.read_text("utf-8").splitlines()[0]
+    assert first.endswith(
+        '"data":{"max":18446744073709551615,"min":-9223372036854775808,"f":1e-7}}'
+    )
+
+
+@pytest.mark.parametrize("kind", ENCODERS)
+def test_a_value_of_another_type_goes_to_the_one_default_hook(kind: str) -> None:
+    """Either encoder hands a value JSON has no type for to ``_jsonl._default`` (one hook for
+    both); with none defined for it, a TypeError names its type."""
+
+    class Odd:
+        pass
+
+    with (
+        encoder(kind),
+        pytest.raises(TypeError, match=r"^Object of type Odd is not JSON serializable$"),
+    ):
+        _jsonl._encode_data({"ok": 1, "odd": Odd()})

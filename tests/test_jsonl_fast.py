@@ -30,6 +30,16 @@ from monitor_bus import Event, EventOrigin, JsonlEventHandler, _jsonl
 
 from .conftest import require
 
+
+@pytest.fixture(autouse=True)
+def stdlib_encoder() -> Iterator[None]:
+    """The bytes compared are the standard library encoder's (orjson's may differ: ``1e-7``)."""
+    saved = _jsonl._encode_data
+    _jsonl._encode_data = _jsonl._stdlib_encode_data
+    yield
+    _jsonl._encode_data = saved
+
+
 # -- the reference: the writer before this change --
 
 _ref_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
