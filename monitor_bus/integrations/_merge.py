@@ -673,7 +673,7 @@ class RankMerge:
             bucket.total,
             bucket.high,
             bucket.low,
-            *_stat._distribution(bucket.moments, bucket.histogram),
+            *_stat.distribution(bucket.moments, bucket.histogram),
         )
         data: dict[str, AggregateValue] = {}
         for agg in aggs:
