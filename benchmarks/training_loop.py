@@ -523,13 +523,14 @@ def tables(args: argparse.Namespace, loop_runs: dict[Key, list[Run]], rates: dic
         f"torch.monitor's handler flushes the sinks every {args.torch_flush_every} events.",
         "",
         "Process CPU per step (every thread, the backlog's delivery included), as a ratio to "
-        "the same loop without logging. The added CPU compares what each adds to a step "
-        "(its ratio minus 1):",
+        "the same loop without logging. Before: monitor_bus with `Event` + `log_event` and "
+        "the standard library's JSON; after: `log()` and orjson; torch.monitor with its sinks "
+        "inline; the standard library's QueueHandler + QueueListener. The added CPU compares "
+        "what each adds to a step (its ratio minus 1):",
         "",
-        "| step | events per step | no logging, CPU us/step | monitor_bus before: "
-        "Event + log_event, stdlib JSON | monitor_bus after: log() + orjson | "
-        "torch.monitor, sinks inline | QueueHandler + QueueListener | "
-        "added CPU, after / torch.monitor | target (after) | met |",
+        "| step | events per step | no logging, CPU us/step | before | after | "
+        "torch.monitor | QueueListener | added CPU, after / torch.monitor | target (after) | "
+        "met |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for step in STEPS:

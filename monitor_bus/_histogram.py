@@ -9,7 +9,7 @@ Guarantees
   Other samples are placed from ``math.log2``, so one a rounding error away from a bucket
   boundary may land in the neighbouring bucket, as in OpenTelemetry's SDK; subnormal samples
   get their own buckets (the SDK puts them all in the lowest normal one).
-- Resolution: a Histogram starts at scale ``MAX_SCALE`` (20) and coarsens, one scale at a
+- Resolution: a Histogram starts at scale 20 and coarsens, one scale at a
   time (each halving the buckets), until each sign's buckets fit ``max_buckets`` (2048 by
   default), as OpenTelemetry's SDK does. With 2048, any samples whose magnitudes lie in an
   interval ``(x, x * 2**31.98]`` keep scale 6 or finer, where ``quantile`` is within 0.54% of
@@ -72,7 +72,7 @@ class Histogram:
     ``negative_counts`` and drops them. Immutable, comparable with ``==`` and picklable.
 
     Args:
-        scale: the buckets' scale, from ``MIN_SCALE`` (-10) to ``MAX_SCALE`` (20).
+        scale: the buckets' scale, from -10 to 20.
         zero_count: samples equal to zero.
         positive_offset: the index of ``positive_counts[0]``.
         positive_counts: samples per positive bucket, from ``positive_offset`` up.

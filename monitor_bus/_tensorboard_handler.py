@@ -105,8 +105,8 @@ class TensorboardEventHandler:
     the rest; its ``Histogram`` (``"step_time.histogram"``) becomes a histogram summary, shown
     in the HISTOGRAMS and DISTRIBUTIONS tabs, through the writer's ``add_histogram_raw``
     (ours, torch's and tensorboardX's have it), at the same steps: its non-empty buckets with
-    their exact edges and counts, its count, sum, min and max (``tensorboard_histogram``; NaN
-    and infinite samples are left out, TensorBoard's charts needing finite edges). A histogram
+    their exact edges and counts, its count, sum, min and max (NaN and
+    infinite samples are left out, TensorBoard's charts needing finite edges). A histogram
     for a writer without ``add_histogram_raw``, under a key that is not UTF-8, or with no
     finite sample is skipped, counted in ``skipped_values`` and reported like a value.
 

@@ -349,7 +349,7 @@ class SystemMetrics:
     """Sample the process tree, the host and the rank's GPUs every ``interval`` seconds, on a
     thread of its own, into Stats named ``system.<metric>``.
 
-    Metrics (each a Stat reporting ``AGGREGATIONS`` per ``window``):
+    Metrics (each a Stat reporting MEAN, MAX and MIN per ``window``):
     ``process_cpu_percent`` (this process and all its descendants; 100 = one core),
     ``process_rss_bytes``; on local rank 0 only: ``host_cpu_percent`` (100 = every core
     busy), ``host_memory_percent``, ``disk_read_bytes_per_s``, ``disk_write_bytes_per_s``,

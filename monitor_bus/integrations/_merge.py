@@ -203,7 +203,7 @@ class RankMerge:
         self.local = 0
         #: Windows lost because their device values could not be read (logged).
         self.errors = 0
-        #: Messages this rank sent to dst (dst: received), each ``FRAME_BYTES`` long.
+        #: Messages this rank sent to dst (dst: received), each 16 KiB long.
         self.frames = 0
         self._receiver: threading.Thread | None = None  # dst's receiving thread
         self._dist = dist
