@@ -111,9 +111,15 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo", "events.jsonl"]
     acc = EventAccumulator(str(tmp_path / "demo"), size_guidance={"scalars": 0, "histograms": 0})
     acc.Reload()
-    # The step time's histogram: one per window, at the step its scalars are drawn at.
+    # A window logged once the training ended (the last, partial one) is not drawn, unless it
+    # is its Stat's only one.
+    drawn = {
+        name: windows[:1] + [e for e in windows[1:] if e.timestamp < result.trained_until]
+        for name, windows in by_stat.items()
+    }
+    # The step time's histogram: one per window drawn, at the step its scalars are drawn at.
     histograms = acc.Histograms(f"stats/{HISTOGRAM_KEY}")
-    windows = [e.data[HISTOGRAM_KEY] for e in by_stat["step_time_ms"]]
+    windows = [e.data[HISTOGRAM_KEY] for e in drawn["step_time_ms"]]
     assert [(h.histogram_value.num, h.histogram_value.sum) for h in histograms] == [
         (w.count, w.sum) for w in windows
     ]
@@ -125,11 +131,11 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
     for name, keys in STAT_GROUPS.items():
         for key in keys:
             points = acc.Scalars(f"stats/{key}")
-            assert [s.value for s in points] == [f32(e.data[key]) for e in by_stat[name]]
+            assert [s.value for s in points] == [f32(e.data[key]) for e in drawn[name]]
             steps = [s.step for s in points]
             assert steps == sorted(steps)
             assert steps[0] >= 0
-            assert steps[-1] == 70  # the last window closes after every step
+            assert steps[-1] <= 70
     for key in EPOCH_KEYS[2:]:
         assert [(s.step, s.value) for s in acc.Scalars(f"epoch/{key}")] == [
             (e.data["step"], f32(e.data[key])) for e in epochs
@@ -204,7 +210,21 @@ def test_demo_rejects_bad_arguments(tmp_path: Path) -> None:
 def test_latency_percentile_is_nearest_rank() -> None:
     """p50/p99 use the nearest-rank rule; no samples give NaN."""
     result = DemoResult(
-        "d", "d/e", False, 1, 1, 0.0, 0.0, {}, {}, 0, 0, 0, 0, [float(i) for i in range(1, 101)]
+        "d",
+        "d/e",
+        False,
+        1,
+        1,
+        0.0,
+        0.0,
+        {},
+        {},
+        0,
+        0,
+        0,
+        0,
+        datetime.now(timezone.utc),
+        [float(i) for i in range(1, 101)],
     )
     assert (
         result.latency_percentile(50),
@@ -289,3 +309,40 @@ def test_a_window_histogram_is_drawn_at_its_step(tmp_path: Path) -> None:
     acc.Reload()
     (event,) = acc.Histograms("stats/lat.histogram")
     assert (event.step, event.histogram_value.num) == (2, 2)
+
+
+def test_windows_logged_after_the_training_are_left_out_of_tensorboard(tmp_path: Path) -> None:
+    """A window stamped once the training ended (its Stat's last, partial one) is not drawn in
+    TensorBoard, unless it is its Stat's first: no spike at the last step."""
+    progress = _Progress()
+    progress.done_at.extend([10.0, 11.0, 12.0])
+    progress.ended_at = 12.5
+    writer = SummaryWriter(tmp_path)
+    handler = _AtStep(
+        TensorboardEventHandler(writer, group="stats"),
+        progress,
+        TensorboardEventHandler(writer, group="system"),
+    )
+
+    def at(seconds: float) -> datetime:
+        return datetime.fromtimestamp(seconds, timezone.utc)
+
+    for seconds, value in ((10.5, 1.0), (11.5, 2.0), (12.5, 90.0)):  # the last one partial
+        handler(Event(STAT_EVENT, at(seconds), {"loss.mean": value}))
+    handler(Event(STAT_EVENT, at(12.6), {"acc.mean": 0.5}))  # its only window: drawn
+    handler(Event(STAT_EVENT, at(11.0), {"system.cpu_percent.mean": 5.0}))
+    handler(Event(STAT_EVENT, at(12.7), {"system.cpu_percent.mean": 70.0}))
+    writer.close()
+    acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert sorted(acc.Tags()["scalars"]) == [
+        "stats/acc.mean",
+        "stats/loss.mean",
+        "system/cpu_percent.mean",
+    ]
+    points = {tag: [(s.step, s.value) for s in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    assert points == {
+        "stats/loss.mean": [(1, 1.0), (2, 2.0)],
+        "stats/acc.mean": [(3, 0.5)],
+        "system/cpu_percent.mean": [(2, 5.0)],
+    }
