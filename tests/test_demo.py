@@ -144,8 +144,8 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
     assert sorted(acc.Tags()["tensors"]) == [  # the run's texts and its HPARAMS session
         "_hparams_/session_end_info",
         "_hparams_/session_start_info",
-        "run/end",
         "run/start",
+        "run/stop",
     ]
     assert sorted(acc.PluginTagToContent("hparams")) == [
         "_hparams_/session_end_info",
