@@ -124,7 +124,8 @@ class _Progress:
     def __init__(self) -> None:
         # Wall time (seconds since the epoch) at which step i + 1 was done; appends only.
         self.done_at: list[float] = []
-        # Wall time at which the training ended (before its last, partial windows are logged).
+        # Wall time at which the training ended: its last step was done (set before its last,
+        # partial windows are logged).
         self.ended_at = math.inf
 
     def steps_by(self, timestamp: datetime) -> int:
@@ -519,7 +520,8 @@ async def _train(
             tg.cancel_scope.cancel()
     finally:
         # Log the last, partial windows, also when interrupted: the bus writes them out.
-        done.ended_at = time.time()
+        # When the last step was done: a window the timer closes after it holds no step more.
+        done.ended_at = done.done_at[-1] if done.done_at else time.time()
         for stat in stats:
             stat._close()
     if progress is not None:
