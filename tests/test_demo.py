@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import struct
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -255,6 +257,23 @@ def test_ctrl_c_keeps_what_was_logged(tmp_path: Path) -> None:
     assert any(e.name == STAT_EVENT for e in events)
 
 
+def at_step(writer: Any, ended_at: float = math.inf) -> _AtStep:
+    """The demo's step-adding handler over ``writer``, for a training whose steps were done at
+    10, 11 and 12 s and which ended at ``ended_at``."""
+    progress = _Progress()
+    progress.done_at.extend([10.0, 11.0, 12.0])
+    progress.ended_at = ended_at
+    return _AtStep(
+        TensorboardEventHandler(writer, group="stats"),
+        progress,
+        TensorboardEventHandler(writer, group="system"),
+    )
+
+
+def at(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, timezone.utc)
+
+
 def test_a_stat_window_is_drawn_at_the_steps_done_when_it_closed() -> None:
     """The demo adds to each Stat window the number of steps finished by its timestamp, as "step"."""
 
@@ -265,18 +284,8 @@ def test_a_stat_window_is_drawn_at_the_steps_done_when_it_closed() -> None:
         def add_scalar(self, tag: str, value: float, global_step: int, walltime: float) -> None:
             self.calls.append((tag, value, global_step))
 
-    progress = _Progress()
-    progress.done_at.extend([10.0, 11.0, 12.0])
     writer = Writer()
-    handler = _AtStep(
-        TensorboardEventHandler(writer, group="stats"),
-        progress,
-        TensorboardEventHandler(writer, group="system"),
-    )
-
-    def at(seconds: float) -> datetime:
-        return datetime.fromtimestamp(seconds, timezone.utc)
-
+    handler = at_step(writer)
     for seconds in (9.5, 11.0, 11.5, 30.0):
         handler(Event(STAT_EVENT, at(seconds), {"loss.mean": seconds}))
     handler(Event(EPOCH_EVENT, at(12.0), {"epoch": 1, "step": 3}))  # not a window: not written
@@ -294,15 +303,9 @@ def test_a_stat_window_is_drawn_at_the_steps_done_when_it_closed() -> None:
 def test_a_window_histogram_is_drawn_at_its_step(tmp_path: Path) -> None:
     """A window holding a Histogram reaches TensorBoard through the demo's step-adding
     handler as a histogram at the steps done when it closed."""
-    progress = _Progress()
-    progress.done_at.extend([10.0, 11.0, 12.0])
     writer = SummaryWriter(tmp_path)
-    handler = _AtStep(
-        TensorboardEventHandler(writer, group="stats"),
-        progress,
-        TensorboardEventHandler(writer, group="system"),
-    )
-    window = distribution_window([0.5, 1.5], datetime.fromtimestamp(11.5, timezone.utc))
+    handler = at_step(writer)
+    window = distribution_window([0.5, 1.5], at(11.5))
     handler(window)
     writer.close()
     acc = EventAccumulator(str(tmp_path), size_guidance={"histograms": 0})
@@ -314,19 +317,8 @@ def test_a_window_histogram_is_drawn_at_its_step(tmp_path: Path) -> None:
 def test_windows_logged_after_the_training_are_left_out_of_tensorboard(tmp_path: Path) -> None:
     """A window stamped once the training ended (its Stat's last, partial one) is not drawn in
     TensorBoard, unless it is its Stat's first: no spike at the last step."""
-    progress = _Progress()
-    progress.done_at.extend([10.0, 11.0, 12.0])
-    progress.ended_at = 12.5
     writer = SummaryWriter(tmp_path)
-    handler = _AtStep(
-        TensorboardEventHandler(writer, group="stats"),
-        progress,
-        TensorboardEventHandler(writer, group="system"),
-    )
-
-    def at(seconds: float) -> datetime:
-        return datetime.fromtimestamp(seconds, timezone.utc)
-
+    handler = at_step(writer, ended_at=12.5)
     for seconds, value in ((10.5, 1.0), (11.5, 2.0), (12.5, 90.0)):  # the last one partial
         handler(Event(STAT_EVENT, at(seconds), {"loss.mean": value}))
     handler(Event(STAT_EVENT, at(12.6), {"acc.mean": 0.5}))  # its only window: drawn
