@@ -147,18 +147,19 @@ class _AtStep:
         self._handler = handler
         self._progress = progress
         self._system = system  # the system.* Stats' windows, in a section of their own
-        self._seen: set[str] = set()  # the Stats a window of which was drawn
+        self._seen: set[str] = set()  # the Stats with a window drawn
 
     def __call__(self, event: Event) -> None:
         handler = self._handler
         if event.name == STAT_EVENT:
             data = event.data
-            stat = next(iter(data), "").rpartition(".")[0]
+            first = next(iter(data), "")
+            stat = first.rpartition(".")[0]
             if event.timestamp.timestamp() >= self._progress.ended_at and stat in self._seen:
                 return  # cut short by the run's end: in the JSONL file, not drawn
             self._seen.add(stat)
             step = self._progress.steps_by(event.timestamp)
-            if next(iter(data), "").startswith(SYSTEM_PREFIX):
+            if first.startswith(SYSTEM_PREFIX):
                 data = {key.removeprefix(SYSTEM_PREFIX): value for key, value in data.items()}
                 handler = self._system
             # from_slots: a window may hold a Histogram, which Event() takes from no caller.
@@ -519,9 +520,10 @@ async def _train(
                 work.start_soon(train)
             tg.cancel_scope.cancel()
     finally:
-        # Log the last, partial windows, also when interrupted: the bus writes them out.
-        # When the last step was done: a window the timer closes after it holds no step more.
+        # The training ended with its last step: the windows logged after it (the open ones,
+        # below) are cut short by the end.
         done.ended_at = done.done_at[-1] if done.done_at else time.time()
+        # Log the last, partial windows, also when interrupted: the bus writes them out.
         for stat in stats:
             stat._close()
     if progress is not None:
