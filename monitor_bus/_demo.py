@@ -14,6 +14,12 @@ window as ``"step"``, which ``TensorboardEventHandler`` takes as the global step
 grouped under ``stats/``, the system metrics under ``system/`` and the epoch metrics under
 ``epoch/``, one section each; the step time's histogram is in the HISTOGRAMS and DISTRIBUTIONS
 tabs. The files go in the run's own subdirectory, ``<log dir>/demo``.
+
+The windows logged once the training has ended (each Stat's last, partial window, cut short by
+the run's end) are left out of TensorBoard, where each would be a point at the last step
+standing for a fraction of a window, often a spike; a Stat with no other window keeps it. They
+are in the JSON-lines file, where ``monitor-bus summary`` and ``plot`` mark a partial last
+window.
 """
 
 from __future__ import annotations
@@ -81,6 +87,8 @@ class DemoResult:
     undelivered: int
     """Summed over handlers: events a handler did not get (queue drops count once per handler)."""
     handler_errors: int
+    trained_until: datetime
+    """When the training ended: Stat windows stamped later are left out of TensorBoard."""
     latencies_ms: list[float] = field(repr=False)
 
     def latency_percentile(self, q: float) -> float:
@@ -116,6 +124,9 @@ class _Progress:
     def __init__(self) -> None:
         # Wall time (seconds since the epoch) at which step i + 1 was done; appends only.
         self.done_at: list[float] = []
+        # Wall time at which the training ended: its last step was done (set before its last,
+        # partial windows are logged).
+        self.ended_at = math.inf
 
     def steps_by(self, timestamp: datetime) -> int:
         """How many steps were done at ``timestamp``."""
@@ -126,7 +137,8 @@ class _AtStep:
     """Gives each Stat window the training step at its close, then hands it on.
 
     A window holds no step, so TensorBoard would count windows; with ``"step"`` added, the
-    TensorBoard handler draws it at the same x as the epoch metrics.
+    TensorBoard handler draws it at the same x as the epoch metrics. A window stamped once the
+    training had ended is partial: it is left out, unless it is its Stat's first.
     """
 
     def __init__(
@@ -135,13 +147,19 @@ class _AtStep:
         self._handler = handler
         self._progress = progress
         self._system = system  # the system.* Stats' windows, in a section of their own
+        self._seen: set[str] = set()  # the Stats with a window drawn
 
     def __call__(self, event: Event) -> None:
         handler = self._handler
         if event.name == STAT_EVENT:
-            step = self._progress.steps_by(event.timestamp)
             data = event.data
-            if next(iter(data), "").startswith(SYSTEM_PREFIX):
+            first = next(iter(data), "")
+            stat = first.rpartition(".")[0]
+            if event.timestamp.timestamp() >= self._progress.ended_at and stat in self._seen:
+                return  # cut short by the run's end: in the JSONL file, not drawn
+            self._seen.add(stat)
+            step = self._progress.steps_by(event.timestamp)
+            if first.startswith(SYSTEM_PREFIX):
                 data = {key.removeprefix(SYSTEM_PREFIX): value for key, value in data.items()}
                 handler = self._system
             # from_slots: a window may hold a Histogram, which Event() takes from no caller.
@@ -279,6 +297,7 @@ def run_demo(
             dropped=stats["dropped"],
             undelivered=stats["handler_dropped"],
             handler_errors=stats["handler_errors"],
+            trained_until=datetime.fromtimestamp(progress_of_steps.ended_at, timezone.utc),
             latencies_ms=list(tally.latencies_ms),
         )
 
@@ -501,6 +520,9 @@ async def _train(
                 work.start_soon(train)
             tg.cancel_scope.cancel()
     finally:
+        # The training ended with its last step: the windows logged after it (the open ones,
+        # below) are cut short by the end.
+        done.ended_at = done.done_at[-1] if done.done_at else time.time()
         # Log the last, partial windows, also when interrupted: the bus writes them out.
         for stat in stats:
             stat._close()

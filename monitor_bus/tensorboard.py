@@ -383,11 +383,15 @@ class SummaryWriter:
 
         - ``RUN_START_EVENT``: an HPARAMS session start holding the ``hparams.*`` values (the
           ``config.*`` ones where there are none), and the whole start data as a Markdown
-          table (text ``run/start``; floats to six significant digits). TensorBoard builds the experiment from the sessions, with every
-          scalar tag of the run as a metric.
+          table (text ``run/start``; floats to six significant digits). TensorBoard builds
+          the experiment from the sessions, with every scalar tag of the run as a metric. A
+          number is written as a number, so the tab sorts it, filters it by range and draws
+          it on a numeric axis; the tab prints every number to five significant digits
+          (``2048.0``), and the ``run/start`` text shows it as logged.
         - ``RUN_END_EVENT``: the session's end (``success`` -> ``STATUS_SUCCESS``, ``failed``
           and ``interrupted`` -> ``STATUS_FAILURE``, the tab having no "interrupted") and the
-          end data as text ``run/end``, which names the exact status.
+          end data as text ``run/stop``, which names the exact status (the TEXT tab lists
+          tags by name: ``run/start``, then ``run/stop``).
         - ``METRICS_EVENT``: each number as a scalar at the event's int ``"step"`` (strings
           are left out).
         - ``STRAGGLER_EVENT`` (the rank merge naming a slow rank, or its recovery): its data
@@ -410,7 +414,8 @@ class SummaryWriter:
             self.add_text("run/start", _table(data), 0, walltime)
         elif event.name == RUN_END_EVENT:
             self._add(_plain_event(session_end(str(data.get("status")), walltime), walltime))
-            self.add_text("run/end", _table(data), 0, walltime)
+            # Not "run/end": the TEXT tab sorts tags by name, and would list it first.
+            self.add_text("run/stop", _table(data), 0, walltime)
         elif event.name == METRICS_EVENT:
             step = data.get("step")
             fixed = isinstance(step, int) and step.__class__ is int

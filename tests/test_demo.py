@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import struct
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -111,9 +113,15 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo", "events.jsonl"]
     acc = EventAccumulator(str(tmp_path / "demo"), size_guidance={"scalars": 0, "histograms": 0})
     acc.Reload()
-    # The step time's histogram: one per window, at the step its scalars are drawn at.
+    # A window logged once the training ended (the last, partial one) is not drawn, unless it
+    # is its Stat's only one.
+    drawn = {
+        name: windows[:1] + [e for e in windows[1:] if e.timestamp < result.trained_until]
+        for name, windows in by_stat.items()
+    }
+    # The step time's histogram: one per window drawn, at the step its scalars are drawn at.
     histograms = acc.Histograms(f"stats/{HISTOGRAM_KEY}")
-    windows = [e.data[HISTOGRAM_KEY] for e in by_stat["step_time_ms"]]
+    windows = [e.data[HISTOGRAM_KEY] for e in drawn["step_time_ms"]]
     assert [(h.histogram_value.num, h.histogram_value.sum) for h in histograms] == [
         (w.count, w.sum) for w in windows
     ]
@@ -125,11 +133,11 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
     for name, keys in STAT_GROUPS.items():
         for key in keys:
             points = acc.Scalars(f"stats/{key}")
-            assert [s.value for s in points] == [f32(e.data[key]) for e in by_stat[name]]
+            assert [s.value for s in points] == [f32(e.data[key]) for e in drawn[name]]
             steps = [s.step for s in points]
             assert steps == sorted(steps)
             assert steps[0] >= 0
-            assert steps[-1] == 70  # the last window closes after every step
+            assert steps[-1] <= 70
     for key in EPOCH_KEYS[2:]:
         assert [(s.step, s.value) for s in acc.Scalars(f"epoch/{key}")] == [
             (e.data["step"], f32(e.data[key])) for e in epochs
@@ -138,8 +146,8 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
     assert sorted(acc.Tags()["tensors"]) == [  # the run's texts and its HPARAMS session
         "_hparams_/session_end_info",
         "_hparams_/session_start_info",
-        "run/end",
         "run/start",
+        "run/stop",
     ]
     assert sorted(acc.PluginTagToContent("hparams")) == [
         "_hparams_/session_end_info",
@@ -204,7 +212,21 @@ def test_demo_rejects_bad_arguments(tmp_path: Path) -> None:
 def test_latency_percentile_is_nearest_rank() -> None:
     """p50/p99 use the nearest-rank rule; no samples give NaN."""
     result = DemoResult(
-        "d", "d/e", False, 1, 1, 0.0, 0.0, {}, {}, 0, 0, 0, 0, [float(i) for i in range(1, 101)]
+        "d",
+        "d/e",
+        False,
+        1,
+        1,
+        0.0,
+        0.0,
+        {},
+        {},
+        0,
+        0,
+        0,
+        0,
+        datetime.now(timezone.utc),
+        [float(i) for i in range(1, 101)],
     )
     assert (
         result.latency_percentile(50),
@@ -235,6 +257,23 @@ def test_ctrl_c_keeps_what_was_logged(tmp_path: Path) -> None:
     assert any(e.name == STAT_EVENT for e in events)
 
 
+def at_step(writer: Any, ended_at: float = math.inf) -> _AtStep:
+    """The demo's step-adding handler over ``writer``, for a training whose steps were done at
+    10, 11 and 12 s and which ended at ``ended_at``."""
+    progress = _Progress()
+    progress.done_at.extend([10.0, 11.0, 12.0])
+    progress.ended_at = ended_at
+    return _AtStep(
+        TensorboardEventHandler(writer, group="stats"),
+        progress,
+        TensorboardEventHandler(writer, group="system"),
+    )
+
+
+def at(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, timezone.utc)
+
+
 def test_a_stat_window_is_drawn_at_the_steps_done_when_it_closed() -> None:
     """The demo adds to each Stat window the number of steps finished by its timestamp, as "step"."""
 
@@ -245,18 +284,8 @@ def test_a_stat_window_is_drawn_at_the_steps_done_when_it_closed() -> None:
         def add_scalar(self, tag: str, value: float, global_step: int, walltime: float) -> None:
             self.calls.append((tag, value, global_step))
 
-    progress = _Progress()
-    progress.done_at.extend([10.0, 11.0, 12.0])
     writer = Writer()
-    handler = _AtStep(
-        TensorboardEventHandler(writer, group="stats"),
-        progress,
-        TensorboardEventHandler(writer, group="system"),
-    )
-
-    def at(seconds: float) -> datetime:
-        return datetime.fromtimestamp(seconds, timezone.utc)
-
+    handler = at_step(writer)
     for seconds in (9.5, 11.0, 11.5, 30.0):
         handler(Event(STAT_EVENT, at(seconds), {"loss.mean": seconds}))
     handler(Event(EPOCH_EVENT, at(12.0), {"epoch": 1, "step": 3}))  # not a window: not written
@@ -274,18 +303,38 @@ def test_a_stat_window_is_drawn_at_the_steps_done_when_it_closed() -> None:
 def test_a_window_histogram_is_drawn_at_its_step(tmp_path: Path) -> None:
     """A window holding a Histogram reaches TensorBoard through the demo's step-adding
     handler as a histogram at the steps done when it closed."""
-    progress = _Progress()
-    progress.done_at.extend([10.0, 11.0, 12.0])
     writer = SummaryWriter(tmp_path)
-    handler = _AtStep(
-        TensorboardEventHandler(writer, group="stats"),
-        progress,
-        TensorboardEventHandler(writer, group="system"),
-    )
-    window = distribution_window([0.5, 1.5], datetime.fromtimestamp(11.5, timezone.utc))
+    handler = at_step(writer)
+    window = distribution_window([0.5, 1.5], at(11.5))
     handler(window)
     writer.close()
     acc = EventAccumulator(str(tmp_path), size_guidance={"histograms": 0})
     acc.Reload()
     (event,) = acc.Histograms("stats/lat.histogram")
     assert (event.step, event.histogram_value.num) == (2, 2)
+
+
+def test_windows_logged_after_the_training_are_left_out_of_tensorboard(tmp_path: Path) -> None:
+    """A window stamped once the training ended (its Stat's last, partial one) is not drawn in
+    TensorBoard, unless it is its Stat's first: no spike at the last step."""
+    writer = SummaryWriter(tmp_path)
+    handler = at_step(writer, ended_at=12.5)
+    for seconds, value in ((10.5, 1.0), (11.5, 2.0), (12.5, 90.0)):  # the last one partial
+        handler(Event(STAT_EVENT, at(seconds), {"loss.mean": value}))
+    handler(Event(STAT_EVENT, at(12.6), {"acc.mean": 0.5}))  # its only window: drawn
+    handler(Event(STAT_EVENT, at(11.0), {"system.cpu_percent.mean": 5.0}))
+    handler(Event(STAT_EVENT, at(12.7), {"system.cpu_percent.mean": 70.0}))
+    writer.close()
+    acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert sorted(acc.Tags()["scalars"]) == [
+        "stats/acc.mean",
+        "stats/loss.mean",
+        "system/cpu_percent.mean",
+    ]
+    points = {tag: [(s.step, s.value) for s in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    assert points == {
+        "stats/loss.mean": [(1, 1.0), (2, 2.0)],
+        "stats/acc.mean": [(3, 0.5)],
+        "system/cpu_percent.mean": [(2, 5.0)],
+    }

@@ -90,10 +90,12 @@ def test_run_events_become_a_session_with_status_and_scalars(
     bus: monitor_bus.EventBus, recorder: Recorder, tmp_path: Path
 ) -> None:
     """A failed Run's events give an HPARAMS session of its hyperparameters ending in failure,
-    its texts (floats to six digits) and its metrics at their steps; other events are not
-    written."""
+    its texts (floats to six digits; the start's tag sorting before the end's, as the TEXT tab
+    lists them) and its metrics at their steps; other events are not written. A whole number
+    stays a number in the session (the tab sorts and filters it as one); the text shows it as
+    logged."""
     bus.register_event_handler(recorder)
-    run = Run("exp", hparams={"lr": 0.1}, config={"layers": 2}, bus=bus)
+    run = Run("exp", hparams={"lr": 0.1, "batch": 2048}, config={"layers": 2}, bus=bus)
     with pytest.raises(ValueError, match="boom"):
         _fail(bus, run)
     bus.log_event(monitor_bus.Event("other", T0, {"x": 1}))
@@ -104,16 +106,20 @@ def test_run_events_become_a_session_with_status_and_scalars(
     acc = _load(tmp_path)
     content = _hparams(acc)
     start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
-    assert _values(start) == {"hparams.lr": 0.1}  # the config would sort first in the tab
+    # The config would sort first in the tab.
+    assert _values(start) == {"hparams.lr": 0.1, "hparams.batch": 2048.0}
+    assert start.hparams["hparams.batch"].WhichOneof("kind") == "number_value"
     end = metadata.parse_session_end_info_plugin_data(content[metadata.SESSION_END_INFO_TAG])
     assert end.status == api_pb2.Status.STATUS_FAILURE
     assert [(s.step, s.value) for s in acc.Scalars("loss")] == [(7, 0.5)]
-    assert "| status | failed |" in _text(acc, "run/end")
-    assert "| exception | builtins.ValueError |" in _text(acc, "run/end")
+    assert sorted(acc.PluginTagToContent("text")) == ["run/start", "run/stop"]
+    assert "| status | failed |" in _text(acc, "run/stop")
+    assert "| exception | builtins.ValueError |" in _text(acc, "run/stop")
     assert "| run_name | exp |" in _text(acc, "run/start")
     (duration,) = [e.data["duration_s"] for e in recorder.events if e.name == RUN_END_EVENT]
-    assert f"| duration_s | {duration:.6g} |" in _text(acc, "run/end")
+    assert f"| duration_s | {duration:.6g} |" in _text(acc, "run/stop")
     assert "| config.layers | 2 |" in _text(acc, "run/start")
+    assert "| hparams.batch | 2048 |" in _text(acc, "run/start")
 
 
 def test_a_run_without_hyperparameters_has_its_config_in_the_session(
