@@ -12,13 +12,18 @@ exported. Other events are ignored, as ``torch.monitor``'s TensorBoard handler d
 Distributions: a window's percentiles and stddev (``step_time.p99``) are gauges like the rest.
 Its ``Histogram`` (``step_time.histogram``) makes the histogram ``<namespace>_<key>`` (its
 ``_bucket`` series), holding every window so far merged exactly (``Histogram.merge``), since
-Prometheus histograms are cumulative and queried with ``rate()`` and ``histogram_quantile``.
-Its ``le`` bounds are the upper edges of the non-empty exponential buckets, at most
-``MAX_LE_BUCKETS`` (64) of them besides ``+Inf``: past that the buckets are merged in pairs, as
-a coarser scale holds them, until they fit. Each bound counts exactly the samples at or below
-it, so a bound's series only grows; ``-inf`` samples count at every bound, ``+inf`` and NaN at
-``+Inf`` only (which is the count). With a negative sample there are no ``_count`` and ``_sum``
-series (OpenMetrics: a sum that can fall is no counter; ``prometheus_client`` leaves them out);
+Prometheus histograms are cumulative and queried with ``rate()`` and ``histogram_quantile``. Its
+``le`` bounds stay once exposed, as Prometheus classic histograms need: they lie on a fixed
+grid, ``0`` and ``±2**k`` (the exponential layout's edges at scale 0), and each window adds the
+grid bound at or above each of its non-empty buckets, lowest first, until there are
+``MAX_LE_BUCKETS`` (64) besides ``+Inf``; after that no bound is added or dropped, and samples
+past them count at the outermost bound above them, or at ``+Inf`` only. Each bound counts
+exactly the samples at or below it, so a bound's series only grows; ``-inf`` samples count at
+every bound, ``+inf`` and NaN at ``+Inf`` only (which is the count). A negative sample exactly
+on a bound counts at the next bound up (a negative bucket holds ``[-upper, -lower)``), as does a
+bucket a bound cuts in a Histogram coarser than scale 0 (only one made with a small
+``max_buckets``). With a negative sample there are no ``_count`` and ``_sum`` series
+(OpenMetrics: a sum that can fall is no counter; ``prometheus_client`` leaves them out);
 ``+Inf`` still counts every sample.
 """
 
@@ -280,15 +285,9 @@ class LeBounds:
     """The ``le`` bounds of one Prometheus histogram and the samples at or below each, over
     every window added so far.
 
-    Prometheus classic histograms need stable bounds: once exposed, a bound stays and its
-    count only grows. So the bounds lie on a fixed grid, ``0`` and ``±2**k`` (the exponential
-    layout's edges at scale 0, so they are bucket edges of every Histogram of scale 0 or
-    finer), and a window adds the grid bound at or above each of its non-empty buckets, in
-    ascending order, while there are fewer than ``max_buckets``; after that the bounds stay as
-    they are, and samples past them count at the outermost bound above them, or at ``+Inf``
-    only. A bound counts exactly the samples at or below it, except that a bucket it cuts (a
-    negative sample exactly on a bound, whose bucket holds ``[-upper, -lower)``, or a bucket
-    of a Histogram coarser than scale 0) counts at the next bound up.
+    The bounds stay once added and lie on a fixed grid, ``0`` and ``±2**k``: bucket edges of
+    every Histogram of scale 0 or finer, so a bound's count is exact there (the module
+    docstring says how bounds are chosen and where samples past them count).
 
     Args:
         max_buckets: the most bounds besides ``+Inf``.
