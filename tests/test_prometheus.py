@@ -435,9 +435,9 @@ def test_histogram_is_a_prometheus_histogram_with_le_buckets(bus: EventBus) -> N
 
 
 def test_le_buckets_are_bounded_and_exact() -> None:
-    """Samples spanning 600 octaves get at most MAX_LE_BUCKETS bounds (the exponential
-    buckets merged in pairs until they fit), each counting its samples exactly; -inf counts
-    at every bound, +inf and NaN at +Inf only."""
+    """Samples spanning 600 octaves get at most MAX_LE_BUCKETS bounds (the lowest grid
+    bounds they bring), each counting its samples exactly; -inf counts at every bound, +inf
+    and NaN at +Inf only."""
     rng = random.Random(22)
     wide = [rng.choice((-1, 1)) * 2.0 ** rng.uniform(-300, 300) for _ in range(3000)]
     for samples in (wide, [*wide[:50], -math.inf, math.inf, 0.0]):
@@ -446,6 +446,75 @@ def test_le_buckets_are_bounded_and_exact() -> None:
     for samples, most in (([math.nan, 2.5], 1), (wide, 3)):
         buckets = le_buckets(Histogram.of(samples), max_buckets=most)
         check_le_buckets([({"le": le}, n) for le, n in buckets], samples, most)
+
+
+def grid_at_or_above(sample: float) -> float:
+    """The least bound of the grid (0 and +-2**k) at or above ``sample``."""
+    if sample > 0:
+        return 2.0 ** math.ceil(math.log2(sample))
+    return -(2.0 ** math.floor(math.log2(-sample))) if sample < 0 else 0.0
+
+
+def scrape_windows(windows: list[list[float]], bus: EventBus) -> list[dict[float, float]]:
+    """Log each of ``windows`` to a fresh handler and scrape it after each, checking every
+    scrape's le buckets against the raw samples so far: the ``le`` bounds and their counts,
+    one dict per scrape."""
+    prom = PrometheusEventHandler()
+    bus.register_event_handler(prom)
+    seen: list[float] = []
+    scrapes = []
+    for samples in windows:
+        bus.log_event(distribution_window(samples))
+        assert bus.flush(10)
+        seen += samples
+        buckets = scrape(prom)["monitor_bus_lat_histogram_bucket"]
+        check_le_buckets(buckets, seen, MAX_LE_BUCKETS)
+        scrapes.append({float(labels["le"]): value for labels, value in buckets})
+    return scrapes
+
+
+def assert_bounds_stay(scrapes: list[dict[float, float]]) -> None:
+    """Every bound of a scrape is in the next one, with a count at least as large."""
+    for before, after in zip(scrapes, scrapes[1:], strict=False):
+        assert set(before) <= set(after)
+        assert [b for b in before if after[b] < before[b]] == []
+
+
+def test_le_bounds_stay_and_their_counts_only_grow(bus: EventBus) -> None:
+    """Prometheus classic histograms need stable bounds: a bound once scraped stays, and its
+    count only grows, however finely the later windows are bucketed. The bounds are the grid
+    bounds (0, +-2**k) at or above the samples."""
+    rng = random.Random(26)
+    windows = [
+        [1.0 + i / 10 for i in range(10)],
+        [1.0 + i / 1000 for i in range(1000)],  # same range, finer buckets
+        [rng.uniform(-50.0, 3000.0) for _ in range(500)],  # wider, two-signed
+    ]
+    scrapes = scrape_windows(windows, bus)
+    assert_bounds_stay(scrapes)
+    seen: list[float] = []
+    for samples, got in zip(windows, scrapes, strict=True):
+        seen += samples
+        assert set(got) == {grid_at_or_above(s) for s in seen} | {math.inf}
+
+
+def test_le_bounds_past_the_most_keep_the_first_ones(bus: EventBus) -> None:
+    """Past MAX_LE_BUCKETS bounds no bound is added or dropped: a window adds its lowest new
+    grid bounds while there is room; samples past the bounds count at the outermost bound
+    above them, or at +Inf only."""
+    rng = random.Random(25)
+    narrow = [2.0 ** rng.uniform(-20.0, 20.0) for _ in range(2000)]
+    wide = [rng.choice((-1, 1)) * 2.0 ** rng.uniform(-300.0, 300.0) for _ in range(3000)]
+    later = [2.0 ** rng.uniform(200.0, 300.0) for _ in range(100)]
+    first, second, third = scrapes = scrape_windows([narrow, wide, later], bus)
+    assert_bounds_stay(scrapes)
+    first_bounds = {grid_at_or_above(s) for s in narrow}
+    assert set(first) == first_bounds | {math.inf}
+    brought = sorted({grid_at_or_above(s) for s in wide} - first_bounds)
+    added = brought[: MAX_LE_BUCKETS - len(first_bounds)]
+    assert set(second) == first_bounds | set(added) | {math.inf}
+    assert len(second) == MAX_LE_BUCKETS + 1
+    assert set(third) == set(second)
 
 
 def test_histogram_whose_name_is_taken_is_skipped_and_counted(bus: EventBus) -> None:

@@ -12,13 +12,18 @@ exported. Other events are ignored, as ``torch.monitor``'s TensorBoard handler d
 Distributions: a window's percentiles and stddev (``step_time.p99``) are gauges like the rest.
 Its ``Histogram`` (``step_time.histogram``) makes the histogram ``<namespace>_<key>`` (its
 ``_bucket`` series), holding every window so far merged exactly (``Histogram.merge``), since
-Prometheus histograms are cumulative and queried with ``rate()`` and ``histogram_quantile``.
-Its ``le`` bounds are the upper edges of the non-empty exponential buckets, at most
-``MAX_LE_BUCKETS`` (64) of them besides ``+Inf``: past that the buckets are merged in pairs, as
-a coarser scale holds them, until they fit. Each bound counts exactly the samples at or below
-it, so a bound's series only grows; ``-inf`` samples count at every bound, ``+inf`` and NaN at
-``+Inf`` only (which is the count). With a negative sample there are no ``_count`` and ``_sum``
-series (OpenMetrics: a sum that can fall is no counter; ``prometheus_client`` leaves them out);
+Prometheus histograms are cumulative and queried with ``rate()`` and ``histogram_quantile``. Its
+``le`` bounds stay once exposed, as Prometheus classic histograms need: they lie on a fixed
+grid, ``0`` and ``±2**k`` (the exponential layout's edges at scale 0), and each window adds the
+grid bound at or above each of its non-empty buckets, lowest first, until there are
+``MAX_LE_BUCKETS`` (64) besides ``+Inf``; after that no bound is added or dropped, and samples
+past them count at the outermost bound above them, or at ``+Inf`` only. Each bound counts
+exactly the samples at or below it, so a bound's series only grows; ``-inf`` samples count at
+every bound, ``+inf`` and NaN at ``+Inf`` only (which is the count). A negative sample exactly
+on a bound counts at the next bound up (a negative bucket holds ``[-upper, -lower)``), as does a
+bucket a bound cuts in a Histogram coarser than scale 0 (only one made with a small
+``max_buckets``). With a negative sample there are no ``_count`` and ``_sum`` series
+(OpenMetrics: a sum that can fall is no counter; ``prometheus_client`` leaves them out);
 ``+Inf`` still counts every sample.
 """
 
@@ -31,7 +36,6 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .._buckets import MIN_SCALE
 from .._event import Event
 from .._handler import call_each
 from .._histogram import Histogram
@@ -241,8 +245,8 @@ class PrometheusEventHandler:
 
 _MISSING: Any = object()
 
-#: The most ``le`` bounds (besides ``+Inf``) a histogram is exposed with: past that its
-#: exponential buckets are merged in pairs, as a coarser scale would hold them, until they fit.
+#: The most ``le`` bounds (besides ``+Inf``) a histogram is exposed with. Bounds are only ever
+#: added, so past this many the histogram keeps the ones it has.
 MAX_LE_BUCKETS = 64
 
 
@@ -255,23 +259,20 @@ class _HistogramCollector:
         self._help = help_text
         self._labels = labels
         self._lock = threading.Lock()
-        self._total: Histogram | None = None
+        self._bounds = LeBounds()
 
     def add(self, histogram: Histogram) -> None:
         with self._lock:
-            total = self._total
-            self._total = histogram if total is None else total.merge(histogram)
+            self._bounds.add(histogram)
 
     def describe(self) -> list[Any]:
         return [self._family()]
 
     def collect(self) -> list[Any]:
         family = self._family()
-        total = self._total
+        total, buckets = self._bounds.read()
         if total is not None:
-            family.add_metric(
-                list(self._labels.values()), buckets=le_buckets(total), sum_value=total.sum
-            )
+            family.add_metric(list(self._labels.values()), buckets=buckets, sum_value=total.sum)
         return [family]
 
     def _family(self) -> Any:
@@ -280,32 +281,89 @@ class _HistogramCollector:
         return HistogramMetricFamily(self._name, self._help, labels=list(self._labels))
 
 
-def le_buckets(histogram: Histogram, max_buckets: int = MAX_LE_BUCKETS) -> list[tuple[str, int]]:
-    """``histogram`` as Prometheus ``le`` buckets: (bound, samples at or below it), ascending,
-    then ``("+Inf", count)``.
+class LeBounds:
+    """The ``le`` bounds of one Prometheus histogram and the samples at or below each, over
+    every window added so far.
 
-    The bounds are the upper edges of the non-empty exponential buckets, at the histogram's
-    scale or, when that gives more than ``max_buckets``, at the finest coarser scale that
-    gives no more (``Histogram.merge`` with an empty histogram there), so each bound's count
-    is exact. ``-inf`` samples count at every bound; ``+inf`` and NaN samples only in
-    ``+Inf``, which is ``count``, as Prometheus requires. A negative sample exactly on a bound
-    counts at the next bound up (a negative bucket holds ``[-upper, -lower)``).
+    The bounds stay once added and lie on a fixed grid, ``0`` and ``±2**k``: bucket edges of
+    every Histogram of scale 0 or finer, so a bound's count is exact there (the module
+    docstring says how bounds are chosen and where samples past them count).
+
+    Args:
+        max_buckets: the most bounds besides ``+Inf``.
     """
-    from prometheus_client.utils import floatToGoString
 
-    buckets = histogram.buckets()
-    scale = histogram.scale
-    while len(buckets) > max_buckets and scale > MIN_SCALE:
-        scale -= 1
-        buckets = histogram.merge(Histogram(scale=scale)).buckets()
-    out: list[tuple[str, int]] = []
-    below = 0
-    for _, upper, count in buckets:
-        below += count
-        if math.isfinite(upper):  # past the float range, and +inf: only +Inf is above
-            out.append((floatToGoString(upper), below))  # type: ignore[no-untyped-call]
-    out.append(("+Inf", histogram.count))
+    def __init__(self, max_buckets: int = MAX_LE_BUCKETS) -> None:
+        self._max = max_buckets
+        # (every window merged, bound -> samples at or below it): one tuple, replaced whole,
+        # so a reader (or a Ctrl-C in add) never sees one updated without the other.
+        self._state: tuple[Histogram | None, dict[float, int]] = (None, {})
+
+    def add(self, window: Histogram) -> None:
+        """Count ``window``'s samples at every bound, adding the grid bounds it brings."""
+        total, counts = self._state
+        total = window if total is None else total.merge(window)
+        room = self._max - len(counts)
+        new = [b for b in grid_bounds(window) if b not in counts][: max(room, 0)]
+        old = sorted(counts)
+        updated = {b: counts[b] + n for b, n in zip(old, at_or_below(window, old), strict=True)}
+        # A new bound counts the earlier windows too: the total holds them exactly.
+        updated.update(zip(new, at_or_below(total, new), strict=True))
+        self._state = (total, updated)
+
+    def read(self) -> tuple[Histogram | None, list[tuple[str, int]]]:
+        """Every window merged (None before the first) and the ``le`` buckets: (bound,
+        samples at or below it), ascending, then ``("+Inf", count)``."""
+        from prometheus_client.utils import floatToGoString
+
+        total, counts = self._state
+        if total is None:
+            return None, []
+        out = [(floatToGoString(b), counts[b]) for b in sorted(counts)]  # type: ignore[no-untyped-call]
+        out.append(("+Inf", total.count))
+        return total, out
+
+
+def grid_bounds(histogram: Histogram) -> list[float]:
+    """The grid bounds (``0``, ``±2**k``) at or above the upper edge of each non-empty
+    finite bucket of ``histogram``, ascending, each once."""
+    out: list[float] = []
+    for _, upper, _ in histogram.buckets():
+        if not math.isfinite(upper):  # past the float range, and +-inf: +Inf holds them
+            continue
+        if upper == 0.0:
+            grid = 0.0
+        else:
+            mantissa, exponent = math.frexp(abs(upper))  # abs(upper) = mantissa * 2**exponent
+            if upper > 0:  # the power of two at or above it
+                grid = math.ldexp(1.0, exponent - 1 if mantissa == 0.5 else exponent)
+            else:  # the negated power of two at or below its magnitude
+                grid = -math.ldexp(1.0, exponent - 1)
+        if not out or out[-1] != grid:
+            out.append(grid)
     return out
+
+
+def at_or_below(histogram: Histogram, bounds: list[float]) -> list[int]:
+    """For each of the ascending ``bounds``, the samples of ``histogram`` in buckets wholly
+    at or below it (``-inf`` at every bound, ``+inf`` and NaN at none)."""
+    out: list[int] = []
+    buckets = histogram.buckets()
+    i = below = 0
+    for b in bounds:
+        while i < len(buckets) and buckets[i][1] <= b:
+            below += buckets[i][2]
+            i += 1
+        out.append(below)
+    return out
+
+
+def le_buckets(histogram: Histogram, max_buckets: int = MAX_LE_BUCKETS) -> list[tuple[str, int]]:
+    """``histogram`` as the ``le`` buckets of a Prometheus histogram's first scrape (see
+    ``LeBounds``): (bound, samples at or below it), ascending, then ``("+Inf", count)``."""
+    bounds = LeBounds(max_buckets)
+    bounds.add(histogram)
+    return bounds.read()[1]
 
 
 class MetricsServer:
