@@ -492,7 +492,11 @@ class Stat:
         chunks = self._dist_chunks
         if not chunks:
             return
+        # Folded into a copy of the window's Histogram and swapped in by one statement: a
+        # KeyboardInterrupt inside the fold leaves the window as it was, chunks still waiting.
         moments, hist = self._moments, self._hist
+        if hist is not None:
+            hist = hist.copy()
         for values in chunks:
             moments, hist = _fold_distribution(values, moments, hist, self)
         self._moments, self._hist, self._dist_chunks = moments, hist, []
