@@ -34,7 +34,9 @@ class Accumulator:
     """A Histogram being built chunk by chunk (a Stat's open window, ``Histogram.of``):
     bucket counts in Counters at the finest scale its samples fit so far, counted by C
     builtins (``math.log2`` through ``map``, ``Counter.update``'s C counting). Not
-    thread-safe: its owner serialises ``add``.
+    thread-safe: its owner serialises ``add``. Not interrupt-safe in place: an exception
+    inside ``add`` (a KeyboardInterrupt) can leave ``count`` disagreeing with the buckets, so
+    an owner that must survive one adds to a ``copy()`` and swaps it in (``Stat`` does).
 
     Memory: at most ``max_buckets`` counts per sign, whatever it was given.
     """
@@ -66,6 +68,14 @@ class Accumulator:
         self.neg_range: tuple[int, int] | None = None
         self.count = self.zero = self.nan = self.inf = self.ninf = self.exact = 0
         self.low = self.high = math.nan
+
+    def copy(self) -> Accumulator:
+        """An independent copy (its Counters copied), to add to and swap in."""
+        new = Accumulator.__new__(Accumulator)
+        for name in Accumulator.__slots__:
+            setattr(new, name, getattr(self, name))
+        new.pos, new.neg = self.pos.copy(), self.neg.copy()
+        return new
 
     def add(self, samples: list[float]) -> None:
         """Count float ``samples``."""

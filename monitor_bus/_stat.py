@@ -13,7 +13,10 @@ The numbers' edges (an overflowing sum, a NaN) are handled once per fold, never 
 caller's thread: a folded chunk waits in ``_dist_chunks`` for the dispatcher, which buckets
 it under the Stat's lock; the caller folds the waiting chunks itself only once
 ``_DIST_BACKLOG`` wait (the dispatcher busy or not running), and a window's are all folded
-before it is logged, so no sample is left out or counted twice. A window's Histogram counts
+before it is logged, so no sample is left out or counted twice. The chunks are bucketed
+into a copy of the window's Histogram, swapped in with the moments and the emptied
+``_dist_chunks`` by one statement: a Ctrl-C inside that fold leaves the window as it was
+(its chunks still waiting), never a Histogram whose count disagrees with its buckets. A window's Histogram counts
 at most 2 x 2048 buckets. A window's first fold starts a stopped dispatcher that has work, so a forked
 child's timer closes the windows of the Stats it inherited; ``_RESOLVING`` is new in a forked
 child (``module_lock``).
@@ -492,7 +495,11 @@ class Stat:
         chunks = self._dist_chunks
         if not chunks:
             return
+        # Folded into a copy of the window's Histogram and swapped in by one statement: a
+        # KeyboardInterrupt inside the fold leaves the window as it was, chunks still waiting.
         moments, hist = self._moments, self._hist
+        if hist is not None:
+            hist = hist.copy()
         for values in chunks:
             moments, hist = _fold_distribution(values, moments, hist, self)
         self._moments, self._hist, self._dist_chunks = moments, hist, []
