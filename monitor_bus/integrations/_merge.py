@@ -17,7 +17,7 @@ Guarantees
   window merged before it said it was past the window counts in ``missing``.
 - Starved is not dead: a lost rank may only be short of CPU. When it speaks again it rejoins
   (warned), its windows merged, or, if their window was merged already, logged on their own
-  and counted in ``late``. ``dst``'s ``close()`` waits, within its timeout, for the goodbye of
+  (marked ``"<name>.late": True``, no spread keys) and counted in ``late``, not ``merged``. ``dst``'s ``close()`` waits, within its timeout, for the goodbye of
   every rank it has heard from, lost or not; a rank whose goodbye did not come is named
   (warning, ``unfinished_ranks``) and what it still sends is logged on its own, counted in
   ``late``, for as long as ``dst``'s process lives.
@@ -26,7 +26,11 @@ Guarantees
   from the ranks' moments (Chan et al.'s pairwise update), the percentiles read from, and
   HISTOGRAM is, the ranks' Histograms merged (``Histogram.merge``: exact). Each
   window of each rank is merged once; one arriving after its window was merged is logged on
-  its own, counted in ``late``.
+  its own, marked ``"<name>.late"``, counted in ``late``.
+- Every sample travels: a window too large for a frame (``FRAME_BYTES``) goes with its
+  Histogram coarsened a scale at a time until it fits (each scale doubles the percentiles'
+  error bound), warned per Stat (rate-limited); one that cannot fit even so (a Stat name about
+  a frame long) is logged by its rank, marked ``"<name>.rank"``, counted in ``unsent``.
 - Spread (``spread=True``): a merged window of a Stat with MEAN also holds
   ``<name>.rank_min``, ``.rank_p50``, ``.rank_max`` over the window means of the ranks that
   contributed (NaN means left out) and ``<name>.slowest_rank``, the rank of the highest
@@ -34,7 +38,9 @@ Guarantees
 - Stragglers (dst only): a rank whose window mean of a watched Stat exceeds the median of the
   ranks' means by its factor for ``straggler_windows`` merged windows in a row is named once
   by a ``STRAGGLER_EVENT`` (and a warning, rate-limited per Stat), and once more with
-  ``recovered: True`` in its first merged window back under the factor. Windows it has no
+  ``recovered: True`` in its first merged window back under the factor. A Stat without MEAN
+  or SUM gives each rank's mean from its Histogram's sum or its moments; one with neither
+  (only VALUE, COUNT, MAX, MIN) is warned about and names nobody. Windows it has no
   samples in, and late windows, leave its count as it was.
 - Windows line up: the bus's windows are moved to wall-clock multiples of their size
   (``bus._clock_offset``); a rank whose clock is off by ``d`` puts its samples ``d`` late.
@@ -897,7 +903,9 @@ def merge_stats_across_ranks(
     Stat exceeds the median of the ranks' means by the factor for ``straggler_windows`` merged
     windows in a row, once, by a ``STRAGGLER_EVENT`` (``"monitor_bus.straggler"``: ``stat``,
     ``rank``, ``ratio``, ``windows``, ``host``, ``recovered``) and a rate-limited warning, and
-    once more (``recovered`` True) when it falls back under the factor.
+    once more (``recovered`` True) when it falls back under the factor. A Stat without MEAN
+    or SUM gives a rank's mean from its Histogram or moments (a percentile, HISTOGRAM or
+    STDDEV); one with none of them is warned about on ``dst``.
 
     The other ranks do not log their Stat windows (``keep_local=True`` logs them too). A rank
     that dies or hangs costs only what it had not sent: ``dst`` waits ``timeout`` past a
@@ -906,7 +914,9 @@ def merge_stats_across_ranks(
     ``"<name>.rank"`` (its rank) added, and counts them in ``local``. A rank named lost
     may only be starved of CPU: when it speaks again it rejoins, and ``dst``'s ``close()``
     waits (within its timeout) for every rank it has heard from; windows that come after
-    theirs was merged are logged on their own and counted in ``late``.
+    theirs was merged are logged on their own, marked ``"<name>.late": True``, and counted in
+    ``late``. A window too large for a frame is sent with its Histogram coarsened (warned);
+    one that cannot fit even so is logged by its rank and counted in ``unsent``.
 
     Args:
         bus: the bus whose Stats are merged; the default bus if omitted.
