@@ -580,6 +580,18 @@ def test_a_late_window_is_logged_marked_late_and_is_not_counted_merged() -> None
     assert (merge.merged, merge.late, merge.missing) == (1, 1, 1)
 
 
+def merge_windows(
+    merge: Any, aggs: list[monitor.Aggregation], per_rank: list[list[float]], windows: int
+) -> None:
+    """dst merges ``windows`` past windows of Stat "step_time", each rank with its samples."""
+    for window in range(windows):
+        index = math.floor(merge._now() / 10.0) - 10 + window
+        for rank, record in enumerate(closed_records("step_time", aggs, per_rank, index)):
+            merge._take(rank, record)
+        merge._mark = dict.fromkeys(range(len(per_rank)), math.inf)
+        merge._merge_due(final=False)
+
+
 @pytest.mark.parametrize(
     "aggs",
     [
@@ -597,13 +609,7 @@ def test_stragglers_are_named_on_a_stat_without_mean_from_its_distribution(
     with monitor.EventBus() as bus:
         bus.register_event_handler(seen.append)
         merge = merge_on(bus, 0, 3, stragglers={"step_time": 1.25}, straggler_windows=3)
-        for window in range(3):
-            index = math.floor(merge._now() / 10.0) - 10 + window
-            samples = [[1.0] * 10, [1.0] * 10, [3.0] * 10]
-            for rank, record in enumerate(closed_records("step_time", aggs, samples, index)):
-                merge._take(rank, record)
-            merge._mark = dict.fromkeys(range(3), math.inf)
-            merge._merge_due(final=False)
+        merge_windows(merge, aggs, [[1.0] * 10, [1.0] * 10, [3.0] * 10], 3)
         bus.flush()
     assert [e.data for e in seen if e.name == "monitor_bus.straggler"] == [
         {"stat": "step_time", "rank": 2, "ratio": 3.0, "windows": 3, "host": "", "recovered": False}
@@ -619,14 +625,7 @@ def test_stragglers_on_a_stat_whose_windows_hold_no_mean_are_warned_about(
     with monitor.EventBus() as bus:
         bus.register_event_handler(seen.append)
         merge = merge_on(bus, 0, 2, stragglers={"step_time": 1.25}, straggler_windows=1)
-        for window in range(2):
-            index = math.floor(merge._now() / 10.0) - 10 + window
-            for rank, record in enumerate(
-                closed_records("step_time", [monitor.Aggregation.MAX], [[1.0], [3.0]], index)
-            ):
-                merge._take(rank, record)
-            merge._mark = dict.fromkeys(range(2), math.inf)
-            merge._merge_due(final=False)
+        merge_windows(merge, [monitor.Aggregation.MAX], [[1.0], [3.0]], 2)
         bus.flush()
     assert [e.name for e in seen] == [monitor.STAT_EVENT] * 2
     warnings = [r.getMessage() for r in caplog.records if "hold no mean" in r.getMessage()]
