@@ -526,24 +526,30 @@ def test_a_window_too_wide_for_a_frame_is_sent_with_its_histogram_coarsened(
     ]
 
 
+@pytest.mark.parametrize("histogram", [False, True], ids=["sum", "sum+histogram"])
 def test_a_window_no_frame_can_carry_is_logged_by_its_rank_and_counted_unsent(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, histogram: bool
 ) -> None:
-    """A Stat name longer than a frame: the window is logged by its rank, marked with the rank,
-    counted in ``unsent`` (not ``local``, which means dst is gone) and warned."""
+    """A Stat name longer than a frame: the window is logged by its rank (its Histogram at
+    full resolution), marked with the rank, counted in ``unsent`` (not ``local``, which means
+    dst is gone) and warned."""
     caplog.set_level(logging.WARNING, logger="monitor_bus")
     name = "x" * FRAME
     seen: list[monitor.Event] = []
     with monitor.EventBus() as bus:
         bus.register_event_handler(seen.append)
         merge = merge_on(bus, 1, 2)
-        [record] = closed_records(name, [monitor.Aggregation.SUM], [[1.0, 2.0]], 7)
+        aggs = [monitor.Aggregation.SUM] + [monitor.Aggregation.HISTOGRAM] * histogram
+        [record] = closed_records(name, aggs, [[1.0, 2.0]], 7)
         frames = merge._frames([record], 0.0, False)
         bus.flush()
     assert [len(sent) for _, sent in frames] == [0]
     assert merge.local == 0
     assert merge.unsent == 1
-    assert [e.data for e in seen] == [{f"{name}.sum": 3.0, f"{name}.ranks": 1, f"{name}.rank": 1}]
+    whole = {f"{name}.histogram": monitor.Histogram.of([1.0, 2.0])} if histogram else {}
+    assert [e.data for e in seen] == [
+        {f"{name}.sum": 3.0, **whole, f"{name}.ranks": 1, f"{name}.rank": 1}
+    ]
     assert any("does not fit" in r.getMessage() for r in caplog.records)
 
 

@@ -17,7 +17,8 @@ Guarantees
   window merged before it said it was past the window counts in ``missing``.
 - Starved is not dead: a lost rank may only be short of CPU. When it speaks again it rejoins
   (warned), its windows merged, or, if their window was merged already, logged on their own
-  (marked ``"<name>.late": True``, no spread keys) and counted in ``late``, not ``merged``. ``dst``'s ``close()`` waits, within its timeout, for the goodbye of
+  (marked ``"<name>.late": True``, no spread keys) and counted in ``late``, not ``merged``.
+  ``dst``'s ``close()`` waits, within its timeout, for the goodbye of
   every rank it has heard from, lost or not; a rank whose goodbye did not come is named
   (warning, ``unfinished_ranks``) and what it still sends is logged on its own, counted in
   ``late``, for as long as ``dst``'s process lives.
@@ -436,18 +437,22 @@ class RankMerge:
         """The record's JSON, within a frame: its Histogram coarsened (``Histogram.merge``'s
         own coarsening, a scale at a time) until it fits; None if even that does not do."""
         text = json.dumps(record)
-        if len(text) + 1 <= _ROOM or record[11] is None:
-            return text if len(text) + 1 <= _ROOM else None
-        histogram = Histogram.from_dict(record[11])
+        if len(text) + 1 <= _ROOM:
+            return text
+        original = record[11]
+        if original is None:
+            return None
+        histogram = Histogram.from_dict(original)
         start = histogram.scale
         while len(text) + 1 > _ROOM:
             widest = max(len(histogram.positive_counts), len(histogram.negative_counts))
-            if widest <= 3:  # as coarse as a Histogram gets
+            if widest <= 3:  # as coarse as a Histogram gets: logged here at full resolution
+                record[11] = original
                 return None
             # An empty Histogram of one bucket fewer: the merge coarsens by one scale.
             histogram = histogram.merge(Histogram(max_buckets=widest - 1))
             coarse = histogram.to_dict()
-            coarse["max_buckets"] = record[11]["max_buckets"]  # merges on dst as before
+            coarse["max_buckets"] = original["max_buckets"]  # merges on dst as before
             record[11] = coarse
             text = json.dumps(record)
         name = record[0]
