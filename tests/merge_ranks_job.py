@@ -87,7 +87,7 @@ def main() -> None:
     def report(**extra: Any) -> None:
         counters = {
             k: getattr(merge, k)
-            for k in ("sent", "merged", "received", "missing", "late", "local", "errors")
+            for k in ("sent", "merged", "received", "missing", "late", "local", "unsent", "errors")
         }
         windows = [
             # Read when reported: the merge's thread has read the tensors of rank 0's by then.

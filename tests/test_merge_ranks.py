@@ -7,6 +7,7 @@ and (through a JsonlEventHandler on their bus) what they logged; the tests compa
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -159,9 +160,8 @@ def test_every_window_of_every_rank_is_merged_exactly_once(tmp_path: Path) -> No
     counters = results[0]["counters"]
     assert counters["merged"] == len(merged) + 1  # and the latency window
     assert counters["received"] == len(results[1]["closed"]) + len(results[2]["closed"])
-    assert (counters["missing"], counters["late"], counters["local"], counters["errors"]) == (
-        0,
-    ) * 4
+    quiet = ("missing", "late", "local", "unsent", "errors")
+    assert [counters[k] for k in quiet] == [0] * len(quiet)
 
     # The distribution: one window of every rank's samples (they differ by rank), its
     # percentiles read from the ranks' Histograms merged, its STDDEV from their moments.
@@ -319,6 +319,11 @@ def test_a_starved_rank_named_lost_rejoins_and_dst_waits_for_its_last_windows(
     counters = results[0]["counters"]
     assert counters["missing"] >= 1
     assert counters["late"] >= 1
+    # Late windows are marked, hold no spread, and are not counted as merged.
+    late = [d for d in merged if any(k.endswith(".late") for k in d)]
+    assert late
+    assert all(not any(k.endswith(".rank_p50") for k in d) for d in late)
+    assert counters["merged"] == len(merged) - len(late)
     assert counters["received"] == len(results[1]["closed"]) + len(results[2]["closed"])
     assert results[2]["counters"]["sent"] == len(results[2]["closed"])
 
@@ -424,3 +429,214 @@ def test_the_find_slow_rank_example_names_the_slow_rank_once_then_its_recovery(
     named = [line.split(",")[0] for line in lines if line.startswith(("straggler", "recovered"))]
     assert named == [f"straggler: rank 2 on {host}", f"recovered: rank 2 on {host}"]
     assert any(line.endswith("(rank 2)") for line in lines)
+
+
+# -- dst's and a sender's bookkeeping, without torchrun: a RankMerge whose ``dist`` only names
+# the rank and world size (nothing here sends or receives) --
+
+
+class _World:
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
+
+    def get_rank(self) -> int:
+        return self.rank
+
+    def get_world_size(self) -> int:
+        return self.size
+
+
+def closed_records(
+    name: str, aggs: list[monitor.Aggregation], per_rank: list[list[float]], index: int
+) -> list[list[Any]]:
+    """The merge records of one window of Stat ``name`` per rank, each with ``per_rank``'s
+    samples, as window ``index``."""
+    from datetime import timedelta
+
+    from monitor_bus.integrations._merge import _record
+
+    closed: list[Any] = []
+    with monitor.EventBus() as bus:
+        bus._window_tap = lambda w: (closed.append(w), True)[1]
+        for values in per_rank:
+            stat = monitor.Stat(name, aggs, timedelta(seconds=10), bus=bus)
+            for v in values:
+                stat.add(v)
+            stat._close()
+    records = []
+    for window in closed:
+        window.resolve()
+        record = _record(window)
+        record[3] = index
+        records.append(record)
+    return records
+
+
+def merge_on(bus: monitor.EventBus, rank: int, size: int, **kwargs: Any) -> Any:
+    from monitor_bus.integrations._merge import RankMerge
+
+    return RankMerge(bus, _World(rank, size), None, 0, 5.0, False, **kwargs)
+
+
+def decode(frame: bytes) -> dict[str, Any]:
+    (length,) = __import__("struct").unpack_from("<I", frame)
+    assert 4 + length <= FRAME
+    result: dict[str, Any] = json.loads(frame[4 : 4 + length])
+    return result
+
+
+FRAME = 16384  # _merge.FRAME_BYTES
+
+
+def test_a_window_too_wide_for_a_frame_is_sent_with_its_histogram_coarsened(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A two-signed window over 32 octaves (scale 6, 2047 buckets a sign of 10 samples each:
+    over 16 KB of JSON) reaches dst with every sample, its Histogram a scale coarser, warned
+    once per Stat."""
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    values = [s * 2 ** (k / 64) for k in range(-1023, 1024) for s in (1.0, -1.0)] * 10
+    aggs = [monitor.Aggregation.MEAN, monitor.Aggregation.P99]
+    fine = monitor.Histogram.of(values)
+    assert (fine.scale, len(fine.positive_counts), len(fine.negative_counts)) == (6, 2047, 2047)
+    coarse = fine.merge(monitor.Histogram(max_buckets=2046))  # one scale coarser
+    with monitor.EventBus() as bus:
+        merge = merge_on(bus, 1, 2)
+        for _ in range(2):
+            [record] = closed_records("adv", aggs, [values], 7)
+            frames = merge._frames([record], 0.0, False)
+            assert [len(sent) for _, sent in frames] == [1]
+            [sent] = decode(frames[0][0])["windows"]
+            histogram = monitor.Histogram.from_dict(sent[11])
+            assert (histogram.count, histogram.sum, sent[4]) == (len(values), fine.sum, len(values))
+            assert coarse.scale == 5
+            assert histogram == monitor.Histogram.from_dict(
+                {**coarse.to_dict(), "max_buckets": 2048}
+            )
+            from monitor_bus.integrations._merge import _quantile_error
+
+            p99 = sorted(values)[math.ceil(0.99 * len(values)) - 1]
+            assert abs(histogram.quantile(0.99) / p99 - 1) <= _quantile_error(5)
+    assert (merge.local, merge.unsent) == (0, 0)
+    warnings = [r.getMessage() for r in caplog.records if "too large" in r.getMessage()]
+    assert warnings == [
+        "merge_stats_across_ranks: a window of Stat 'adv' is too large for a 16384-byte frame: "
+        "rank 1 sent its Histogram at scale 5 (from 6), its percentiles within 1.1% (see "
+        "docs/multihost.md)"
+    ]
+
+
+@pytest.mark.parametrize("histogram", [False, True], ids=["sum", "sum+histogram"])
+def test_a_window_no_frame_can_carry_is_logged_by_its_rank_and_counted_unsent(
+    caplog: pytest.LogCaptureFixture, histogram: bool
+) -> None:
+    """A Stat name longer than a frame: the window is logged by its rank (its Histogram at
+    full resolution), marked with the rank, counted in ``unsent`` (not ``local``, which means
+    dst is gone) and warned."""
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    name = "x" * FRAME
+    seen: list[monitor.Event] = []
+    with monitor.EventBus() as bus:
+        bus.register_event_handler(seen.append)
+        merge = merge_on(bus, 1, 2)
+        aggs = [monitor.Aggregation.SUM] + [monitor.Aggregation.HISTOGRAM] * histogram
+        [record] = closed_records(name, aggs, [[1.0, 2.0]], 7)
+        frames = merge._frames([record], 0.0, False)
+        bus.flush()
+    assert [len(sent) for _, sent in frames] == [0]
+    assert merge.local == 0
+    assert merge.unsent == 1
+    whole = {f"{name}.histogram": monitor.Histogram.of([1.0, 2.0])} if histogram else {}
+    assert [e.data for e in seen] == [
+        {f"{name}.sum": 3.0, **whole, f"{name}.ranks": 1, f"{name}.rank": 1}
+    ]
+    assert any("does not fit" in r.getMessage() for r in caplog.records)
+
+
+def test_a_late_window_is_logged_marked_late_and_is_not_counted_merged() -> None:
+    """Rank 1's window arriving after its window was merged without it: logged on its own with
+    ``"<name>.late": True`` and no spread keys; counted in ``late``, not ``merged``."""
+    aggs = [monitor.Aggregation.MEAN, monitor.Aggregation.P99]
+    seen: list[monitor.Event] = []
+    with monitor.EventBus() as bus:
+        bus.register_event_handler(seen.append)
+        merge = merge_on(bus, 0, 2)
+        index = math.floor(merge._now() / 10.0) - 1  # the window that just ended
+        first, late = closed_records("step", aggs, [[1.0, 1.0, 1.0], [9.0, 9.0]], index)
+        merge._take(0, first)
+        merge._mark[0] = math.inf
+        merge._lost.add(1)  # silent past the timeout: merged without it
+        merge._merge_due(final=False)
+        merge._lost.discard(1)  # heard from again
+        merge._take(1, late)
+        merge._merge_due(final=False)
+        bus.flush()
+    assert [e.data for e in seen] == [
+        {
+            "step.mean": 1.0,
+            "step.p99": 1.0,
+            "step.ranks": 1,
+            "step.rank_min": 1.0,
+            "step.rank_p50": 1.0,
+            "step.rank_max": 1.0,
+            "step.slowest_rank": 0,
+        },
+        {"step.mean": 9.0, "step.p99": 9.0, "step.ranks": 1, "step.late": True},
+    ]
+    assert (merge.merged, merge.late, merge.missing) == (1, 1, 1)
+
+
+def merge_windows(
+    merge: Any, aggs: list[monitor.Aggregation], per_rank: list[list[float]], windows: int
+) -> None:
+    """dst merges ``windows`` past windows of Stat "step_time", each rank with its samples."""
+    for window in range(windows):
+        index = math.floor(merge._now() / 10.0) - 10 + window
+        for rank, record in enumerate(closed_records("step_time", aggs, per_rank, index)):
+            merge._take(rank, record)
+        merge._mark = dict.fromkeys(range(len(per_rank)), math.inf)
+        merge._merge_due(final=False)
+
+
+@pytest.mark.parametrize(
+    "aggs",
+    [
+        [monitor.Aggregation.P50, monitor.Aggregation.P99, monitor.Aggregation.HISTOGRAM],
+        [monitor.Aggregation.STDDEV],
+    ],
+    ids=["percentiles", "stddev"],
+)
+def test_stragglers_are_named_on_a_stat_without_mean_from_its_distribution(
+    aggs: list[monitor.Aggregation],
+) -> None:
+    """A watched Stat without MEAN or SUM: each rank's mean comes from its window's Histogram
+    or moments, so rank 2, three times slower, is named after three windows."""
+    seen: list[monitor.Event] = []
+    with monitor.EventBus() as bus:
+        bus.register_event_handler(seen.append)
+        merge = merge_on(bus, 0, 3, stragglers={"step_time": 1.25}, straggler_windows=3)
+        merge_windows(merge, aggs, [[1.0] * 10, [1.0] * 10, [3.0] * 10], 3)
+        bus.flush()
+    assert [e.data for e in seen if e.name == "monitor_bus.straggler"] == [
+        {"stat": "step_time", "rank": 2, "ratio": 3.0, "windows": 3, "host": "", "recovered": False}
+    ]
+
+
+def test_stragglers_on_a_stat_whose_windows_hold_no_mean_are_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A watched Stat of MAX alone carries no mean: dst says so (once), names nobody."""
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    seen: list[monitor.Event] = []
+    with monitor.EventBus() as bus:
+        bus.register_event_handler(seen.append)
+        merge = merge_on(bus, 0, 2, stragglers={"step_time": 1.25}, straggler_windows=1)
+        merge_windows(merge, [monitor.Aggregation.MAX], [[1.0], [3.0]], 2)
+        bus.flush()
+    assert [e.name for e in seen] == [monitor.STAT_EVENT] * 2
+    warnings = [r.getMessage() for r in caplog.records if "hold no mean" in r.getMessage()]
+    assert warnings == [
+        "merge_stats_across_ranks: stragglers['step_time'] watches a Stat whose windows hold "
+        "no mean (aggregations MAX): add MEAN, SUM, STDDEV, a percentile or HISTOGRAM to it to "
+        "have its stragglers named"
+    ]

@@ -17,7 +17,8 @@ Guarantees
   window merged before it said it was past the window counts in ``missing``.
 - Starved is not dead: a lost rank may only be short of CPU. When it speaks again it rejoins
   (warned), its windows merged, or, if their window was merged already, logged on their own
-  and counted in ``late``. ``dst``'s ``close()`` waits, within its timeout, for the goodbye of
+  (marked ``"<name>.late": True``, no spread keys) and counted in ``late``, not ``merged``.
+  ``dst``'s ``close()`` waits, within its timeout, for the goodbye of
   every rank it has heard from, lost or not; a rank whose goodbye did not come is named
   (warning, ``unfinished_ranks``) and what it still sends is logged on its own, counted in
   ``late``, for as long as ``dst``'s process lives.
@@ -26,7 +27,11 @@ Guarantees
   from the ranks' moments (Chan et al.'s pairwise update), the percentiles read from, and
   HISTOGRAM is, the ranks' Histograms merged (``Histogram.merge``: exact). Each
   window of each rank is merged once; one arriving after its window was merged is logged on
-  its own, counted in ``late``.
+  its own, marked ``"<name>.late"``, counted in ``late``.
+- Every sample travels: a window too large for a frame (``FRAME_BYTES``) goes with its
+  Histogram coarsened a scale at a time until it fits (each scale doubles the percentiles'
+  error bound), warned per Stat (rate-limited); one that cannot fit even so (a Stat name about
+  a frame long) is logged by its rank, marked ``"<name>.rank"``, counted in ``unsent``.
 - Spread (``spread=True``): a merged window of a Stat with MEAN also holds
   ``<name>.rank_min``, ``.rank_p50``, ``.rank_max`` over the window means of the ranks that
   contributed (NaN means left out) and ``<name>.slowest_rank``, the rank of the highest
@@ -34,7 +39,9 @@ Guarantees
 - Stragglers (dst only): a rank whose window mean of a watched Stat exceeds the median of the
   ranks' means by its factor for ``straggler_windows`` merged windows in a row is named once
   by a ``STRAGGLER_EVENT`` (and a warning, rate-limited per Stat), and once more with
-  ``recovered: True`` in its first merged window back under the factor. Windows it has no
+  ``recovered: True`` in its first merged window back under the factor. A Stat without MEAN
+  or SUM gives each rank's mean from its Histogram's sum or its moments; one with neither
+  (only VALUE, COUNT, MAX, MIN) is warned about and names nobody. Windows it has no
   samples in, and late windows, leave its count as it was.
 - Windows line up: the bus's windows are moved to wall-clock multiples of their size
   (``bus._clock_offset``); a rank whose clock is off by ``d`` puts its samples ``d`` late.
@@ -83,6 +90,8 @@ STRAGGLER_EVENT = "monitor_bus.straggler"
 # Every message is one frame of this many bytes: a 4-byte length, then JSON. One fixed size
 # lets dst take a frame from any rank with a single receive (gloo needs sizes to match).
 _FRAME = FRAME_BYTES = 16384
+# A frame's room for windows: less its length and the envelope (mark, bye).
+_ROOM = _FRAME - 4 - 64
 _TAG = 7301
 # How often a rank says how far its clock is, when it has nothing else to send.
 _HEARTBEAT = 1.0
@@ -109,7 +118,7 @@ def _record(window: ClosedWindow) -> _Record:
         size,
         round(window.end / size),
         window.count,
-        window.total,
+        _window_sum(window),
         window.high,
         window.low,
         window.value,
@@ -117,6 +126,17 @@ def _record(window: ClosedWindow) -> _Record:
         list(window.moments),
         None if window.histogram is None else window.histogram.to_dict(),
     ]
+
+
+def _window_sum(window: ClosedWindow) -> float:
+    """The window's sum; for a Stat without SUM or MEAN (which folds no sum), the one its
+    Histogram or moments hold, so a straggler watch has each rank's mean all the same."""
+    if window.stat._want_sum:
+        return window.total
+    if window.histogram is not None:
+        return window.histogram.sum
+    n, shift, mean, _ = window.moments
+    return (shift + mean) * n if n else window.total
 
 
 class _Bucket:
@@ -201,6 +221,9 @@ class RankMerge:
         self.late = 0
         #: Windows this rank logged itself because dst was gone (marked ``"<name>.rank"``).
         self.local = 0
+        #: Windows no frame could carry, even with their Histogram coarsened (a Stat name too
+        #: long): logged by this rank itself, marked ``"<name>.rank"``.
+        self.unsent = 0
         #: Windows lost because their device values could not be read (logged).
         self.errors = 0
         #: Messages this rank sent to dst (dst: received), each 16 KiB long.
@@ -282,7 +305,9 @@ class RankMerge:
                 self.late += 1
             bucket = _Bucket()
             bucket.add(source, record)
-            self.bus._log_window((STAT_EVENT, _stamp(bucket.last[0]), self._data(record, bucket)))
+            data = self._data(record, bucket)
+            data[f"{record[0]}.late"] = True
+            self.bus._log_window((STAT_EVENT, _stamp(bucket.last[0]), data))
 
     def _start(self) -> None:
         bus = self.bus
@@ -394,20 +419,71 @@ class RankMerge:
         batch: list[str] = []
         batch_records: list[_Record] = []
         size = 0
-        room = _FRAME - 4 - 64  # the envelope
         for record in records:
-            text = json.dumps(record)
-            if len(text.encode()) + 1 > room:
-                self._log_local([record])  # a name too long to send
+            text = self._fitted(record)
+            if text is None:
+                self._log_unsent(record)
                 continue
-            if size + len(text) + 1 > room:  # ASCII: json.dumps escapes the rest
+            if size + len(text) + 1 > _ROOM:  # ASCII: json.dumps escapes the rest
                 frames.append((self._encode(batch, None, False), batch_records))
                 batch, batch_records, size = [], [], 0
             batch.append(text)
             batch_records.append(record)
-            size += len(text.encode()) + 1
+            size += len(text) + 1
         frames.append((self._encode(batch, mark, bye), batch_records))
         return frames
+
+    def _fitted(self, record: _Record) -> str | None:
+        """The record's JSON, within a frame: its Histogram coarsened (``Histogram.merge``'s
+        own coarsening, a scale at a time) until it fits; None if even that does not do."""
+        text = json.dumps(record)
+        if len(text) + 1 <= _ROOM:
+            return text
+        original = record[11]
+        if original is None:
+            return None
+        histogram = Histogram.from_dict(original)
+        start = histogram.scale
+        while len(text) + 1 > _ROOM:
+            widest = max(len(histogram.positive_counts), len(histogram.negative_counts))
+            if widest <= 3:  # as coarse as a Histogram gets: logged here at full resolution
+                record[11] = original
+                return None
+            # An empty Histogram of one bucket fewer: the merge coarsens by one scale.
+            histogram = histogram.merge(Histogram(max_buckets=widest - 1))
+            coarse = histogram.to_dict()
+            coarse["max_buckets"] = original["max_buckets"]  # merges on dst as before
+            record[11] = coarse
+            text = json.dumps(record)
+        name = record[0]
+        if self._throttle.ready(("coarsened", name)):
+            logger.warning(
+                "merge_stats_across_ranks: a window of Stat %r is too large for a %d-byte frame: "
+                "rank %d sent its Histogram at scale %d (from %d), its percentiles within "
+                "%.2g%% (see docs/multihost.md)",
+                name,
+                _FRAME,
+                self.rank,
+                histogram.scale,
+                start,
+                100 * _quantile_error(histogram.scale),
+            )
+        return text
+
+    def _log_unsent(self, record: _Record) -> None:
+        """A record no frame can carry (a Stat name too long): logged here, counted, warned."""
+        self.unsent += 1
+        if self._throttle.ready(("unsent", record[0])):
+            logger.warning(
+                "merge_stats_across_ranks: a window of Stat %r does not fit a %d-byte frame even "
+                "with its Histogram coarsened: rank %d logs it itself, marked %r (%d in all)",
+                record[0][:200],
+                _FRAME,
+                self.rank,
+                "<name>.rank",
+                self.unsent,
+            )
+        self._log_own(record)
 
     @staticmethod
     def _encode(batch: list[str], mark: float | None, bye: bool) -> bytes:
@@ -425,12 +501,16 @@ class RankMerge:
 
     def _log_local(self, records: list[_Record]) -> None:
         for record in records:
-            bucket = _Bucket()
-            bucket.add(self.rank, record)
-            data = self._data(record, bucket)
-            data[f"{record[0]}.rank"] = self.rank
-            self.bus._log_window((STAT_EVENT, _stamp(bucket.last[0]), data))
+            self._log_own(record)
             self.local += 1
+
+    def _log_own(self, record: _Record) -> None:
+        """Log one of this rank's windows itself, marked ``"<name>.rank"``."""
+        bucket = _Bucket()
+        bucket.add(self.rank, record)
+        data = self._data(record, bucket)
+        data[f"{record[0]}.rank"] = self.rank
+        self.bus._log_window((STAT_EVENT, _stamp(bucket.last[0]), data))
 
     # -- dst --
 
@@ -599,14 +679,18 @@ class RankMerge:
                     )
             record: _Record = [key[0], list(key[1])]
             data = self._data(record, bucket)
+            stamp = _stamp(bucket.last[0])
+            if late:  # the rank(s) it came from only, after the merged window: marked
+                data[f"{key[0]}.late"] = True
+                self.bus._log_window((STAT_EVENT, stamp, data))
+                continue
             means = _means(bucket)
             if self.spread and _MEAN in key[1]:
                 data.update(_spread(key[0], means))
-            stamp = _stamp(bucket.last[0])
             self.bus._log_window((STAT_EVENT, stamp, data))
             self.merged += 1
-            if key[0] in self.stragglers and not late:
-                self._watch(key[0], means, stamp)
+            if key[0] in self.stragglers:
+                self._watch(key[0], key[1], means, stamp)
             self._merged_keys[key] = end
         # A window merged long ago cannot come back but as a late one: forget it.
         horizon = now - 4 * self.timeout - 60.0
@@ -614,8 +698,20 @@ class RankMerge:
             if end < horizon:
                 del self._merged_keys[key]
 
-    def _watch(self, name: str, means: dict[int, float], stamp: datetime) -> None:
+    def _watch(
+        self, name: str, aggs: tuple[int, ...], means: dict[int, float], stamp: datetime
+    ) -> None:
         """dst: count each rank's windows over the factor; name a straggler, or its recovery."""
+        if _MEAN_SOURCES.isdisjoint(aggs):  # no sum, moments or Histogram travels: no mean
+            if self._throttle.ready(("no mean", name)):
+                logger.warning(
+                    "merge_stats_across_ranks: stragglers[%r] watches a Stat whose windows "
+                    "hold no mean (aggregations %s): add MEAN, SUM, STDDEV, a percentile or "
+                    "HISTOGRAM to it to have its stragglers named",
+                    name,
+                    ", ".join(_AGG_NAMES[agg].upper() for agg in aggs),
+                )
+            return
         if not means:
             return
         median = statistics.median(means.values())
@@ -729,7 +825,7 @@ class RankMerge:
             f"<RankMerge rank {self.rank}/{self.world_size} to dst {self.dst} ({state}): "
             f"sent={self.sent} merged={self.merged} received={self.received} "
             f"missing={self.missing} lost={sorted(self._lost)} local={self.local} late={self.late} "
-            f"errors={self.errors}>"
+            f"unsent={self.unsent} errors={self.errors}>"
         )
 
     _close_deadline = math.inf
@@ -737,6 +833,10 @@ class RankMerge:
 
 _AGG_NAMES = {agg.value: agg.name.lower() for agg in _stat.Aggregation}
 _MEAN = _stat.Aggregation.MEAN.value
+# The aggregations whose windows carry a sum (``_window_sum``), so a rank's mean.
+_MEAN_SOURCES = frozenset(
+    agg.value for agg in _stat.Aggregation if agg.name not in ("VALUE", "COUNT", "MAX", "MIN")
+)
 
 
 def _means(bucket: _Bucket) -> dict[int, float]:
@@ -762,6 +862,12 @@ def _spread(name: str, means: dict[int, float]) -> dict[str, float | int]:
         # The highest mean; on a tie, the lower rank.
         f"{name}.slowest_rank": min(means, key=lambda rank: (-means[rank], rank)),
     }
+
+
+def _quantile_error(scale: int) -> float:
+    """The bound on a percentile's relative error at ``scale`` (see ``Histogram.quantile``)."""
+    r = math.pow(2.0, math.ldexp(1.0, -scale))
+    return (r - 1) / (r + 1)
 
 
 def _stamp(seconds: float) -> datetime:
@@ -802,7 +908,9 @@ def merge_stats_across_ranks(
     Stat exceeds the median of the ranks' means by the factor for ``straggler_windows`` merged
     windows in a row, once, by a ``STRAGGLER_EVENT`` (``"monitor_bus.straggler"``: ``stat``,
     ``rank``, ``ratio``, ``windows``, ``host``, ``recovered``) and a rate-limited warning, and
-    once more (``recovered`` True) when it falls back under the factor.
+    once more (``recovered`` True) when it falls back under the factor. A Stat without MEAN
+    or SUM gives a rank's mean from its Histogram or moments (a percentile, HISTOGRAM or
+    STDDEV); one with none of them is warned about on ``dst``.
 
     The other ranks do not log their Stat windows (``keep_local=True`` logs them too). A rank
     that dies or hangs costs only what it had not sent: ``dst`` waits ``timeout`` past a
@@ -811,7 +919,9 @@ def merge_stats_across_ranks(
     ``"<name>.rank"`` (its rank) added, and counts them in ``local``. A rank named lost
     may only be starved of CPU: when it speaks again it rejoins, and ``dst``'s ``close()``
     waits (within its timeout) for every rank it has heard from; windows that come after
-    theirs was merged are logged on their own and counted in ``late``.
+    theirs was merged are logged on their own, marked ``"<name>.late": True``, and counted in
+    ``late``. A window too large for a frame is sent with its Histogram coarsened (warned);
+    one that cannot fit even so is logged by its rank and counted in ``unsent``.
 
     Args:
         bus: the bus whose Stats are merged; the default bus if omitted.
