@@ -247,7 +247,9 @@ def test_training_loop_benchmark_delivers_every_event_and_prints_its_tables(
                     continue
                 assert cell.endswith("x")
                 assert _number(cell.removesuffix("x")) > 0
-    assert [row[8] for row in cpu[1:]] == ["<= 1.05x", "<= 1.25x and <= 0.3", "<= 3.0x"] * 2
+    # The K = 10 target compares with torch.monitor's added CPU, so it has it only with torch.
+    k10 = "<= 1.25x and <= 0.3" if has_torch else "<= 1.25x"
+    assert [row[8] for row in cpu[1:]] == ["<= 1.05x", k10, "<= 3.0x"] * 2
     for row in cpu[1:]:
         assert row[9] in ("yes", "no")
         if has_torch:

@@ -312,6 +312,7 @@ def test_percentiles_are_metrics_and_histograms_are_skipped_with_one_warning(
 ) -> None:
     """A window's percentiles and stddev reach a file store as metrics; its Histogram, which
     MLflow cannot hold, is skipped and counted, with one warning for all of them."""
+    _mlflow()
     from monitor_bus.exporters.mlflow import MlflowEventHandler
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
