@@ -16,10 +16,12 @@ it under the Stat's lock; the caller folds the waiting chunks itself only once
 before it is logged, so no sample is left out or counted twice. The chunks are bucketed
 into a copy of the window's Histogram, swapped in with the moments and the emptied
 ``_dist_chunks`` by one statement: a Ctrl-C inside that fold leaves the window as it was
-(its chunks still waiting), never a Histogram whose count disagrees with its buckets. A window's Histogram counts
-at most 2 x 2048 buckets. A window's first fold starts a stopped dispatcher that has work, so a forked
-child's timer closes the windows of the Stats it inherited; ``_RESOLVING`` is new in a forked
-child (``module_lock``).
+(its chunks still waiting), never a Histogram whose count disagrees with its buckets. A
+window's Histogram counts at most 2 x 2048 buckets.
+
+A window's first fold starts a stopped dispatcher that has work, so a forked child's timer
+closes the windows of the Stats it inherited; ``_RESOLVING`` is new in a forked child
+(``module_lock``).
 """
 
 from __future__ import annotations
