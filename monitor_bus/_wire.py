@@ -23,10 +23,10 @@ Guarantees
   any other global is refused (``pickle.UnpicklingError``), so no body can run code. A decoded
   message must then have exactly the shape and types its kind has (``check``: an index that
   fits the answer, an event's name, timestamp and data as ``Event`` holds them (a window's data
-  may hold a ``Histogram`` too), a drop count
-  from 1 to 2**63 - 1), or it is refused (``Refused``) before it touches a bus. A child
-  sends its timestamps in that form (``stamp``): a ``ZoneInfo`` by its key, another tzinfo as
-  its fixed offset, a ``datetime`` subclass as a ``datetime``.
+  may hold a ``Histogram`` too), a drop count from 1 to 2**63 - 1), or it is refused
+  (``Refused``) before it touches a bus. A child sends its timestamps in that form
+  (``stamp``): a ``ZoneInfo`` by its key, another tzinfo as its fixed offset, a ``datetime``
+  subclass as a ``datetime``.
 - On a platform without ``SO_PEERCRED`` the key alone decides, on the pid the peer states.
 """
 
