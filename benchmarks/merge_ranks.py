@@ -56,7 +56,7 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from _machine import cpu_model, numpy_mlp_step, positive  # noqa: E402
+from _machine import cpu_model, numpy_mlp_step, positive, write_between  # noqa: E402
 
 import monitor_bus as monitor  # noqa: E402
 from monitor_bus.integrations import _merge as merge_module  # noqa: E402
@@ -267,8 +267,8 @@ def scale(sizes: list[int], seconds: float, write: bool) -> None:
     print(projection)
     if write:
         docs = Path(__file__).resolve().parent.parent / "docs"
-        replace_between(docs / "performance.md", table)
-        replace_between(docs / "multihost.md", projection)
+        write_between(docs / "performance.md", f"{table}\n", "merge-scale")
+        write_between(docs / "multihost.md", f"{projection}\n", "merge-scale")
 
 
 def scale_table(rows: list[dict[str, Any]], seconds: float) -> str:
@@ -306,15 +306,6 @@ def project(rows: list[dict[str, Any]]) -> str:
         f"second ({cpu * 100:.0f}% of one core, under the GIL with the training's own Python "
         f"threads) and {inbound:.0f} MiB/s of inbound frames, received one at a time."
     )
-
-
-def replace_between(path: Path, text: str) -> None:
-    """Put ``text`` between the ``merge-scale`` markers of ``path``."""
-    start, end = "<!-- merge-scale:start -->", "<!-- merge-scale:end -->"
-    page = path.read_text()
-    head, rest = page.split(start, 1)
-    tail = rest.split(end, 1)[1]
-    path.write_text(f"{head}{start}\n{text}\n{end}{tail}")
 
 
 def main() -> None:

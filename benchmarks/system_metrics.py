@@ -24,13 +24,11 @@ import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from _machine import cpu_model, positive
+from _machine import cpu_model, positive, write_between
 from idle_stats import thread_cpu
 
 import monitor_bus
 from monitor_bus.system import SystemMetrics
-
-BEGIN, END = "<!-- system:begin -->", "<!-- system:end -->"
 
 
 def measure(seconds: float, workers: int, interval: float, device: str) -> dict[str, object]:
@@ -128,10 +126,7 @@ def main() -> None:
     text = report(result, args.workers, args.interval, args.device)
     print(text, end="")
     if args.write:
-        doc = args.write.read_text()
-        head, rest = doc.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        args.write.write_text(f"{head}{BEGIN}\n{text}{END}{tail}")
+        write_between(args.write, text, "system")
 
 
 if __name__ == "__main__":
