@@ -453,10 +453,13 @@ def closed_records(
     samples, as window ``index``."""
     from datetime import timedelta
 
+    from monitor_bus import _stat
     from monitor_bus.integrations._merge import _record
 
     closed: list[Any] = []
-    with monitor.EventBus() as bus:
+    # The Stat clock stands still, so a slow loop cannot cross a window boundary.
+    with pytest.MonkeyPatch.context() as mp, monitor.EventBus() as bus:
+        mp.setattr(_stat, "_clock", lambda: 1.0)
         bus._window_tap = lambda w: (closed.append(w), True)[1]
         for values in per_rank:
             stat = monitor.Stat(name, aggs, timedelta(seconds=10), bus=bus)
