@@ -481,6 +481,11 @@ def merge_on(bus: monitor.EventBus, rank: int, size: int, **kwargs: Any) -> Any:
     return RankMerge(bus, _World(rank, size), None, 0, 5.0, False, **kwargs)
 
 
+def merge_due(merge: Any) -> None:
+    """dst's round but for receiving: log the windows that are due."""
+    merge._log_merged(merge._due(merge._now(), final=False))
+
+
 def decode(frame: bytes) -> dict[str, Any]:
     (length,) = __import__("struct").unpack_from("<I", frame)
     assert 4 + length <= FRAME
@@ -569,10 +574,10 @@ def test_a_late_window_is_logged_marked_late_and_is_not_counted_merged() -> None
         merge._take(0, first)
         merge._mark[0] = math.inf
         merge._lost.add(1)  # silent past the timeout: merged without it
-        merge._merge_due(final=False)
+        merge_due(merge)
         merge._lost.discard(1)  # heard from again
         merge._take(1, late)
-        merge._merge_due(final=False)
+        merge_due(merge)
         bus.flush()
     assert [e.data for e in seen] == [
         {
@@ -598,7 +603,7 @@ def merge_windows(
         for rank, record in enumerate(closed_records("step_time", aggs, per_rank, index)):
             merge._take(rank, record)
         merge._mark = dict.fromkeys(range(len(per_rank)), math.inf)
-        merge._merge_due(final=False)
+        merge_due(merge)
 
 
 @pytest.mark.parametrize(

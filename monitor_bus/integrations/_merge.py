@@ -105,8 +105,13 @@ _FOREVER = timedelta(days=365)
 _EPSILON = 1e-3
 
 # Record fields: name, aggregation values, window size, window index, count, sum, max, min,
-# value, close time (wall seconds), moments (STDDEV), Histogram.to_dict() or None.
+# value, close time (wall seconds), moments (STDDEV), Histogram.to_dict() or None; a host
+# record (a leader's merge of its host's windows) adds a 13th: {"rank": the rank whose value
+# it kept, "parts": [[rank, count, sum], ...] of the ranks it merged, "behind": the ranks of
+# its host it was merged without}.
 _Record = list[Any]
+# A window due on dst or a leader: its key, its bucket, whether late, the ranks it is without.
+_Due = tuple[tuple[Any, ...], "_Bucket", bool, set[int]]
 
 
 def _record(window: ClosedWindow) -> _Record:
@@ -139,10 +144,50 @@ def _window_sum(window: ClosedWindow) -> float:
     return (shift + mean) * n if n else window.total
 
 
+def _windows_in(record: _Record) -> int:
+    """How many ranks' windows a record holds: one, or a host record's parts."""
+    return len(record[12]["parts"]) if len(record) > 12 else 1
+
+
+def _host_record(key: tuple[Any, ...], bucket: _Bucket, behind: set[int]) -> _Record:
+    """A leader's merge of its host's windows of ``key``, as one record for dst."""
+    name, aggs, size, index = key
+    return [
+        name,
+        list(aggs),
+        size,
+        index,
+        bucket.count,
+        bucket.total,
+        bucket.high,
+        bucket.low,
+        bucket.value,
+        bucket.last[0],
+        list(bucket.moments),
+        None if bucket.histogram is None else bucket.histogram.to_dict(),
+        {
+            "rank": bucket.last[1],
+            "parts": [[rank, *part] for rank, part in sorted(bucket.parts.items())],
+            "behind": sorted(behind),
+        },
+    ]
+
+
 class _Bucket:
     """The windows of one (stat, window) from the ranks that reported it so far."""
 
-    __slots__ = ("count", "high", "histogram", "last", "low", "moments", "parts", "total", "value")
+    __slots__ = (
+        "behind",
+        "count",
+        "high",
+        "histogram",
+        "last",
+        "low",
+        "moments",
+        "parts",
+        "total",
+        "value",
+    )
 
     # ``last``: (close time, rank) of the window whose value is kept: two ranks' timers can
     # close a window in the same microsecond, and the higher rank wins that tie.
@@ -157,10 +202,19 @@ class _Bucket:
         self.last: tuple[float, int] = (-math.inf, -1)
         self.moments: _stat.Moments = (0, 0.0, 0.0, 0.0)
         self.histogram: Histogram | None = None
+        self.behind: set[int] = set()  # the ranks host records were merged without
 
     def add(self, rank: int, record: _Record) -> None:
+        """Add ``rank``'s window, or the ranks' windows a host record from ``rank`` holds."""
         count, total, high, low, value, closed = record[4:10]
-        self.parts[rank] = (count, total)
+        if len(record) > 12:  # a host record: its ranks' parts, the rank of its value
+            host = record[12]
+            for part_rank, part_count, part_total in host["parts"]:
+                self.parts[part_rank] = (part_count, part_total)
+            self.behind.update(host["behind"])
+            rank = host["rank"]
+        else:
+            self.parts[rank] = (count, total)
         self.count += count
         self.total += total
         self.high = max(self.high, high)
@@ -194,11 +248,32 @@ class RankMerge:
         stragglers: Mapping[str, float] | None = None,
         straggler_windows: int = 3,
         hosts: list[str] | None = None,
+        upstream: Mapping[int, int] | None = None,
     ) -> None:
         self.bus = bus
         self.rank: int = dist.get_rank()
         self.world_size: int = dist.get_world_size()
         self.dst = dst
+        # rank -> the rank it sends to: dst, or (two-level) its host's leader; None: flat.
+        route = dict(upstream) if upstream else dict.fromkeys(range(self.world_size), dst)
+        #: Whether windows go through host leaders (``two_level``) or straight to dst.
+        self.two_level = upstream is not None
+        #: The rank this rank sends its windows to: dst, or its host's leader (dst: itself).
+        self.upstream: int = route[self.rank]
+        # The ranks that send to this one (dst; a host leader: its host's other ranks) and,
+        # on dst, each leader's other ranks.
+        self._sources = {r for r, to in route.items() if to == self.rank and r != self.rank}
+        self._below: dict[int, set[int]] = {}
+        if self.rank == dst:
+            for r, to in route.items():
+                if to != dst:
+                    self._below.setdefault(to, set()).add(r)
+        # dst: what each leader said of its host: the ranks it lost, the ranks done.
+        self._lost_below: dict[int, set[int]] = {}
+        self._done_below: dict[int, set[int]] = {}
+        # A leader merges a window at most half the timeout past its end, so that its record
+        # reaches dst, which waits the whole timeout, in time.
+        self._patience = timeout if self.rank == dst else timeout / 2
         self.timeout = timeout
         self.keep_local = keep_local
         self.spread = spread
@@ -226,7 +301,9 @@ class RankMerge:
         self.unsent = 0
         #: Windows lost because their device values could not be read (logged).
         self.errors = 0
-        #: Messages this rank sent to dst (dst: received), each 16 KiB long.
+        #: Windows of its host's other ranks this host leader handed to dst, merged.
+        self.relayed = 0
+        #: Messages this rank sent (dst: received), each 16 KiB long.
         self.frames = 0
         self._receiver: threading.Thread | None = None  # dst's receiving thread
         self._dist = dist
@@ -249,26 +326,39 @@ class RankMerge:
         # dst's view of each rank: how far its clock is, when it was last heard of, and
         # whether it said goodbye.
         now = time.monotonic()
-        self._mark = {r: -math.inf for r in range(self.world_size)}
-        self._heard = dict.fromkeys(range(self.world_size), now)
+        self._mark = {r: -math.inf for r in self._sources | {self.rank}}
+        self._heard = dict.fromkeys(self._sources | {self.rank}, now)
         self._finished: set[int] = set()
         self._buckets: dict[tuple[Any, ...], _Bucket] = {}
         self._merged_keys: dict[tuple[Any, ...], float] = {}
         self._thread = threading.Thread(
-            target=self._run_dst if self.rank == dst else self._run_sender,
+            target=self._run_merger if self._merges else self._run_sender,
             name=f"monitor_bus-merge-{self.rank}",
             daemon=True,
         )
 
     @property
+    def _merges(self) -> bool:
+        """Whether this rank merges what others send it: dst, and a host leader."""
+        return self.rank == self.dst or bool(self._sources)
+
+    @property
     def lost_ranks(self) -> frozenset[int]:
-        """The ranks dst stopped waiting for: silent for ``timeout`` (dst only)."""
-        return frozenset(self._lost)
+        """The ranks dst stopped waiting for: silent for ``timeout`` (dst only; a host leader:
+        its host's). On dst they include those lost at their host's leader, and every rank of
+        a lost leader's host."""
+        lost = set(self._lost)
+        for leader in self._lost:
+            lost |= self._below.get(leader, set())
+        for below in self._lost_below.values():
+            lost |= below
+        return frozenset(lost)
 
     @property
     def unfinished_ranks(self) -> frozenset[int]:
-        """The ranks whose goodbye dst still waits for, or did not get by its close (dst only)."""
-        return frozenset(self._unfinished() if self.rank == self.dst else ())
+        """The ranks whose goodbye dst still waits for, or did not get by its close (dst only;
+        a host leader: its host's)."""
+        return frozenset(self._unfinished() if self._merges else ())
 
     # -- the Stat's side: never blocks --
 
@@ -315,7 +405,7 @@ class RankMerge:
         for stat in bus._stats():  # their open windows end on the old clock: logged here
             stat._close()
         bus._window_tap = self._tap
-        if self.rank == self.dst:
+        if self._merges:
             self._receiver = threading.Thread(
                 target=self._receive, name="monitor_bus-merge-receive", daemon=True
             )
@@ -386,51 +476,59 @@ class RankMerge:
                 self._finish()
                 return
 
-    def _send(self, records: list[_Record], mark: float, *, bye: bool) -> None:
-        for frame, sent in self._frames(records, mark, bye):
+    def _send(self, records: list[_Record], mark: float, *, bye: bool, host: str = "") -> None:
+        """Send ``records`` upstream (dst, or this host's leader), then how far this rank is
+        and, from a leader, ``host``: what it says of its host's ranks."""
+        for frame, sent in self._frames(records, mark, bye, host):
             if self._dst_gone:
                 self._log_local(sent)
                 continue
             try:
                 work = self._dist.isend(
-                    self._tensor(frame), dst=self.dst, group=self._group, tag=_TAG
+                    self._tensor(frame), dst=self.upstream, group=self._group, tag=_TAG
                 )
                 work.wait(timeout=timedelta(seconds=self.timeout))
             except Exception as exc:
                 self._dst_gone = True
                 logger.warning(
-                    "merge_stats_across_ranks: rank %d cannot reach dst rank %d (%s); from now "
+                    "merge_stats_across_ranks: rank %d cannot reach %s rank %d (%s); from now "
                     "on it logs its own Stat windows, marked %r",
                     self.rank,
-                    self.dst,
+                    "dst" if self.upstream == self.dst else "its host's leader",
+                    self.upstream,
                     str(exc).splitlines()[0][:200],
                     "<name>.rank",
                 )
                 self._log_local(sent)
                 continue
-            self.sent += len(sent)
+            for record in sent:
+                own = len(record) <= 12 or any(p[0] == self.rank for p in record[12]["parts"])
+                self.sent += own
+                self.relayed += _windows_in(record) - own
             self.frames += 1
 
     def _frames(
-        self, records: list[_Record], mark: float, bye: bool
+        self, records: list[_Record], mark: float, bye: bool, host: str = ""
     ) -> list[tuple[bytes, list[_Record]]]:
-        """The frames carrying ``records``; only the last one says how far this rank is."""
+        """The frames carrying ``records``; only the last one says how far this rank is (and
+        carries ``host``, a JSON object, out of the room for windows)."""
         frames: list[tuple[bytes, list[_Record]]] = []
         batch: list[str] = []
         batch_records: list[_Record] = []
         size = 0
+        room = _ROOM - len(host) - 9  # ',"host":' and its value
         for record in records:
             text = self._fitted(record)
             if text is None:
                 self._log_unsent(record)
                 continue
-            if size + len(text) + 1 > _ROOM:  # ASCII: json.dumps escapes the rest
+            if size + len(text) + 1 > room:  # ASCII: json.dumps escapes the rest
                 frames.append((self._encode(batch, None, False), batch_records))
                 batch, batch_records, size = [], [], 0
             batch.append(text)
             batch_records.append(record)
             size += len(text) + 1
-        frames.append((self._encode(batch, mark, bye), batch_records))
+        frames.append((self._encode(batch, mark, bye, host), batch_records))
         return frames
 
     def _fitted(self, record: _Record) -> str | None:
@@ -486,9 +584,10 @@ class RankMerge:
         self._log_own(record)
 
     @staticmethod
-    def _encode(batch: list[str], mark: float | None, bye: bool) -> bytes:
+    def _encode(batch: list[str], mark: float | None, bye: bool, host: str = "") -> bytes:
         windows = ",".join(batch)
-        body = f'{{"mark":{json.dumps(mark)},"bye":{json.dumps(bye)},"windows":[{windows}]}}'
+        extra = f',"host":{host}' if host else ""
+        body = f'{{"mark":{json.dumps(mark)},"bye":{json.dumps(bye)},"windows":[{windows}]{extra}}}'
         data = body.encode()
         return struct.pack("<I", len(data)) + data
 
@@ -502,7 +601,7 @@ class RankMerge:
     def _log_local(self, records: list[_Record]) -> None:
         for record in records:
             self._log_own(record)
-            self.local += 1
+            self.local += _windows_in(record)
 
     def _log_own(self, record: _Record) -> None:
         """Log one of this rank's windows itself, marked ``"<name>.rank"``."""
@@ -520,13 +619,13 @@ class RankMerge:
         import torch
 
         buf = torch.zeros(_FRAME, dtype=torch.uint8)
-        waiting = set(range(self.world_size)) - {self.dst}
+        waiting = set(self._sources)
         while waiting:
             work = self._dist.irecv(buf, src=None, group=self._group, tag=_TAG)
             try:
                 work.wait(timeout=_FOREVER)
             except Exception:
-                logger.exception("merge_stats_across_ranks: dst rank %d: receive failed", self.dst)
+                logger.exception("merge_stats_across_ranks: rank %d: receive failed", self.rank)
                 return
             self.frames += 1
             raw = buf.numpy().tobytes()
@@ -544,9 +643,13 @@ class RankMerge:
             if bye:
                 waiting.discard(source)
 
-    def _run_dst(self) -> None:
-        last_round = -math.inf
+    def _run_merger(self) -> None:
+        """dst's thread, and a host leader's: take this rank's windows and what the others
+        send, and merge each window once due (dst logs it; a leader sends it on to dst)."""
+        last_round = last_sent = -math.inf
+        sent_mark = -math.inf  # the mark a leader last sent to dst
         closed_round = False  # the round that takes this rank's last windows
+        role = "dst" if self.rank == self.dst else "host leader"
         while True:
             closing = self._closing.is_set()
             if not closing:
@@ -568,22 +671,41 @@ class RankMerge:
                         mark, closed_round = math.inf, True
                     for record in records:
                         self._take(self.rank, record)
-                    self.sent += len(records)
+                    if self.rank == self.dst:  # a leader counts its own once sent on
+                        self.sent += len(records)
                     self._mark[self.rank] = mark
                     self._heard[self.rank] = time.monotonic()
                 self._read_inbox()
                 final = closing and (self._everyone_done() or not self._left())
-                self._merge_due(final=final)
+                now = self._now()
+                due = self._due(now, final=final)
+                if self.rank == self.dst:
+                    self._log_merged(due)
+                else:
+                    # How far this host is: every window ending before it was sent on (one
+                    # of an expected rank, or any, once past the leader's patience).
+                    ahead = max(min(self._mark[r] for r in self._expected()), now - self._patience)
+                    mark = math.inf if final else ahead
+                    records = [_host_record(key, bucket, behind) for key, bucket, _, behind in due]
+                    clock = time.monotonic()
+                    if records or final or mark > sent_mark or clock - last_sent >= self._heartbeat:
+                        done = sorted(self._sources - self._unfinished())
+                        host = json.dumps({"lost": sorted(self._lost), "done": done})
+                        self._send(records, mark, bye=final, host=host.replace(" ", ""))
+                        sent_mark, last_sent = mark, clock
             except Exception:
-                logger.exception("merge_stats_across_ranks: dst rank %d failed a round", self.rank)
+                logger.exception(
+                    "merge_stats_across_ranks: %s rank %d failed a round", role, self.rank
+                )
                 final = closing and not self._left()
             if final:
                 unfinished = self._unfinished()
                 if unfinished:
                     logger.warning(
-                        "merge_stats_across_ranks: dst rank %d closed without the last windows "
+                        "merge_stats_across_ranks: %s rank %d closed without the last windows "
                         "of rank(s) %s (no goodbye within its timeout); what they still send is "
                         "logged on its own and counted in late while this process lives",
+                        role,
                         self.rank,
                         ", ".join(map(str, sorted(unfinished))),
                     )
@@ -599,7 +721,7 @@ class RankMerge:
         if self._buckets:  # the earliest deadline of a window not yet merged
             now = self._now()
             first = min(key[2] * key[3] for key in self._buckets)
-            wait = min(wait, max(first + self.timeout - now, _MIN_TICK))
+            wait = min(wait, max(first + self._patience - now, _MIN_TICK))
         return min(wait, max(self.timeout / 4, _MIN_TICK))  # notice a silent rank in time
 
     def _read_inbox(self) -> None:
@@ -613,35 +735,68 @@ class RankMerge:
                 logger.warning("merge_stats_across_ranks: rank %d is heard from again", source)
             for record in message["windows"]:
                 self._take(source, record)
-                self.received += 1
+                self.received += _windows_in(record)
             if message["mark"] is not None:
                 self._mark[source] = max(self._mark[source], message["mark"])
+                if "host" in message:  # a leader's word on its host, with its mark
+                    self._note_host(source, message["host"])
             if message["bye"]:
                 self._finished.add(source)
+
+    def _note_host(self, leader: int, host: dict[str, list[int]]) -> None:
+        """dst: what a host leader says of its host's ranks: lost (warned here too, where the
+        user looks) and done (their goodbye reached the leader)."""
+        lost, before = set(host["lost"]), self._lost_below.get(leader, set())
+        for rank in sorted(lost - before):
+            logger.warning(
+                "merge_stats_across_ranks: rank %d silent for timeout=%s s at its host's leader "
+                "rank %d; windows are merged without it from now on",
+                rank,
+                self.timeout,
+                leader,
+            )
+        for rank in sorted(before - lost):
+            logger.warning(
+                "merge_stats_across_ranks: rank %d is heard from again (by its host's leader "
+                "rank %d)",
+                rank,
+                leader,
+            )
+        self._lost_below[leader] = lost
+        self._done_below[leader] = set(host["done"])
 
     def _take(self, rank: int, record: _Record) -> None:
         key = (record[0], tuple(record[1]), record[2], record[3])
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = _Bucket()
-        if key in self._merged_keys:
-            self.late += 1
+        if key in self._merged_keys and self.rank == self.dst:  # a leader: dst tells
+            self.late += _windows_in(record)
         bucket.add(rank, record)
 
     def _expected(self) -> set[int]:
-        return set(range(self.world_size)) - self._finished - self._lost
+        return (self._sources | {self.rank}) - self._finished - self._lost
 
     def _unfinished(self) -> set[int]:
-        """The other ranks without a goodbye, but for lost ones never heard from (dead at start)."""
-        return (
-            set(range(self.world_size)) - self._finished - {self.rank} - (self._lost - self._spoken)
-        )
+        """The ranks sending to this one without a goodbye, but for lost ones never heard
+        from (dead at start); on dst, with the ranks behind a leader that did not say theirs
+        (all of a leader's host while its own goodbye has not come)."""
+        unfinished = set()
+        for source in self._sources - (self._lost - self._spoken):
+            below = self._below.get(source, set())
+            if source not in self._finished:
+                unfinished |= {source} | below
+            else:
+                unfinished |= below - self._done_below.get(source, set())
+        return unfinished
 
     def _everyone_done(self) -> bool:
         return not self._unfinished()
 
-    def _merge_due(self, *, final: bool) -> None:
-        now = self._now()
+    def _due(self, now: float, *, final: bool) -> list[_Due]:
+        """Name the ranks silent for ``timeout`` lost; take out the windows due, oldest first,
+        each with whether it was merged before (late) and the ranks it is merged without
+        (the ranks of a leader's host too, and those its host record was merged without)."""
         clock = time.monotonic()
         for rank in self._expected() - {self.rank}:
             if clock - self._heard[rank] >= self.timeout:
@@ -653,27 +808,44 @@ class RankMerge:
                     clock - self._heard[rank],
                 )
         expected = self._expected()
+        due = []
         for key in sorted(self._buckets, key=lambda k: k[2] * k[3]):
             end = key[2] * key[3]
             late = key in self._merged_keys
             if (
                 not late
                 and not final
-                and now < end + self.timeout
+                and now < end + self._patience
                 and any(self._mark[r] < end for r in expected)
             ):
                 continue
             bucket = self._buckets.pop(key)
             # Lost ranks too: a starved rank's window may come later, logged on its own.
-            behind = [r for r in range(self.world_size) if self._mark[r] < end]
+            behind = set()
+            for rank, mark in self._mark.items():
+                if mark < end:
+                    behind |= {rank} | self._below.get(rank, set())
+            due.append((key, bucket, late, behind | (bucket.behind - set(bucket.parts))))
+            self._merged_keys[key] = end
+        # A window merged long ago cannot come back but as a late one: forget it.
+        horizon = now - 4 * self.timeout - 60.0
+        for key, end in list(self._merged_keys.items()):
+            if end < horizon:
+                del self._merged_keys[key]
+        return due
+
+    def _log_merged(self, due: list[_Due]) -> None:
+        """dst: log each window due, merged, with its spread, and watch it for stragglers; one
+        merged before is logged on its own, marked late."""
+        for key, bucket, late, behind in due:
             if behind and not late:
                 self.missing += 1
-                if self._throttle.ready(("missing", tuple(behind))):
+                if self._throttle.ready(("missing", tuple(sorted(behind)))):
                     logger.warning(
                         "merge_stats_across_ranks: window %r ending %s merged without rank(s) "
                         "%s (no word from them within timeout=%s s)",
                         key[0],
-                        _stamp(end).isoformat(),
+                        _stamp(key[2] * key[3]).isoformat(),
                         ", ".join(map(str, sorted(behind))),
                         self.timeout,
                     )
@@ -691,12 +863,6 @@ class RankMerge:
             self.merged += 1
             if key[0] in self.stragglers:
                 self._watch(key[0], key[1], means, stamp)
-            self._merged_keys[key] = end
-        # A window merged long ago cannot come back but as a late one: forget it.
-        horizon = now - 4 * self.timeout - 60.0
-        for key, end in list(self._merged_keys.items()):
-            if end < horizon:
-                del self._merged_keys[key]
 
     def _watch(
         self, name: str, aggs: tuple[int, ...], means: dict[int, float], stamp: datetime
@@ -788,7 +954,8 @@ class RankMerge:
 
         Returns:
             Whether the exchange finished in time (on dst: the goodbye of every rank it heard
-            from arrived, lost ones included; see ``unfinished_ranks``).
+            from arrived, lost ones included, through their host's leader in the two-level
+            shape; see ``unfinished_ranks``).
         """
         limit = check_timeout("timeout", timeout)
         if limit is None:
@@ -796,14 +963,16 @@ class RankMerge:
         with self._close_lock:
             if not self._closed:
                 self._closed = True
-                self._close_deadline = time.monotonic() + limit
+                # A leader gives its host's ranks half the time, to send on what they sent.
+                share = 1.0 if self.rank == self.dst else 0.5
+                self._close_deadline = time.monotonic() + limit * share
                 for stat in self.bus._stats():
                     stat._close()  # into the tap: this rank's last windows
                 self._closing.set()
                 self._wake.set()
                 atexit.unregister(self._close_at_exit)
         finished = self._done.wait(limit)
-        return finished and (self.rank != self.dst or self._everyone_done())
+        return finished and (not self._merges or self._everyone_done())
 
     def _close_at_exit(self) -> None:
         if not self.close():
@@ -823,7 +992,8 @@ class RankMerge:
         state = "closed" if self._closed else "active"
         return (
             f"<RankMerge rank {self.rank}/{self.world_size} to dst {self.dst} ({state}): "
-            f"sent={self.sent} merged={self.merged} received={self.received} "
+            f"sent={self.sent} relayed={self.relayed} merged={self.merged} "
+            f"received={self.received} "
             f"missing={self.missing} lost={sorted(self._lost)} local={self.local} late={self.late} "
             f"unsent={self.unsent} errors={self.errors}>"
         )
@@ -883,6 +1053,7 @@ def merge_stats_across_ranks(
     spread: bool = True,
     stragglers: Mapping[str, float] | None = None,
     straggler_windows: int = 3,
+    two_level: bool | None = None,
 ) -> RankMerge:
     """Merge the Stat windows of every ``torch.distributed`` rank into one stream on ``dst``.
 
@@ -912,6 +1083,13 @@ def merge_stats_across_ranks(
     or SUM gives a rank's mean from its Histogram or moments (a percentile, HISTOGRAM or
     STDDEV); one with none of them is warned about on ``dst``.
 
+    With ``two_level`` (by default, once a host other than ``dst``'s runs two or more ranks),
+    the lowest rank of each host (a torchrun node: ``GROUP_RANK``, so two nodes on one machine
+    are two hosts) merges its host's windows and sends ``dst`` one record per window, holding
+    each rank's count and sum, so everything above, the spread and stragglers included, comes
+    out as in the flat shape (every rank to ``dst``), but ``dst`` receives from hosts, not
+    ranks. The ranks of ``dst``'s own host send to it directly.
+
     The other ranks do not log their Stat windows (``keep_local=True`` logs them too). A rank
     that dies or hangs costs only what it had not sent: ``dst`` waits ``timeout`` past a
     window's end at most, merges the window among the ranks that reported it and logs a
@@ -933,6 +1111,9 @@ def merge_stats_across_ranks(
         spread: add the spread across ranks to each merged window of a Stat with MEAN.
         stragglers: Stat name -> factor (a number above 1) for naming straggling ranks.
         straggler_windows: how many merged windows in a row make a straggler (at least 1).
+        two_level: True: each host's leader merges its host first; False: every rank sends
+            to ``dst`` (flat); None: two-level once a host other than ``dst``'s has two or
+            more ranks.
 
     Returns:
         The running merge: ``close()`` it (or use it as a context manager) before the
@@ -968,6 +1149,8 @@ def merge_stats_across_ranks(
         raise wrong_type("spread", "a bool", spread)
     factors = _check_stragglers(stragglers)
     check_int("straggler_windows", straggler_windows, 1)
+    if two_level is not None and not isinstance(two_level, bool):
+        raise wrong_type("two_level", "a bool or None", two_level)
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -983,8 +1166,11 @@ def merge_stats_across_ranks(
     # The group's timeout bounds its making (a rank that never calls this); dst's receives
     # pass a timeout of their own.
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=seconds))
-    hosts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    # A host is a torchrun node: its host name and node rank (GROUP_RANK).
+    nodes: list[Any] = [None] * dist.get_world_size()
+    node = (socket.gethostname(), os.environ.get("GROUP_RANK", ""))
+    dist.all_gather_object(nodes, node, group=group)
+    hosts = [name for name, _ in nodes]
     merge = RankMerge(
         bus,
         dist,
@@ -996,9 +1182,40 @@ def merge_stats_across_ranks(
         stragglers=factors,
         straggler_windows=straggler_windows,
         hosts=hosts,
+        upstream=_routes([tuple(n) for n in nodes], dst, two_level),
     )
     merge._start()
     return merge
+
+
+def _routes(
+    nodes: list[tuple[str, str]], dst: int, two_level: bool | None
+) -> dict[int, int] | None:
+    """Where each rank sends its windows in the two-level shape: to its host's leader (the
+    lowest rank of its node; on ``dst``'s node, ``dst``), the leaders to ``dst``; None for
+    the flat shape (``two_level`` False, or None and no host but ``dst``'s runs two ranks).
+
+    Args:
+        nodes: each rank's node, by rank.
+        dst: the rank that logs the merged windows.
+        two_level: as ``merge_stats_across_ranks`` takes it.
+
+    Returns:
+        rank -> the rank it sends to (``dst`` -> itself), or None.
+    """
+    ranks: dict[tuple[str, str], list[int]] = {}
+    for rank, node in enumerate(nodes):
+        ranks.setdefault(node, []).append(rank)
+    if two_level is None:  # a leader only saves dst messages on a host of two or more
+        two_level = any(len(members) > 1 for members in ranks.values() if dst not in members)
+    if not two_level:
+        return None
+    routes = {}
+    for members in ranks.values():
+        leader = dst if dst in members else members[0]
+        for rank in members:
+            routes[rank] = dst if rank == leader else leader
+    return routes
 
 
 def _check_stragglers(stragglers: object) -> dict[str, float]:
