@@ -10,8 +10,10 @@ halfway: a zero exit, as a non-zero one makes torchrun stop every rank); ``dst_d
 does); ``dst_hangs`` (rank 0 stops itself halfway with SIGSTOP; rank 1 resumes it after its
 close()); ``starved`` (rank 2 stops itself halfway with SIGSTOP; rank 1 resumes it once dst
 named it lost, after the others' steps, so dst is closing by then); ``straggler`` (run as two
-torchrun "nodes" of 2 ranks: the last rank's ``step_time`` is 3 times the others' for a while,
-then back; rank 0 also writes TensorBoard to ``OUT_DIR/tb``).
+torchrun "nodes" of 2 ranks, so in the two-level shape: the last rank's ``step_time`` is 3
+times the others' for a while, then back; rank 0 also writes TensorBoard to ``OUT_DIR/tb``);
+``leader_dies`` (two nodes of 2 ranks: rank 2, the second node's leader, ends with
+``os._exit(0)`` halfway).
 """
 
 from __future__ import annotations
@@ -80,14 +82,24 @@ def main() -> None:
     added: dict[str, list[float]] = {"loss": [], "grad": [], "step_time": [], "latency": []}
     world = dist.get_world_size()
     steps = STEPS if scenario != "straggler" else 160
-    dies = {"peer_dies": 2, "dst_dies": 0}.get(scenario)
+    dies = {"peer_dies": 2, "dst_dies": 0, "leader_dies": 2}.get(scenario)
     pids: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(pids, os.getpid())
 
     def report(**extra: Any) -> None:
         counters = {
             k: getattr(merge, k)
-            for k in ("sent", "merged", "received", "missing", "late", "local", "unsent", "errors")
+            for k in (
+                "sent",
+                "relayed",
+                "merged",
+                "received",
+                "missing",
+                "late",
+                "local",
+                "unsent",
+                "errors",
+            )
         }
         windows = [
             # Read when reported: the merge's thread has read the tensors of rank 0's by then.
@@ -108,6 +120,7 @@ def main() -> None:
             "closed": windows,
             "counters": counters,
             "hosts": merge.hosts,
+            "upstream": merge.upstream,
             **extra,
         }
         (out / f"rank{rank}.json").write_text(json.dumps(result))

@@ -15,6 +15,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -219,22 +220,27 @@ def test_when_dst_is_gone_each_rank_logs_its_own_windows_marked(tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "cannot reach dst rank 0" in proc.stderr
     for rank in (1, 2):
-        result = load(tmp_path, rank)
-        assert result["finished"] is True
-        counters = result["counters"]
-        closed = result["closed"]
-        local = events(tmp_path, rank)
-        assert counters["local"] == len(local) >= 1
-        assert counters["sent"] + counters["local"] == len(closed)
-        # The windows sent first, then the rest logged here, each marked: nothing lost.
-        unsent = [(rank, w) for w in closed[counters["sent"] :]]
-        expected: Counter[str] = Counter()
-        for _, w in unsent:
-            one = json.loads(next(iter(expected_events([(rank, w)], with_spread=False))))
-            one[f"{w[0]}.rank"] = rank
-            expected[json.dumps(one, sort_keys=True)] += 1
-        assert as_counter(local) == expected
-        assert sum(w[2] for w in closed if w[0] == "loss") == len(result["added"]["loss"])
+        assert_logged_what_it_could_not_send(tmp_path, rank)
+
+
+def assert_logged_what_it_could_not_send(tmp_path: Path, rank: int) -> None:
+    """``rank`` finished, sent its first windows and logged the rest itself, each marked with
+    its rank: every window it closed is sent or logged, once."""
+    result = load(tmp_path, rank)
+    assert result["finished"] is True
+    counters = result["counters"]
+    closed = result["closed"]
+    local = events(tmp_path, rank)
+    assert counters["local"] == len(local) >= 1
+    assert counters["sent"] + counters["local"] == len(closed)
+    unsent = [(rank, w) for w in closed[counters["sent"] :]]
+    expected: Counter[str] = Counter()
+    for _, w in unsent:
+        one = json.loads(next(iter(expected_events([(rank, w)], with_spread=False))))
+        one[f"{w[0]}.rank"] = rank
+        expected[json.dumps(one, sort_keys=True)] += 1
+    assert as_counter(local) == expected
+    assert sum(w[2] for w in closed if w[0] == "loss") == len(result["added"]["loss"])
 
 
 def test_arguments_are_checked_before_anything_starts() -> None:
@@ -335,10 +341,9 @@ def free_port() -> int:
         return port
 
 
-def test_two_nodes_merge_exactly_and_name_the_straggler_once_then_its_recovery(
-    tmp_path: Path,
-) -> None:
-    """Two torchrun "nodes" of 2 ranks on one machine: global rank 0 merges every window exactly, with the spread across ranks; rank 3, slow for a while, is named a straggler once (event, warning, TensorBoard text, `monitor-bus summary`) with its host, then once recovered."""
+def run_nodes(tmp_path: Path, scenario: str) -> list[tuple[str, str]]:
+    """merge_ranks_job.py as two torchrun "nodes" of 2 ranks on this machine: (stdout,
+    stderr) of each node's torchrun, both asserted to exit 0."""
     require(torchrun_available(), "torch with torch.distributed is not installed")
     torchrun = str(Path(sys.executable).parent / "torchrun")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -354,7 +359,7 @@ def test_two_nodes_merge_exactly_and_name_the_straggler_once_then_its_recovery(
                 f"--master_port={port}",
                 str(JOB),
                 str(tmp_path),
-                "straggler",
+                scenario,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -367,6 +372,15 @@ def test_two_nodes_merge_exactly_and_name_the_straggler_once_then_its_recovery(
     outputs = [node.communicate(timeout=120) for node in nodes]
     for node, (_, stderr) in zip(nodes, outputs, strict=True):
         assert node.returncode == 0, stderr[-3000:]
+    return outputs
+
+
+def test_two_nodes_merge_exactly_and_name_the_straggler_once_then_its_recovery(
+    tmp_path: Path,
+) -> None:
+    """Two torchrun "nodes" of 2 ranks on one machine, so the two-level shape: rank 2 merges its node's windows for dst, and global rank 0 logs every window exactly as the flat merge of every rank's windows, with the spread across ranks; rank 3, slow for a while behind its leader, is named a straggler once (event, warning, TensorBoard text, `monitor-bus summary`) with its host, then once recovered."""
+    outputs = run_nodes(tmp_path, "straggler")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     results = [load(tmp_path, r) for r in range(4)]
     host = socket.gethostname()
     assert [r["hosts"] for r in results] == [[host] * 4] * 4
@@ -376,6 +390,12 @@ def test_two_nodes_merge_exactly_and_name_the_straggler_once_then_its_recovery(
     merged = [d for d in events(tmp_path, 0) if "step_time.mean" in d]
     assert {d["step_time.slowest_rank"] for d in merged if d["step_time.rank_max"] == 3.0} == {3}
     assert sum(results[r]["counters"]["sent"] for r in range(4)) == len(windows)
+    # Two levels: rank 3 sends to its node's leader, which sends every window of it on to dst.
+    assert [r["upstream"] for r in results] == [0, 0, 0, 2]
+    counters = [r["counters"] for r in results]
+    assert counters[2]["received"] == counters[2]["relayed"] == len(results[3]["closed"])
+    assert counters[0]["received"] == sum(len(results[r]["closed"]) for r in (1, 2, 3))
+    assert [(c["missing"], c["late"], c["local"]) for c in counters] == [(0, 0, 0)] * 4
     assert len(added) == 4 * 160
 
     named, recovered = events(tmp_path, 0, "monitor_bus.straggler")
@@ -416,6 +436,38 @@ def test_two_nodes_merge_exactly_and_name_the_straggler_once_then_its_recovery(
         f"  straggler  stat step_time  rank 3 ({host})  3.00x the median  2 windows"
     )
     assert f"  recovered  stat step_time  rank 3 ({host})  " in lines[1]
+
+
+def test_a_dead_host_leader_costs_its_host_only_what_was_in_flight(tmp_path: Path) -> None:
+    """Two nodes of 2 ranks, the second node's leader (rank 2) gone halfway: rank 3 logs the windows it cannot send on its own bus, marked; dst names rank 2 lost with its host (lost_ranks 2 and 3, close unfinished for both), merges every window of ranks 0 and 1 with a prefix of each of 2's and 3's, and counts the windows merged without them in missing."""
+    outputs = run_nodes(tmp_path, "leader_dies")
+    dst_err, node_err = outputs[0][1], outputs[1][1]
+    assert "cannot reach its host's leader rank 2" in node_err
+    assert_logged_what_it_could_not_send(tmp_path, 3)
+    results = [load(tmp_path, r) for r in range(4)]
+    assert [r["upstream"] for r in results] == [0, 0, 0, 2]
+    assert "rank 2 silent for" in dst_err
+    assert "merged without rank(s) 2, 3" in dst_err
+    assert (results[0]["finished"], results[0]["lost"], results[0]["unfinished"]) == (
+        False,
+        [2, 3],
+        [2, 3],
+    )
+    assert results[0]["counters"]["missing"] >= 1
+    assert results[1]["finished"] is True
+    merged = as_counter(events(tmp_path, 0))
+    live = [(rank, w) for rank in (0, 1) for w in results[rank]["closed"]]
+    dead, behind = results[2]["closed"], results[3]["closed"][: results[3]["counters"]["sent"]]
+    matches = [
+        (two, three)
+        for two in range(len(dead) + 1)
+        for three in range(len(behind) + 1)
+        if merged
+        == expected_events(live + [(2, w) for w in dead[:two]] + [(3, w) for w in behind[:three]])
+    ]
+    # The leader sent its host's windows on in order: one cut-off each.
+    assert len(matches) == 1
+    assert min(matches[0]) >= 1
 
 
 def test_the_find_slow_rank_example_names_the_slow_rank_once_then_its_recovery(
@@ -648,3 +700,161 @@ def test_stragglers_on_a_stat_whose_windows_hold_no_mean_are_warned_about(
         "no mean (aggregations MAX): add MEAN, SUM, STDDEV, a percentile or HISTOGRAM to it to "
         "have its stragglers named"
     ]
+
+
+# -- the two-level shape, without torchrun: a host leader's merge sent on to dst as one record --
+
+# Two torchrun nodes of 2 ranks on one machine, as the two-node tests run them.
+NODES = [("vm", "0"), ("vm", "0"), ("vm", "1"), ("vm", "1")]
+ROUTES = {0: 0, 1: 0, 2: 0, 3: 2}
+
+
+def test_ranks_route_to_their_node_s_leader_and_the_default_shape_follows_the_nodes() -> None:
+    """Each rank sends to the lowest rank of its node (dst's node: dst), the leaders to dst;
+    two nodes on one machine are two hosts. By default the shape is two-level once a node
+    other than dst's runs two ranks, flat otherwise; True and False force it."""
+    from monitor_bus.integrations._merge import _routes
+
+    assert _routes(NODES, 0, None) == ROUTES
+    assert _routes(NODES, 3, None) == {0: 3, 1: 0, 2: 3, 3: 3}
+    three = [("a", "0"), ("b", "1"), ("b", "1"), ("b", "1"), ("c", "2"), ("c", "2")]
+    assert _routes(three, 0, None) == {0: 0, 1: 0, 2: 1, 3: 1, 4: 0, 5: 4}
+    assert _routes(NODES, 0, False) is None
+    assert _routes([("vm", "")] * 3, 0, None) is None  # one host
+    assert _routes([("a", ""), ("b", ""), ("c", "")], 0, None) is None  # one rank a host
+    assert _routes([("a", ""), ("b", ""), ("c", "")], 0, True) == {0: 0, 1: 0, 2: 0}
+    assert _routes([("a", "")] * 2 + [("b", "")] * 2, 0, None) == ROUTES  # no GROUP_RANK
+
+
+def wire(record: list[Any]) -> list[Any]:
+    """A record as dst gets it: through JSON."""
+    result: list[Any] = json.loads(json.dumps(record))
+    return result
+
+
+def host_records(leader: Any, records: dict[int, list[Any]], *, final: bool = True) -> list[Any]:
+    """The host records a leader makes of its ranks' ``records`` (rank -> record)."""
+    from monitor_bus.integrations._merge import _host_record
+
+    for rank, record in records.items():
+        leader._take(rank, record)
+    due = leader._due(leader._now(), final=final)
+    return [wire(_host_record(key, bucket, behind)) for key, bucket, _, behind in due]
+
+
+def logged(merge: Any, bus: monitor.EventBus, *, final: bool = True) -> list[dict[str, Any]]:
+    seen: list[monitor.Event] = []
+    bus.register_event_handler(seen.append)
+    merge._log_merged(merge._due(merge._now(), final=final))
+    bus.flush()
+    return [dict(e.data) for e in seen]
+
+
+def test_a_host_record_merges_on_dst_exactly_as_its_ranks_windows_would() -> None:
+    """dst merging ranks 0 and 1's windows with the record rank 2 made of its own and rank 3's
+    logs what dst merging all four logs: counts, sums, max, min, the Histogram (so the
+    percentiles), the spread over the four ranks' means (rank 3 slowest), and the VALUE of
+    the last close, rank 3's on a tie; STDDEV from the moments, to rounding."""
+    aggs = [*list(monitor.Aggregation)[:6], monitor.Aggregation.P50, monitor.Aggregation.P99]
+    samples = [[1.0, 2.0, 3.0], [0.5, 4.25], [8.0, 1.5, 2.5, 0.25], [9.75, 6.0, 7.0]]
+    index = math.floor(time.time() / 10.0) - 1
+    per_rank = closed_records("step", [*aggs, monitor.Aggregation.HISTOGRAM], samples, index)
+    spread = closed_records("spread", [monitor.Aggregation.STDDEV], samples, index)
+    for record in per_rank + spread:
+        record[9] = 1e9  # every window closed at once: the higher rank's VALUE is kept
+    outs = []
+    for shape in ("flat", "two-level"):
+        with monitor.EventBus() as bus:
+            dst = merge_on(bus, 0, 4, upstream=ROUTES if shape == "two-level" else None)
+            if shape == "flat":
+                for rank in range(4):
+                    dst._take(rank, wire(per_rank[rank]))
+                    dst._take(rank, wire(spread[rank]))
+            else:
+                leader = merge_on(monitor.EventBus(), 2, 4, upstream=ROUTES)
+                leader._mark = dict.fromkeys(leader._mark, math.inf)  # all past the window
+                assert (leader.upstream, leader._sources, dst._below) == (0, {3}, {2: {3}})
+                theirs = host_records(leader, {2: per_rank[2], 3: per_rank[3]})
+                theirs += host_records(leader, {2: spread[2], 3: spread[3]})
+                assert [len(r[12]["parts"]) for r in theirs] == [2, 2]
+                for rank in (0, 1):
+                    dst._take(rank, wire(per_rank[rank]))
+                    dst._take(rank, wire(spread[rank]))
+                for record in theirs:
+                    dst._take(2, record)
+            dst._mark = dict.fromkeys(dst._mark, math.inf)
+            outs.append(logged(dst, bus))
+            assert (dst.merged, dst.missing, dst.late) == (2, 0, 0)
+    flat, two = outs
+    assert two[0] == flat[0]
+    everything = [v for values in samples for v in values]
+    assert flat[0]["step.value"] == 7.0  # rank 3's last sample
+    assert flat[0]["step.count"] == len(everything)
+    assert flat[0]["step.sum"] == sum(everything)
+    assert flat[0]["step.histogram"] == monitor.Histogram.of(everything)
+    assert (flat[0]["step.slowest_rank"], flat[0]["step.ranks"]) == (3, 4)
+    assert flat[0]["step.rank_max"] == sum(samples[3]) / 3
+    assert two[1]["spread.stddev"] == pytest.approx(flat[1]["spread.stddev"], rel=1e-12)
+    assert flat[1]["spread.stddev"] == pytest.approx(statistics.pstdev(everything), rel=1e-12)
+
+
+def test_a_rank_lost_at_its_leader_is_counted_and_named_on_dst(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Rank 3 silent at its leader: the leader sends its host's window without it, saying so;
+    dst counts the window missing, names rank 3 in its warnings and lost_ranks, and waits
+    for the goodbye of rank 3 until the leader says it is done; rank 3's window, sent on
+    after dst merged it, is logged late, counted once per window."""
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    aggs = [monitor.Aggregation.MEAN]
+    index = math.floor(time.time() / 10.0) - 1
+    r0, r2, r3 = closed_records("step", aggs, [[1.0], [2.0], [5.0]], index)
+    leader = merge_on(monitor.EventBus(), 2, 4, upstream=ROUTES)
+    leader._mark[2] = math.inf  # the leader is past the window; rank 3 never said so
+    leader._lost.add(3)
+    [first] = host_records(leader, {2: r2}, final=False)
+    assert first[12] == {"rank": 2, "parts": [[2, 1, 2.0]], "behind": [3]}
+    with monitor.EventBus() as bus:
+        dst = merge_on(bus, 0, 4, upstream=ROUTES)
+        dst._spoken |= {1, 2}
+        dst._finished.add(1)
+        assert dst.unfinished_ranks == {2, 3}
+        dst._take(0, r0)
+        dst._take(2, first)
+        dst._mark.update({0: math.inf, 1: math.inf, 2: first[3] * 10.0})
+        dst._note_host(2, {"lost": [3], "done": []})
+        assert dst.lost_ranks == {3}
+        merged = logged(dst, bus, final=False)
+        assert merged[0]["step.ranks"] == 2
+        assert (dst.merged, dst.missing) == (1, 1)
+        # Rank 3 speaks again: the leader sends its window on; dst merged it already.
+        leader._lost.discard(3)
+        [again] = host_records(leader, {3: r3}, final=False)
+        dst._take(2, again)
+        assert logged(dst, bus, final=False) == [
+            {"step.mean": 5.0, "step.ranks": 1, "step.late": True}
+        ]
+        assert (dst.merged, dst.missing, dst.late) == (1, 1, 1)
+        dst._finished.add(2)
+        assert dst.unfinished_ranks == {3}
+        dst._note_host(2, {"lost": [], "done": [3]})
+        assert (dst.unfinished_ranks, dst.lost_ranks) == (set(), set())
+    messages = [r.getMessage() for r in caplog.records]
+    assert (
+        "merge_stats_across_ranks: rank 3 silent for timeout=5.0 s at its host's leader rank 2; "
+        "windows are merged without it from now on"
+    ) in messages
+    assert any("merged without rank(s) 3 " in m for m in messages)
+    assert (
+        "merge_stats_across_ranks: rank 3 is heard from again (by its host's leader rank 2)"
+        in messages
+    )
+
+
+def test_two_level_is_checked() -> None:
+    """two_level must be a bool or None."""
+    require(torchrun_available(), "torch with torch.distributed is not installed")
+    from monitor_bus.integrations.torch import merge_stats_across_ranks
+
+    with pytest.raises(TypeError, match="two_level must be a bool or None"):
+        merge_stats_across_ranks(two_level="auto")  # type: ignore[arg-type]
