@@ -27,9 +27,18 @@ Scale (issue 23): ``python benchmarks/merge_ranks.py --scale 2,4,8,16 --seconds 
 one torchrun job per size. In each, every rank adds to 3 Stats (windows of 250 ms) between
 5 ms sleeps (a step waiting on its device) for ``--seconds``; dst reports the delay from each
 window's end to its merged event (p50, p99), the CPU time of dst's two merge threads per
-merged window per rank (from /proc, in the steady part: before close()), and the bytes each
+merged window per rank (their CPU clocks, in the steady part: before close()), and the bytes each
 rank sends per window. ``--write`` puts the table into docs/performance.md and the
 projection to 1,024 ranks into docs/multihost.md, between their ``merge-scale`` markers.
+
+Shapes (issue 23): ``python benchmarks/merge_ranks.py --shapes 4x4 --seconds 6`` runs the same
+job as torchrun "nodes" on this machine (4 nodes of 4 ranks), once flat (every rank to dst)
+and once two-level (each node's leader merges its node for dst), and reports, for each, the
+delay (p50, p99), dst's CPU per merged window per rank, the bytes dst receives per merged
+window, and the leaders' CPU (the busiest leader's merge threads per merged window per rank
+of its node). ``--write`` publishes the table (``merge-shapes`` markers in
+docs/performance.md) and the projection of both shapes to 1,024 ranks (``merge-scale``
+markers in docs/multihost.md, with the flat scale figures).
 """
 
 from __future__ import annotations
@@ -185,16 +194,12 @@ def a_rank_dies(rank: int, world: int, out: Path) -> None:
 
 
 def thread_cpu(threads: list[Any]) -> float:
-    """CPU seconds (user + system) the threads used so far, from /proc (Linux)."""
-    ticks = 0
-    for thread in threads:
-        fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1]
-        utime, stime = fields.split()[11:13]
-        ticks += int(utime) + int(stime)
-    return ticks / os.sysconf("SC_CLK_TCK")
+    """CPU seconds the threads used so far, from their own CPU clocks (POSIX; nanoseconds,
+    where /proc counts 10 ms ticks)."""
+    return sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident)) for t in threads)
 
 
-def scale_rank(seconds: float, out: Path) -> None:
+def scale_rank(seconds: float, out: Path, two_level: bool | None = None) -> None:
     """One rank of a scale job: add to 3 Stats for ``seconds``; rank 0 writes the figures."""
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -203,10 +208,11 @@ def scale_rank(seconds: float, out: Path) -> None:
     on_dst = delay_recorder(delays)
 
     bus.register_event_handler(on_dst if rank == 0 else (lambda event: None))
-    merge = merge_stats_across_ranks(bus=bus, timeout=30.0)
+    merge = merge_stats_across_ranks(bus=bus, timeout=30.0, two_level=two_level)
     trio = stats(bus)
     dist.barrier()
-    threads = [merge._thread, merge._receiver] if rank == 0 else []
+    # The merge threads of dst and of a host's leader (they receive and merge).
+    threads = [merge._thread, merge._receiver] if merge._receiver is not None else []
     cpu0, merged0, started = thread_cpu(threads), merge.merged, time.time()
     step = 0
     while time.time() < started + seconds:
@@ -219,18 +225,24 @@ def scale_rank(seconds: float, out: Path) -> None:
     bus.flush()
     bus.close()
     sent: list[Any] = [None] * world
-    dist.all_gather_object(sent, (merge.frames, merge.sent))
+    # A host leader's CPU, by the ranks whose windows it merges (its own too).
+    host = len(merge._sources) + 1 if rank and merge._sources else 0
+    dist.all_gather_object(sent, (merge.frames, merge.sent, cpu, host))
     if rank == 0:
-        frames = sum(f for f, _ in sent[1:])
-        windows = sum(w for _, w in sent[1:])
+        frames = sum(f for f, *_ in sent[1:])
+        windows = sum(w for _, w, *_ in sent[1:])
+        leaders = [c / n for _, _, c, n in sent[1:] if n]
         ms = [d * 1000 for d in delays]
         result = {
+            "shape": "two-level" if merge.two_level else "flat",
             "ranks": world,
             "windows": merged,
             "p50": percentile(ms, 0.5),
             "p99": percentile(ms, 0.99),
             "cpu_us": cpu / merged / world * 1e6,
             "bytes": frames * merge_module.FRAME_BYTES / windows,
+            "bytes_in": merge.frames * merge_module.FRAME_BYTES / merge.merged,
+            "leader_us": max(leaders) / merged * 1e6 if leaders else None,
             "frames_per_s": frames / (world - 1) / seconds,
             "load": os.getloadavg()[0],
         }
@@ -269,6 +281,103 @@ def scale(sizes: list[int], seconds: float, write: bool) -> None:
         docs = Path(__file__).resolve().parent.parent / "docs"
         write_between(docs / "performance.md", f"{table}\n", "merge-scale")
         write_between(docs / "multihost.md", f"{projection}\n", "merge-scale")
+
+
+def shapes(nodes: int, per_node: int, seconds: float, write: bool) -> None:
+    """The same job as ``nodes`` torchrun nodes of ``per_node`` ranks, flat then two-level;
+    print (and with ``write``, publish) both side by side, and the projection."""
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for two_level in (False, True):
+            out = Path(tmp) / f"shape{int(two_level)}.json"
+            port = free_port()
+            jobs = [
+                subprocess.Popen(
+                    [
+                        torchrun,
+                        f"--nnodes={nodes}",
+                        f"--node_rank={node}",
+                        f"--nproc_per_node={per_node}",
+                        "--master_addr=127.0.0.1",
+                        f"--master_port={port}",
+                        __file__,
+                        "--scale-rank",
+                        str(out),
+                        "--seconds",
+                        str(seconds),
+                        "--two-level",
+                        str(int(two_level)),
+                    ]
+                )
+                for node in range(nodes)
+            ]
+            if any(job.wait() for job in jobs):
+                raise SystemExit("a torchrun node failed")
+            rows.append(json.loads(out.read_text()))
+    table = shapes_table(rows, nodes, per_node, seconds)
+    projection = project(rows[:1]) + "\n\n" + project_two_level(rows[1], nodes, per_node)
+    print(table)
+    print()
+    print(projection)
+    if write:
+        docs = Path(__file__).resolve().parent.parent / "docs"
+        write_between(docs / "performance.md", f"{table}\n", "merge-shapes")
+        write_between(docs / "multihost.md", f"{projection}\n", "merge-scale")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def shapes_table(rows: list[dict[str, Any]], nodes: int, per_node: int, seconds: float) -> str:
+    loads = ", ".join(f"{r['load']:.1f}" for r in rows)
+    lines = [
+        f"Measured on {time.strftime('%Y-%m-%d')}: {nodes} torchrun nodes of {per_node} ranks on "
+        f"one host, gloo over loopback, CPU: {cpu_model()}, {os.cpu_count()} cores (shared with "
+        f"other jobs: load average {loads} at the end of each run), {platform.system()} "
+        f"{platform.release()}, Python {platform.python_version()}, torch {torch.__version__}; "
+        f"3 Stats of 250 ms windows, {seconds:g} s per shape.",
+        "",
+        "| shape | ranks | merged windows | window end to merged event, p50 / p99 | dst CPU per "
+        "merged window per rank | bytes dst receives per merged window | busiest leader's CPU "
+        "per merged window per rank of its node |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        leader = "-" if r["leader_us"] is None else f"{r['leader_us']:.0f} µs"
+        lines.append(
+            f"| {r['shape']} | {r['ranks']} | {r['windows']} | {r['p50']:.0f} ms / "
+            f"{r['p99']:.0f} ms | {r['cpu_us']:.0f} µs | {r['bytes_in'] / 1024:.1f} KiB "
+            f"| {leader} |"
+        )
+    return "\n".join(lines)
+
+
+def project_two_level(row: dict[str, Any], nodes: int, per_node: int) -> str:
+    """dst's and a leader's cost at 1,024 ranks (128 hosts of 8) in the two-level shape: dst
+    receives from the other hosts' leaders and its own host's ranks; a leader from its host's."""
+    per_second = 3 / WINDOW
+    sources = (nodes - 1) + per_node  # what dst merged per window in the run (itself too)
+    per_source = row["cpu_us"] * row["ranks"] / sources
+    at_scale = 127 + 8
+    dst = per_source * 1e-6 * at_scale * per_second
+    leader = row["leader_us"] * 1e-6 * 8 * per_second
+    inbound = row["bytes_in"] / sources * at_scale * per_second / 2**20
+    return (
+        f"Two-level, from the {nodes}-node x {per_node}-rank figures ({per_source:.0f} µs of "
+        f"dst's CPU per merged window per rank or leader it receives from, "
+        f"{row['leader_us']:.0f} µs of a leader's per merged window per rank of its node): "
+        f"1,024 ranks as 128 hosts of 8 would cost dst about {dst:.2f} CPU-seconds per second "
+        f"({dst * 100:.0f}% of one core: it merges 127 leaders' records and its own host's 8 "
+        f"ranks' windows) and {inbound:.1f} MiB/s of inbound frames, and each leader about "
+        f"{leader * 100:.1f}% of one core."
+    )
 
 
 def scale_table(rows: list[dict[str, Any]], seconds: float) -> str:
@@ -315,13 +424,20 @@ def main() -> None:
     parser.add_argument("--scale", help="sizes, comma-separated: one torchrun job each")
     parser.add_argument("--seconds", type=positive, default=6)
     parser.add_argument("--write", action="store_true", help="publish the scale figures")
+    parser.add_argument("--shapes", help="NODESxRANKS: flat and two-level side by side")
     parser.add_argument("--scale-rank", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--two-level", type=int, choices=(0, 1), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.scale:
         scale([int(n) for n in args.scale.split(",")], args.seconds, args.write)
         return
+    if args.shapes:
+        nodes, per_node = (int(n) for n in args.shapes.split("x"))
+        shapes(nodes, per_node, args.seconds, args.write)
+        return
     if args.scale_rank:
-        scale_rank(args.seconds, args.scale_rank)
+        two_level = None if args.two_level is None else bool(args.two_level)
+        scale_rank(args.seconds, args.scale_rank, two_level)
         return
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
