@@ -9,6 +9,21 @@ Guarantees
   collective), never the training's group. Each rank sends to ``dst`` point to point; ``dst``
   takes whatever any rank sends with one receive from any source, so a dead or hung rank
   holds up no other rank's messages.
+- Two levels (``two_level``; by default once a host other than ``dst``'s runs two or more
+  ranks): a host is a torchrun node (host name and ``GROUP_RANK``). Its lowest rank, the
+  leader, takes its host's windows as ``dst`` takes a rank's (the rules below hold there,
+  ``dst``'s own host sending to ``dst``), merges each window once due, at most half the
+  timeout past its end, and sends ``dst`` one host record for it: the merge, plus each rank's
+  count and sum, the rank whose VALUE it kept and the ranks it was merged without. ``dst``
+  merges a host record as the windows it holds, so the merged window, its spread and the
+  stragglers are those of the flat shape. A rank lost at its leader is warned about there
+  and, once the leader says so, on ``dst`` too (in ``lost_ranks``); windows merged without it
+  count in ``dst``'s ``missing``; what it sends after rejoining goes on to ``dst``, merged or
+  logged late there. A leader says goodbye once its host's ranks did (or half its close
+  timeout passed), naming those done; ``dst`` waits for the others. A dead leader is a dead
+  ``dst`` to its host's ranks (they log their windows, counted in ``local``) and, to ``dst``, a
+  silent rank whose whole host is lost; what it held unsent is lost with it, and the windows
+  merged without its host count in ``missing``.
 - Bounded: a send waits at most ``timeout``; past it (or on an error, as gloo reports at once
   when ``dst`` died) ``dst`` is gone for good and the rank logs its own windows locally,
   marked ``"<name>.rank"`` and counted in ``local``. ``dst`` merges a window once every rank
@@ -22,10 +37,11 @@ Guarantees
   every rank it has heard from, lost or not; a rank whose goodbye did not come is named
   (warning, ``unfinished_ranks``) and what it still sends is logged on its own, counted in
   ``late``, for as long as ``dst``'s process lives.
-- Exact and once: counts and sums add, max of maxes, min of mins, mean is sum over count,
-  value is the one of the rank whose window closed last (on a tie, the higher rank); STDDEV
-  from the ranks' moments (Chan et al.'s pairwise update), the percentiles read from, and
-  HISTOGRAM is, the ranks' Histograms merged (``Histogram.merge``: exact). Each
+- Exact and once (either shape): counts and sums add, max of maxes, min of mins, mean is sum
+  over count, value is the one of the rank whose window closed last (on a tie, the higher
+  rank); STDDEV from the ranks' moments (Chan et al.'s pairwise update: in the two-level
+  shape in another order, so equal to rounding), the percentiles read from, and HISTOGRAM
+  is, the ranks' Histograms merged (``Histogram.merge``: exact). Each
   window of each rank is merged once; one arriving after its window was merged is logged on
   its own, marked ``"<name>.late"``, counted in ``late``.
 - Every sample travels: a window too large for a frame (``FRAME_BYTES``) goes with its
@@ -646,8 +662,7 @@ class RankMerge:
     def _run_merger(self) -> None:
         """dst's thread, and a host leader's: take this rank's windows and what the others
         send, and merge each window once due (dst logs it; a leader sends it on to dst)."""
-        last_round = last_sent = -math.inf
-        sent_mark = -math.inf  # the mark a leader last sent to dst
+        last_round = -math.inf
         closed_round = False  # the round that takes this rank's last windows
         role = "dst" if self.rank == self.dst else "host leader"
         while True:
@@ -682,17 +697,7 @@ class RankMerge:
                 if self.rank == self.dst:
                     self._log_merged(due)
                 else:
-                    # How far this host is: every window ending before it was sent on (one
-                    # of an expected rank, or any, once past the leader's patience).
-                    ahead = max(min(self._mark[r] for r in self._expected()), now - self._patience)
-                    mark = math.inf if final else ahead
-                    records = [_host_record(key, bucket, behind) for key, bucket, _, behind in due]
-                    clock = time.monotonic()
-                    if records or final or mark > sent_mark or clock - last_sent >= self._heartbeat:
-                        done = sorted(self._sources - self._unfinished())
-                        host = json.dumps({"lost": sorted(self._lost), "done": done})
-                        self._send(records, mark, bye=final, host=host.replace(" ", ""))
-                        sent_mark, last_sent = mark, clock
+                    self._send_on(due, now, final=final)
             except Exception:
                 logger.exception(
                     "merge_stats_across_ranks: %s rank %d failed a round", role, self.rank
@@ -711,6 +716,24 @@ class RankMerge:
                     )
                 self._finish()
                 return
+
+    def _send_on(self, due: list[_Due], now: float, *, final: bool) -> None:
+        """A host leader: send dst a host record of each window due, how far this host is,
+        and its word on its ranks; with nothing to send, only once the mark moved or a
+        heartbeat is due."""
+        # Every window ending before the mark was sent on: those of the ranks expected, and
+        # any once past the leader's patience.
+        ahead = max(min(self._mark[r] for r in self._expected()), now - self._patience)
+        mark = math.inf if final else ahead
+        records = [_host_record(key, bucket, behind) for key, bucket, _, behind in due]
+        clock = time.monotonic()
+        if records or final or mark > self._sent_mark or clock - self._last_sent >= self._heartbeat:
+            done = sorted(self._sources - self._unfinished())
+            host = json.dumps({"lost": sorted(self._lost), "done": done}, separators=(",", ":"))
+            self._send(records, mark, bye=final, host=host)
+            self._sent_mark, self._last_sent = mark, clock
+
+    _sent_mark = _last_sent = -math.inf  # a leader's last mark to dst, and when it sent it
 
     def _left(self) -> float:
         """Seconds left to close in."""
