@@ -272,14 +272,18 @@ def scale(sizes: list[int], seconds: float, write: bool) -> None:
                 check=True,
             )
             rows.append(json.loads(out.read_text()))
-    table = scale_table(rows, seconds)
-    projection = project(rows)
+    publish(scale_table(rows, seconds), "merge-scale", project(rows), write)
+
+
+def publish(table: str, marker: str, projection: str, write: bool) -> None:
+    """Print the table and the projection; with ``write``, put the table in
+    docs/performance.md between ``marker``'s markers, the projection in docs/multihost.md."""
     print(table)
     print()
     print(projection)
     if write:
         docs = Path(__file__).resolve().parent.parent / "docs"
-        write_between(docs / "performance.md", f"{table}\n", "merge-scale")
+        write_between(docs / "performance.md", f"{table}\n", marker)
         write_between(docs / "multihost.md", f"{projection}\n", "merge-scale")
 
 
@@ -315,15 +319,8 @@ def shapes(nodes: int, per_node: int, seconds: float, write: bool) -> None:
             if any(job.wait() for job in jobs):
                 raise SystemExit("a torchrun node failed")
             rows.append(json.loads(out.read_text()))
-    table = shapes_table(rows, nodes, per_node, seconds)
     projection = project(rows[:1]) + "\n\n" + project_two_level(rows[1], nodes, per_node)
-    print(table)
-    print()
-    print(projection)
-    if write:
-        docs = Path(__file__).resolve().parent.parent / "docs"
-        write_between(docs / "performance.md", f"{table}\n", "merge-shapes")
-        write_between(docs / "multihost.md", f"{projection}\n", "merge-scale")
+    publish(shapes_table(rows, nodes, per_node, seconds), "merge-shapes", projection, write)
 
 
 def free_port() -> int:
@@ -336,13 +333,8 @@ def free_port() -> int:
 
 
 def shapes_table(rows: list[dict[str, Any]], nodes: int, per_node: int, seconds: float) -> str:
-    loads = ", ".join(f"{r['load']:.1f}" for r in rows)
     lines = [
-        f"Measured on {time.strftime('%Y-%m-%d')}: {nodes} torchrun nodes of {per_node} ranks on "
-        f"one host, gloo over loopback, CPU: {cpu_model()}, {os.cpu_count()} cores (shared with "
-        f"other jobs: load average {loads} at the end of each run), {platform.system()} "
-        f"{platform.release()}, Python {platform.python_version()}, torch {torch.__version__}; "
-        f"3 Stats of 250 ms windows, {seconds:g} s per shape.",
+        measured_on(rows, f"{nodes} torchrun nodes of {per_node} ranks on one host", seconds),
         "",
         "| shape | ranks | merged windows | window end to merged event, p50 / p99 | dst CPU per "
         "merged window per rank | bytes dst receives per merged window | busiest leader's CPU "
@@ -380,14 +372,21 @@ def project_two_level(row: dict[str, Any], nodes: int, per_node: int) -> str:
     )
 
 
-def scale_table(rows: list[dict[str, Any]], seconds: float) -> str:
+def measured_on(rows: list[dict[str, Any]], where: str, seconds: float) -> str:
+    """A table's first line: when, on what, how loaded, for how long each run."""
     loads = ", ".join(f"{r['load']:.1f}" for r in rows)
-    lines = [
-        f"Measured on {time.strftime('%Y-%m-%d')}: one host, gloo over loopback, CPU: "
+    return (
+        f"Measured on {time.strftime('%Y-%m-%d')}: {where}, gloo over loopback, CPU: "
         f"{cpu_model()}, {os.cpu_count()} cores (shared with other jobs: load average "
         f"{loads} at the end of each run), "
         f"{platform.system()} {platform.release()}, Python {platform.python_version()}, "
-        f"torch {torch.__version__}; 3 Stats of 250 ms windows, {seconds:g} s per size.",
+        f"torch {torch.__version__}; 3 Stats of 250 ms windows, {seconds:g} s per run."
+    )
+
+
+def scale_table(rows: list[dict[str, Any]], seconds: float) -> str:
+    lines = [
+        measured_on(rows, "one host", seconds),
         "",
         "| ranks | merged windows | window end to merged event, p50 / p99 | dst CPU per merged "
         "window per rank | bytes each rank sends per window | messages per rank per second |",
