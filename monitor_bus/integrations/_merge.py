@@ -346,6 +346,7 @@ class RankMerge:
         self._heard = dict.fromkeys(self._sources | {self.rank}, now)
         self._finished: set[int] = set()
         self._buckets: dict[tuple[Any, ...], _Bucket] = {}
+        self._sizes: set[float] = set()  # the window sizes of the windows taken so far
         self._merged_keys: dict[tuple[Any, ...], float] = {}
         self._thread = threading.Thread(
             target=self._run_merger if self._merges else self._run_sender,
@@ -719,19 +720,27 @@ class RankMerge:
 
     def _send_on(self, due: list[_Due], now: float, *, final: bool) -> None:
         """A host leader: send dst a host record of each window due, how far this host is,
-        and its word on its ranks; with nothing to send, only once the mark moved or a
-        heartbeat is due."""
+        and its word on its ranks; with nothing to send, only once the mark passed a window
+        end (dst may wait for it) or a heartbeat is due."""
         # Every window ending before the mark was sent on: those of the ranks expected, and
         # any once past the leader's patience.
         ahead = max(min(self._mark[r] for r in self._expected()), now - self._patience)
         mark = math.inf if final else ahead
         records = [_host_record(key, bucket, behind) for key, bucket, _, behind in due]
         clock = time.monotonic()
-        if records or final or mark > self._sent_mark or clock - self._last_sent >= self._heartbeat:
+        if records or final or self._crossed(mark) or clock - self._last_sent >= self._heartbeat:
             done = sorted(self._sources - self._unfinished())
             host = json.dumps({"lost": sorted(self._lost), "done": done}, separators=(",", ":"))
             self._send(records, mark, bye=final, host=host)
             self._sent_mark, self._last_sent = mark, clock
+
+    def _crossed(self, mark: float) -> bool:
+        """Whether ``mark`` is past the end of a window (of a size this rank saw) that the
+        last mark sent was not."""
+        last = self._sent_mark
+        if not mark > last:
+            return False
+        return last == -math.inf or any(mark // size > last // size for size in self._sizes)
 
     _sent_mark = _last_sent = -math.inf  # a leader's last mark to dst, and when it sent it
 
@@ -790,6 +799,7 @@ class RankMerge:
 
     def _take(self, rank: int, record: _Record) -> None:
         key = (record[0], tuple(record[1]), record[2], record[3])
+        self._sizes.add(record[2])
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = _Bucket()
