@@ -858,3 +858,40 @@ def test_two_level_is_checked() -> None:
 
     with pytest.raises(TypeError, match="two_level must be a bool or None"):
         merge_stats_across_ranks(two_level="auto")  # type: ignore[arg-type]
+
+
+def test_a_leader_sends_dst_its_host_s_mark_only_past_a_window_end_or_a_heartbeat() -> None:
+    """A leader with nothing due sends dst nothing while its host's mark stays inside a
+    window, sends once it passes a window end (or a heartbeat is due), and sends each window
+    due as a host record with its word on its ranks; a rank that is behind but not lost holds
+    the mark back until the leader's patience (half the timeout) is past."""
+    sends: list[tuple[list[Any], float, bool, dict[str, Any]]] = []
+    leader = merge_on(monitor.EventBus(), 2, 4, upstream=ROUTES)
+    leader._send = lambda records, mark, *, bye, host: sends.append(
+        (records, mark, bye, json.loads(host))
+    )
+    index = math.floor(time.time() / 10.0) + 1  # a window that ends in the future
+    [record] = closed_records("step", [monitor.Aggregation.MEAN], [[2.0]], index)
+    leader._take(2, record)  # the leader has seen windows of 10 s
+    now = 10.0 * index - 5.0  # in the middle of the window before
+    leader._mark.update({2: now, 3: now})
+    leader._send_on([], now, final=False)
+    assert [(mark, host) for _, mark, _, host in sends] == [(now, {"lost": [], "done": []})]
+    leader._mark.update({2: now + 1.0, 3: now + 1.0})
+    leader._send_on([], now + 1.0, final=False)  # the same window: nothing to say
+    assert len(sends) == 1
+    leader._mark.update({2: now + 6.0, 3: now + 6.0})  # past the window's end
+    leader._send_on([], now + 6.0, final=False)
+    assert sends[-1][1] == now + 6.0
+    leader._last_sent -= leader._heartbeat  # a heartbeat is due
+    leader._mark[3] = -math.inf  # rank 3 behind (not lost): dst learns the patience's edge
+    leader._send_on([], now + 7.0, final=False)
+    assert sends[-1][1] == now + 7.0 - 2.5
+    leader._mark[3] = math.inf
+    leader._finished.add(3)
+    due = leader._due(leader._now(), final=True)
+    leader._send_on(due, now + 8.0, final=True)
+    records, mark, bye, host = sends[-1]
+    assert (mark, bye, host) == (math.inf, True, {"lost": [], "done": [3]})
+    assert [r[12] for r in records] == [{"rank": 2, "parts": [[2, 1, 2.0]], "behind": []}]
+    assert len(sends) == 4
