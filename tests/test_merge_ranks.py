@@ -895,3 +895,19 @@ def test_a_leader_sends_dst_its_host_s_mark_only_past_a_window_end_or_a_heartbea
     assert (mark, bye, host) == (math.inf, True, {"lost": [], "done": [3]})
     assert [r[12] for r in records] == [{"rank": 2, "parts": [[2, 1, 2.0]], "behind": []}]
     assert len(sends) == 4
+
+
+def test_a_leader_sends_a_window_on_without_a_rank_behind_at_half_the_timeout() -> None:
+    """A window of the leader's host that rank 3 (behind, not lost) has not said it is past:
+    the leader holds it until half the timeout past its end, then sends it on without rank 3,
+    saying so; dst, which waits the whole timeout, still has it in time."""
+    leader = merge_on(monitor.EventBus(), 2, 4, upstream=ROUTES)
+    index = math.floor(time.time() / 10.0) - 1
+    [record] = closed_records("step", [monitor.Aggregation.MEAN], [[2.0]], index)
+    leader._take(2, record)
+    end = 10.0 * index
+    leader._mark[2] = end + 1.0
+    assert leader._due(end + 2.4, final=False) == []  # timeout 5.0: patience 2.5
+    [(key, bucket, late, behind)] = leader._due(end + 2.6, final=False)
+    assert (key[0], set(bucket.parts), late, behind) == ("step", {2}, False, {3})
+    assert merge_on(monitor.EventBus(), 0, 4, upstream=ROUTES)._patience == 5.0
