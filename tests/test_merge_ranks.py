@@ -911,3 +911,61 @@ def test_a_leader_sends_a_window_on_without_a_rank_behind_at_half_the_timeout() 
     [(key, bucket, late, behind)] = leader._due(end + 2.6, final=False)
     assert (key[0], set(bucket.parts), late, behind) == ("step", {2}, False, {3})
     assert merge_on(monitor.EventBus(), 0, 4, upstream=ROUTES)._patience == 5.0
+
+
+class _Arrivals(_World):
+    """A world whose receives, in turn, fail (an exception) or bring a frame from a rank:
+    gloo cannot be made to fail one receive on purpose."""
+
+    def __init__(self, rank: int, size: int, arrivals: list[Any]) -> None:
+        super().__init__(rank, size)
+        self.arrivals = arrivals
+
+    def irecv(self, buf: Any, src: None, group: None, tag: int) -> Any:
+        import torch
+
+        arrival = self.arrivals.pop(0)
+
+        class Work:
+            def wait(self, timeout: object) -> None:
+                if isinstance(arrival, Exception):
+                    raise arrival
+                frame = arrival[1]
+                buf[: len(frame)] = torch.frombuffer(bytearray(frame), dtype=torch.uint8)
+
+            def _source_rank(self) -> int:
+                rank: int = arrival[0]
+                return rank
+
+        return Work()
+
+
+@pytest.mark.parametrize("failures", [1, 3])
+def test_a_failed_receive_does_not_end_dst_s_receiving_but_three_in_a_row_do(
+    caplog: pytest.LogCaptureFixture, failures: int
+) -> None:
+    """A receive that fails (matched to a rank that died mid-send) is warned about and dst
+    receives on: the next rank's frame reaches its inbox. Three failures in a row end the
+    receiving thread, logged."""
+    require(torchrun_available(), "torch with torch.distributed is not installed")
+    from monitor_bus.integrations._merge import RankMerge
+
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    bye = RankMerge._encode([], 5.0, True)
+    closed = RuntimeError("Connection closed by peer [127.0.0.1]:1234")
+    world = _Arrivals(0, 2, [closed] * failures + [(1, bye)])
+    merge = RankMerge(monitor.EventBus(), world, None, 0, 5.0, False)
+    merge._receive()
+    messages = [r.getMessage() for r in caplog.records]
+    if failures == 1:
+        assert list(merge._inbox) == [(1, {"mark": 5.0, "bye": True, "windows": []})]
+        assert merge.frames == 1
+        assert messages == [
+            "merge_stats_across_ranks: rank 0: a receive failed (Connection closed by peer "
+            "[127.0.0.1]:1234); receiving on"
+        ]
+    else:
+        assert (list(merge._inbox), merge.frames) == ([], 0)
+        assert messages[-1] == (
+            "merge_stats_across_ranks: rank 0: receive failed 3 times in a row; it receives no more"
+        )

@@ -8,7 +8,8 @@ Guarantees
 - Own group: the windows travel over a gloo group made by ``merge_stats_across_ranks`` (a
   collective), never the training's group. Each rank sends to ``dst`` point to point; ``dst``
   takes whatever any rank sends with one receive from any source, so a dead or hung rank
-  holds up no other rank's messages.
+  holds up no other rank's messages; a receive that fails (matched to a rank that died
+  mid-send) is warned about and the next one made (three failing in a row end it, logged).
 - Two levels (``two_level``; by default once a host other than ``dst``'s runs two or more
   ranks): a host is a torchrun node (host name and ``GROUP_RANK``). Its lowest rank, the
   leader, takes its host's windows as ``dst`` takes a rank's (the rules below hold there,
@@ -117,6 +118,9 @@ _MIN_TICK = 0.02
 # dst's receive waits this long: a timed-out gloo wait fails every peer of the group, so it
 # must not time out while the ranks are merely quiet.
 _FOREVER = timedelta(days=365)
+# A receiving thread ends after this many failed receives in a row (one is a rank that died
+# mid-send).
+_RECEIVE_TRIES = 3
 # A window is past on a rank once its clock is this far beyond the end (float slack).
 _EPSILON = 1e-3
 
@@ -637,13 +641,30 @@ class RankMerge:
 
         buf = torch.zeros(_FRAME, dtype=torch.uint8)
         waiting = set(self._sources)
+        failures = 0
         while waiting:
-            work = self._dist.irecv(buf, src=None, group=self._group, tag=_TAG)
             try:
+                work = self._dist.irecv(buf, src=None, group=self._group, tag=_TAG)
                 work.wait(timeout=_FOREVER)
-            except Exception:
-                logger.exception("merge_stats_across_ranks: rank %d: receive failed", self.rank)
-                return
+            except Exception as exc:
+                # A receive matched to a rank that died mid-send fails; the other ranks'
+                # sends still come. Only receives failing in a row end the thread.
+                failures += 1
+                if failures == _RECEIVE_TRIES:
+                    logger.exception(
+                        "merge_stats_across_ranks: rank %d: receive failed %d times in a row; "
+                        "it receives no more",
+                        self.rank,
+                        failures,
+                    )
+                    return
+                logger.warning(
+                    "merge_stats_across_ranks: rank %d: a receive failed (%s); receiving on",
+                    self.rank,
+                    str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
+                )
+                continue
+            failures = 0
             self.frames += 1
             raw = buf.numpy().tobytes()
             (length,) = struct.unpack_from("<I", raw)
