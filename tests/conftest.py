@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import pytest
 
 import monitor_bus
-from monitor_bus import _default
+from monitor_bus import _default, _stat
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -57,6 +57,26 @@ class Recorder:
 @pytest.fixture
 def recorder() -> Recorder:
     return Recorder()
+
+
+class StepClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> StepClock:
+    """The Stat clock, standing still until the test moves it: windows are aligned to
+    multiples of their size, so on the real clock a boundary may fall between any two adds
+    (a loop slowed by a loaded machine splits one window in two). Forked children inherit it."""
+    c = StepClock()
+    monkeypatch.setattr(_stat, "_clock", c)
+    return c
 
 
 class LoopGate:
