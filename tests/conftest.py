@@ -5,6 +5,7 @@ import os
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
@@ -77,6 +78,31 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> StepClock:
     c = StepClock()
     monkeypatch.setattr(_stat, "_clock", c)
     return c
+
+
+@pytest.fixture(scope="session")
+def docs_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The docs site, built once per run with ``mkdocs build --strict`` (test_docs checks the
+    build, test_browser serves it)."""
+    import subprocess
+    import sys
+
+    try:
+        import mkdocs  # noqa: F401
+        import mkdocstrings  # noqa: F401
+    except ImportError as exc:
+        require(False, f"the docs tooling is missing: {exc}")
+    site = tmp_path_factory.mktemp("docs") / "site"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    return site
 
 
 class LoopGate:
