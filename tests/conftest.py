@@ -5,11 +5,12 @@ import os
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
 import monitor_bus
-from monitor_bus import _default
+from monitor_bus import _default, _stat
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -57,6 +58,51 @@ class Recorder:
 @pytest.fixture
 def recorder() -> Recorder:
     return Recorder()
+
+
+class StepClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> StepClock:
+    """The Stat clock, standing still until the test moves it: windows are aligned to
+    multiples of their size, so on the real clock a boundary may fall between any two adds
+    (a loop slowed by a loaded machine splits one window in two). Forked children inherit it."""
+    c = StepClock()
+    monkeypatch.setattr(_stat, "_clock", c)
+    return c
+
+
+@pytest.fixture(scope="session")
+def docs_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The docs site, built once per run with ``mkdocs build --strict`` (test_docs checks the
+    build, test_browser serves it)."""
+    import subprocess
+    import sys
+
+    try:
+        import mkdocs  # noqa: F401
+        import mkdocstrings  # noqa: F401
+    except ImportError as exc:
+        require(False, f"the docs tooling is missing: {exc}")
+    site = tmp_path_factory.mktemp("docs") / "site"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    return site
 
 
 class LoopGate:

@@ -12,13 +12,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Stat, _device, _stat
+from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Stat, _device
 
-from .conftest import Recorder, require
-from .test_stat import StepClock, step_until_logged
+from .conftest import Recorder, StepClock, require
+from .test_stat import step_until_logged
 
 TS = datetime(2026, 1, 1, tzinfo=timezone.utc)
 ALL = list(Aggregation)[:6]  # torch.monitor's six (the distributions: test_stat_distributions)
+# The Stat clock stands still in every test here (the timer's test moves it): the loops of
+# thousands of tensor adds, slow on a loaded machine, cannot cross a window boundary.
+pytestmark = pytest.mark.usefixtures("clock")
 
 
 @pytest.fixture
@@ -212,12 +215,10 @@ def test_the_graph_of_a_logged_loss_is_freed(
 
 
 def test_windows_holding_tensors_close_on_the_timer(
-    named_bus: EventBus, recorder: Recorder, torch: Any, monkeypatch: pytest.MonkeyPatch
+    named_bus: EventBus, recorder: Recorder, torch: Any, clock: StepClock
 ) -> None:
     """With no add after it, a window of tensor samples is logged by the dispatcher's timer.
     (The Stat clock stands still until the test moves it: all four adds fall in one window.)"""
-    clock = StepClock()
-    monkeypatch.setattr(_stat, "_clock", clock)
     named_bus.register_event_handler(recorder)
     stat = Stat(
         "t", [Aggregation.COUNT, Aggregation.SUM], timedelta(milliseconds=50), bus=named_bus

@@ -202,12 +202,15 @@ def test_a_run_in_a_multiprocessing_child_ends(tmp_path: Path, method: str) -> N
 
 
 _TRAINING = """
-import sys, time
+import sys, threading, time
 from datetime import datetime
 import monitor_bus as monitor
 
+logged = threading.Event()
+
 def slow(event):
-    time.sleep(0.00002)  # a sink slower than the loop: a tail stays queued
+    logged.wait()  # nothing is taken before the loop has logged all: a tail is queued
+    time.sleep(0.00002)  # then a sink slower than the loop: the tail stays queued at SIGTERM
 
 monitor.register_event_handler(monitor.JsonlEventHandler(sys.argv[1]))
 monitor.register_event_handler(slow)
@@ -215,6 +218,7 @@ monitor.Run("exp", **({} if sys.argv[2] == "on" else {"handle_sigterm": False}))
 for i in range(10000):
     monitor.log_event(monitor.Event("step", datetime.now(), {"i": i}))
 print("ready", monitor.get_default_bus().stats()["queued"] > 0, flush=True)
+logged.set()
 while True:
     time.sleep(0.01)  # the training loop
 """

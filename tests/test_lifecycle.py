@@ -16,7 +16,7 @@ import pytest
 import monitor_bus
 from monitor_bus import Aggregation, Event, EventBus, Stat
 
-from .conftest import Recorder
+from .conftest import Recorder, StepClock
 
 TS = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -134,9 +134,10 @@ def test_fork_child_gets_a_working_bus(tmp_path: Path, recorder: Recorder) -> No
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_forked_child_does_not_relog_the_parents_open_window(
-    bus: EventBus, recorder: Recorder
+    bus: EventBus, recorder: Recorder, clock: StepClock
 ) -> None:
-    """The parent's open Stat window is the parent's: the child starts the window empty."""
+    """The parent's open Stat window is the parent's: the child starts the window empty. (The
+    Stat clock stands still: the fork and the wait for the child do not end the window.)"""
     bus.register_event_handler(recorder)
     stat = Stat("s", [Aggregation.COUNT], timedelta(hours=1), bus=bus)
     stat.add(1)

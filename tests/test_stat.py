@@ -13,27 +13,10 @@ import pytest
 
 from monitor_bus import STAT_EVENT, Aggregation, EventBus, Stat, _dispatcher, _stat
 
-from .conftest import Recorder, require
+from .conftest import Recorder, StepClock, require
 
 ALL = list(Aggregation)[:6]  # torch.monitor's six (the distributions: test_stat_distributions)
 LONG = timedelta(seconds=600)  # the real-time timer never fires within a test
-
-
-class StepClock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> StepClock:
-    c = StepClock()
-    monkeypatch.setattr(_stat, "_clock", c)
-    return c
 
 
 def stat_events(recorder: Recorder) -> list[dict[str, object]]:
