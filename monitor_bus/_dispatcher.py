@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime, timezone
+from threading import current_thread
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -54,6 +55,7 @@ from ._ratelimit import LOG_INTERVAL, Throttle
 if TYPE_CHECKING:
     from ._bus import EventBus
     from ._handler import _Handler
+    from ._runner import Runner
 
 logger = logging.getLogger("monitor_bus")
 
@@ -129,6 +131,10 @@ class Dispatcher:
         self._start_throttle = Throttle()
         self._report_lock = threading.Lock()
         self._failures: deque[float] = deque(maxlen=_MAX_FAILURES)  # when, monotonic
+        # The runner the bundled sinks share (``_runner``), and the lock of its changes.
+        self.sinks: Runner | None = None
+        self.sinks_lock = threading.Lock()
+        self._sinks_busy: anyio.Event | None = None  # wakes the watchdog
 
     def active(self) -> bool:
         """Whether the dispatcher has work: handlers, or Stat timers of a child that reports
@@ -378,6 +384,7 @@ class Dispatcher:
                 self.loop = asyncio.get_running_loop()
                 tg.start_soon(self._distribute)
                 tg.start_soon(self._run_timers)
+                tg.start_soon(self._watch_sinks)
                 ready.set_result(None)
                 await self._stopped.wait()
                 self._drain(force=True)
@@ -533,6 +540,12 @@ class Dispatcher:
                 batch = stamped(batch)
                 for handler in handlers:
                     handler.push(batch, capacity, overflow)
+                # One wake-up per runner, once every inbox has its batch.
+                for runner in {h.runner: None for h in handlers if h.runner is not None}:
+                    runner.kick()
+                busy = self._sinks_busy
+                if self.sinks is not None and busy is not None and self.thread is current_thread():
+                    busy.set()
         self.report_drops(handlers)
         return not queue.slots
 
@@ -571,6 +584,19 @@ class Dispatcher:
             if len(queue) < bus._queue.crowded:
                 with anyio.move_on_after(bus._linger):
                     await self._hurried.wait()
+
+    async def _watch_sinks(self) -> None:
+        """The watchdog of the bundled sinks' runner (see ``_runner``): it looks again after
+        each batch, and on time while a sink's turn goes on."""
+        while True:
+            busy = self._sinks_busy = anyio.Event()  # reset first: no batch goes unseen
+            runner = self.sinks
+            wait = None if runner is None else runner.watch(self)
+            if wait is None:
+                await busy.wait()
+            else:
+                with anyio.move_on_after(wait):
+                    await busy.wait()
 
     def _unreadable(self, failed: list[tuple[str, Exception]]) -> None:
         """Events whose device values could not be read: dropped, counted and reported."""
