@@ -13,7 +13,8 @@ Guarantees
   after a fork, a child's connection to its parent): see ``_dispatcher.py`` and ``_relay.py``.
 - Threads: one daemon thread per bus runs an asyncio loop under ``anyio.run``; its tasks drain
   the queue in batches, run the async handlers and close Stat windows on time. Each sync
-  handler runs on a daemon thread of its own, so a slow one delays nobody else. The loop side
+  handler runs on a daemon thread of its own, so a slow one delays nobody else; the bundled
+  sinks share one, with a watchdog (``_runner.py``). The loop side
   is a ``Dispatcher`` the bus owns (``_dispatcher.py``, with its own guarantees); the bus
   keeps what callers touch: settings, the queue, the published handlers, the ``_idle`` flag,
   Stat registries and the counters of ``stats()``.

@@ -4,8 +4,9 @@ Guarantees
 ----------
 - Threads: one daemon thread per bus runs an asyncio loop under ``anyio.run``, started with the
   bus's first handler (never at import), with a handshake so a failure to start reaches the
-  caller. Its task group runs the distributor, the Stat timer and one task per async handler;
-  each sync handler runs on a daemon thread of its own. A start caused by ``log_event`` or
+  caller. Its task group runs the distributor, the Stat timer, the watchdog of the bundled
+  sinks' shared thread and one task per async handler; each sync handler runs on a runner's
+  daemon thread (``_runner.py``), woken once per batch. A start caused by ``log_event`` or
   ``Stat.add`` (after a fork, or a failed restart) never raises: if no thread or descriptor is
   to be had, what they logged waits in the queue (a full one drops as its policy says, and
   ``"block"`` does not wait for room nothing would make), a warning says so (at most once per

@@ -154,7 +154,9 @@ class Runner:
         budget = SINK_BUDGET
         with dispatcher.sinks_lock:
             with self.cv:
-                if not self.busy and not self.kicked:
+                if self.done and dispatcher.sinks is self:
+                    dispatcher.sinks = None  # its last sink left: the next one starts another
+                if self.done or (not self.busy and not self.kicked):
                     return None
                 stuck = self.serving
                 took = time.monotonic() - self.since
