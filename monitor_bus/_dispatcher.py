@@ -374,6 +374,7 @@ class Dispatcher:
         import asyncio
 
         self._wakeup = anyio.Event()
+        self._sinks_busy = None  # the watchdog makes its own (one of a failed loop is dead)
         self._timers_changed = anyio.Event()
         self._stopped = anyio.Event()
         try:
@@ -544,7 +545,7 @@ class Dispatcher:
                 # One wake-up per runner, once every inbox has its batch.
                 for runner in {h.runner: None for h in handlers if h.runner is not None}:
                     runner.kick()
-                busy = self._sinks_busy
+                busy = self._sinks_busy  # None while the watchdog waits on a timer
                 if self.sinks is not None and busy is not None and self.thread is current_thread():
                     busy.set()
         self.report_drops(handlers)
@@ -587,17 +588,17 @@ class Dispatcher:
                     await self._hurried.wait()
 
     async def _watch_sinks(self) -> None:
-        """The watchdog of the bundled sinks' runner (see ``_runner``): it looks again after
-        each batch, and on time while a sink's turn goes on."""
+        """The watchdog of the bundled sinks' runner (see ``_runner``): while a turn goes on
+        it looks on a timer, and otherwise waits for the next batch."""
         while True:
-            busy = self._sinks_busy = anyio.Event()  # reset first: no batch goes unseen
             runner = self.sinks
             wait = None if runner is None else runner.watch(self)
             if wait is None:
+                busy = self._sinks_busy = anyio.Event()
                 await busy.wait()
+                self._sinks_busy = None  # a timed wait needs no wake-up per batch
             else:
-                with anyio.move_on_after(wait):
-                    await busy.wait()
+                await anyio.sleep(wait)
 
     def _unreadable(self, failed: list[tuple[str, Exception]]) -> None:
         """Events whose device values could not be read: dropped, counted and reported."""
