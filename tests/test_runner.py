@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import queue
 import re
 import threading
 from pathlib import Path
@@ -240,63 +239,6 @@ def test_close_cuts_off_a_moved_sink_exactly_and_the_others_finish(
         "EventBus 'cut': handler 'held' fell behind (backlog capacity 65536, policy "
         "drop_newest): 2 events dropped since the last report, 2 in all"
     )
-
-
-class Turnstile:
-    """A bundled sink that lets one call through per ``release()``; ``entered`` gets each
-    call's event as the call starts."""
-
-    _monitor_bus_bundled = True
-
-    def __init__(self) -> None:
-        self.entered: queue.Queue[int] = queue.Queue()
-        self._gate = threading.Semaphore(0)
-
-    def __call__(self, event: Event) -> None:
-        self.entered.put(event.data["i"])
-        assert self._gate.acquire(timeout=30)
-
-    def release(self) -> None:
-        self._gate.release()
-
-    def next_call(self) -> int:
-        return self.entered.get(timeout=10)
-
-
-def test_a_bundled_sink_is_counted_per_call_and_its_cut_off_adds_up(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """On the shared thread (the watchdog out of the way), a slow bundled sink shows each
-    event delivered as its call returns, and close(timeout) names exactly what it then drops;
-    the sink served before it in each round gets everything."""
-    monkeypatch.setattr(_runner, "SINK_BUDGET", 600.0)
-    caplog.set_level(logging.WARNING, logger="monitor_bus")
-    first, sink = Counting(), Turnstile()
-    bus = EventBus(name="slow")
-    bus.register_event_handler(first, name="first")
-    handle = bus.register_event_handler(sink, name="slow")
-    assert handle._handler.thread is bus._handlers[0].thread
-    for i in range(10):
-        bus.log("step", i=i)
-    assert sink.next_call() == 0
-    for k in range(1, 5):
-        sink.release()
-        assert sink.next_call() == k  # events 0..k-1 returned, event k in its call
-        assert handler_stats(bus)["slow"] == (k, 0, 0, 10 - k)
-    assert bus.close(0.2) is False  # event 4 is held in its call: a cut-off
-    assert [r.getMessage() for r in caplog.records] == [
-        "EventBus 'slow': 1 handler(s) still busy after 0.2 s, cut off: 'slow' "
-        "(5 undelivered, 1 in its current call)"
-    ]
-    assert [e.data["i"] for e in first.events] == list(range(10))
-    sink.release()  # event 4 returns; no other call starts
-    runner = handle._handler.thread
-    assert runner is not None
-    runner.join(10)
-    assert not runner.is_alive()
-    assert sink.entered.empty()
-    handler = handle._handler
-    assert (handler.delivered, handler.dropped, handler.offered) == (5, 5, 10)
 
 
 class HeldFlush(Counting):
