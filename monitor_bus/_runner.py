@@ -52,7 +52,7 @@ def start(handler: _Handler) -> None:
         RuntimeError: no thread could start (the handler stays not running).
     """
     if not handler.bundled:
-        runner = Runner(f"monitor_bus-handler-{handler.name}", shared=False)
+        runner = Runner(f"monitor_bus-handler-{handler.name}")
         runner.start()
         runner.add(handler)
         return
@@ -60,7 +60,7 @@ def start(handler: _Handler) -> None:
     with dispatcher.sinks_lock:
         shared = dispatcher.sinks
         if shared is None or not shared.add(handler):
-            shared = Runner(f"monitor_bus-sinks-{handler.bus._name}", shared=True)
+            shared = Runner(f"monitor_bus-sinks-{handler.bus._name}")
             shared.start()
             shared.add(handler)
             dispatcher.sinks = shared
@@ -73,10 +73,9 @@ class Runner:
     which runner serves it, and changes (the watchdog) under the old runner's ``cv``.
     """
 
-    def __init__(self, name: str, *, shared: bool) -> None:
+    def __init__(self, name: str) -> None:
         self.cv = threading.Condition(threading.Lock())
         self.handlers: list[_Handler] = []
-        self.shared = shared
         self.kicked = False  # work may wait: serve every handler once more
         self.busy = False  # in a round (between two waits)
         self.done = False  # has ended or is ending: takes no more handlers
@@ -152,45 +151,51 @@ class Runner:
         """The watchdog's check, on the dispatcher's loop: move a sink that has overrun
         ``SINK_BUDGET``; return when to check again (None: nothing in progress)."""
         budget = SINK_BUDGET
-        with dispatcher.sinks_lock:
-            with self.cv:
-                if self.done and dispatcher.sinks is self:
-                    dispatcher.sinks = None  # its last sink left: the next one starts another
-                if self.done or (not self.busy and not self.kicked):
-                    return None
-                stuck = self.serving
-                took = time.monotonic() - self.since
-                if stuck is None or took < budget or dispatcher.sinks is not self:
-                    # Between two turns: look again soon, to time the next turn from its start.
-                    return budget / 4 if stuck is None else max(budget - took, 0.0) + 0.001
-                others = [h for h in self.handlers if h is not stuck]
-                self.shared = False
+        name = dispatcher.bus._name
+        # One hold of ``cv`` from the check to the move: the sink cannot return and this
+        # thread go on to serve one of the others meanwhile.
+        with dispatcher.sinks_lock, self.cv:
+            if self.done and dispatcher.sinks is self:
+                dispatcher.sinks = None  # its last sink left: the next one starts another
+            if self.done or (not self.busy and not self.kicked):
+                return None
+            stuck = self.serving
+            took = time.monotonic() - self.since
+            if stuck is None or took < budget or dispatcher.sinks is not self:
+                # Between two turns: look again soon, to time the next turn from its start.
+                return budget / 4 if stuck is None else max(budget - took, 0.0) + 0.001
+            others = [h for h in self.handlers if h is not stuck]
+            shared, failed = None, None
+            if others:
+                shared = Runner(f"monitor_bus-sinks-{name}")
+                try:
+                    shared.start()
+                except RuntimeError as exc:
+                    failed = exc
+                else:
+                    for handler in others:
+                        shared.add(handler)
+                    self.handlers = [stuck]
+            if not others or failed is None:
+                dispatcher.sinks = shared
                 self.thread.name = f"monitor_bus-handler-{stuck.name}"
-            dispatcher.sinks = None
-            moved = self._move(others, dispatcher) if others else None
+        if others and failed is not None:  # tried again at the next check
+            logger.error(
+                "EventBus %r: sink %r has run for %.1f s in one batch; no thread to move the "
+                "other sinks to (%s)",
+                name,
+                stuck.name,
+                took,
+                failed,
+            )
+            return budget
         logger.warning(
             "EventBus %r: sink %r has run for %.1f s in one batch (budget %g s): it runs on a "
             "thread of its own from now on%s",
-            dispatcher.bus._name,
+            name,
             stuck.name,
             took,
             budget,
-            ", the other sinks on a new one" if moved else "",
+            ", the other sinks on a new one" if others else "",
         )
-        return budget if moved else None
-
-    def _move(self, others: list[_Handler], dispatcher: Dispatcher) -> bool:
-        """Hand ``others`` to a new shared runner (``dispatcher.sinks_lock`` held); False if
-        no thread could start (they stay here, and say so)."""
-        shared = Runner(f"monitor_bus-sinks-{dispatcher.bus._name}", shared=True)
-        try:
-            shared.start()
-        except RuntimeError:
-            logger.exception("EventBus %r: no thread for the other sinks", dispatcher.bus._name)
-            return False
-        with self.cv:
-            for handler in others:
-                self.handlers.remove(handler)
-                shared.add(handler)
-        dispatcher.sinks = shared
-        return True
+        return budget if others else None
