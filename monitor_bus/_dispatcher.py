@@ -4,8 +4,9 @@ Guarantees
 ----------
 - Threads: one daemon thread per bus runs an asyncio loop under ``anyio.run``, started with the
   bus's first handler (never at import), with a handshake so a failure to start reaches the
-  caller. Its task group runs the distributor, the Stat timer and one task per async handler;
-  each sync handler runs on a daemon thread of its own. A start caused by ``log_event`` or
+  caller. Its task group runs the distributor, the Stat timer, the watchdog of the bundled
+  sinks' shared thread and one task per async handler; each sync handler runs on a runner's
+  daemon thread (``_runner.py``), woken once per batch. A start caused by ``log_event`` or
   ``Stat.add`` (after a fork, or a failed restart) never raises: if no thread or descriptor is
   to be had, what they logged waits in the queue (a full one drops as its policy says, and
   ``"block"`` does not wait for room nothing would make), a warning says so (at most once per
@@ -14,6 +15,10 @@ Guarantees
   own timeout, so ``flush``/``close`` stay bounded even if a handler blocks the loop.
 - Registration changes run on the loop: the distributor drains what is queued to the current
   handlers, then publishes a new immutable tuple of handlers, which dispatch reads lock-free.
+- Linger: once woken, the distributor hands over one batch per linger while events keep
+  coming. The linger is the bus's, doubled after each batch under ``BURST`` events up to
+  ``LINGER_MAX``; while it is grown a producer ends it once ``BURST`` events are queued, so a
+  burst is never held past the bus's linger. ``flush`` and ``close`` never wait for it.
 - Stat windows: at each boundary of each window size, the timer closes the windows that are
   due, so a stalled producer still reports.
 - Failure: a dispatcher whose loop ends with an exception is logged at CRITICAL and replaced
@@ -48,12 +53,13 @@ import anyio
 
 from . import _device, _stat
 from ._lifecycle import process
-from ._queue import resolve_ready, stamped, wait_for_devices
+from ._queue import SLOTS, resolve_ready, stamped, wait_for_devices
 from ._ratelimit import LOG_INTERVAL, Throttle
 
 if TYPE_CHECKING:
     from ._bus import EventBus
     from ._handler import _Handler
+    from ._runner import Runner
 
 logger = logging.getLogger("monitor_bus")
 
@@ -61,6 +67,13 @@ _T = TypeVar("_T")
 
 # Wake a timer this long after a window's end, so the window is surely over by its clock.
 _TIMER_SLACK = 0.0005
+# Adaptive linger: while batches stay under BURST events, each linger doubles, up to
+# LINGER_MAX seconds (or the bus's own linger, if longer), so a steady trickle makes few
+# wake-ups (issue 25's linger table: 20 ms -> 100 ms took K=1 from 1.124x to 1.087x of no
+# logging); meanwhile a producer that has queued BURST events ends it, so a burst is not held
+# past the bus's linger.
+BURST = 1024
+LINGER_MAX = 0.1
 # A dispatcher failing this many times within LOG_INTERVAL is not started again: a failure that
 # repeats at once would only fill the log and burn a core.
 _MAX_FAILURES = 3
@@ -117,6 +130,7 @@ class Dispatcher:
         self._wakeup: anyio.Event | None = None
         self._hurried: anyio.Event | None = None  # ends a linger early
         self._hurrying = False
+        self._linger = 0.0  # the linger in use (``_grow_linger``)
         self._timers_changed: anyio.Event | None = None
         self._stopped: anyio.Event | None = None
         self._waiting_for_room = False
@@ -129,6 +143,10 @@ class Dispatcher:
         self._start_throttle = Throttle()
         self._report_lock = threading.Lock()
         self._failures: deque[float] = deque(maxlen=_MAX_FAILURES)  # when, monotonic
+        # The runner the bundled sinks share (``_runner``), and the lock of its changes.
+        self.sinks: Runner | None = None
+        self.sinks_lock = threading.Lock()
+        self._sinks_busy: anyio.Event | None = None  # wakes the watchdog
 
     def active(self) -> bool:
         """Whether the dispatcher has work: handlers, or Stat timers of a child that reports
@@ -367,6 +385,7 @@ class Dispatcher:
         import asyncio
 
         self._wakeup = anyio.Event()
+        self._sinks_busy = None  # the watchdog makes its own (one of a failed loop is dead)
         self._timers_changed = anyio.Event()
         self._stopped = anyio.Event()
         try:
@@ -378,6 +397,7 @@ class Dispatcher:
                 self.loop = asyncio.get_running_loop()
                 tg.start_soon(self._distribute)
                 tg.start_soon(self._run_timers)
+                tg.start_soon(self._watch_sinks)
                 ready.set_result(None)
                 await self._stopped.wait()
                 self._drain(force=True)
@@ -533,6 +553,16 @@ class Dispatcher:
                 batch = stamped(batch)
                 for handler in handlers:
                     handler.push(batch, capacity, overflow)
+                # One wake-up per runner, once every inbox has its batch.
+                for runner in {h.runner: None for h in handlers if h.runner is not None}:
+                    runner.kick()
+                busy = self._sinks_busy  # None while the watchdog waits on a timer
+                if (
+                    self.sinks is not None
+                    and busy is not None
+                    and self.thread is threading.current_thread()
+                ):
+                    busy.set()
         self.report_drops(handlers)
         return not queue.slots
 
@@ -568,9 +598,38 @@ class Dispatcher:
             self._hurrying = False
             # Checked after the reset: a producer that crowds the queue from now on hurries
             # this linger; one that did before is seen here.
+            linger = self._grow_linger(moved)
             if len(queue) < bus._queue.crowded:
-                with anyio.move_on_after(bus._linger):
+                with anyio.move_on_after(linger):
                     await self._hurried.wait()
+
+    def _grow_linger(self, moved: int) -> float:
+        """The linger after a batch of ``moved`` slots: twice the last (up to ``LINGER_MAX``)
+        after a batch under ``BURST`` events, else the bus's. While it is grown, a producer
+        hurries it once ``BURST`` events are queued (``crowded``)."""
+        bus = self.bus
+        base = bus._linger
+        if moved < SLOTS * BURST:
+            self._linger = min(max(self._linger * 2, base), max(base, LINGER_MAX))
+        else:
+            self._linger = base
+        queue = bus._queue
+        grown = self._linger > base
+        queue.crowded = min(queue.half, SLOTS * BURST) if grown else queue.half
+        return self._linger
+
+    async def _watch_sinks(self) -> None:
+        """The watchdog of the bundled sinks' runner (see ``_runner``): while a turn goes on
+        it looks on a timer, and otherwise waits for the next batch."""
+        while True:
+            runner = self.sinks
+            wait = None if runner is None else runner.watch(self)
+            if wait is None:
+                busy = self._sinks_busy = anyio.Event()
+                await busy.wait()
+                self._sinks_busy = None  # a timed wait needs no wake-up per batch
+            else:
+                await anyio.sleep(wait)
 
     def _unreadable(self, failed: list[tuple[str, Exception]]) -> None:
         """Events whose device values could not be read: dropped, counted and reported."""

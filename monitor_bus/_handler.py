@@ -1,8 +1,8 @@
-"""Registered handlers: each with its own inbox and its own runner.
+"""Registered handlers: each with its own inbox, counters and runner.
 
-A sync handler runs on a dedicated daemon thread; an async handler runs as a task on the
-dispatcher's event loop. The dispatcher appends batches to a handler's inbox; the runner takes
-the whole inbox at once, calls the handler for each event (or, for a batch handler, once per
+A sync handler runs on a runner's daemon thread (``_runner``: its own, or the one the bundled
+sinks of its bus share); an async handler runs as a task on the dispatcher's event loop. The
+dispatcher appends batches to a handler's inbox; the runner takes the whole inbox at once, calls the handler for each event (or, for a batch handler, once per
 list of up to ``BATCH_CALL`` events; for a bundled sink, once per queued batch), then records
 the batch as settled.
 
@@ -34,9 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from . import _queue
+from . import _queue, _runner
 from ._event import Event
-from ._lifecycle import process
 from ._queue import count_events, drop_events, events_after, first_events
 from ._ratelimit import LOG_INTERVAL, Throttle
 
@@ -45,6 +44,7 @@ if sys.version_info < (3, 11):  # anyio depends on the backport there
 
 if TYPE_CHECKING:
     from ._bus import EventBus
+    from ._runner import Runner
 
 logger = logging.getLogger("monitor_bus")
 
@@ -171,6 +171,7 @@ class _Handler:
         lost = getattr(callback, "_monitor_bus_lost", None)
         self.sink_lost: Callable[[bool], int] | None = lost if callable(lost) else None
         self.is_async = is_async_callable(self.batch_call or callback)
+        self.bundled = not self.is_async and _runner.is_bundled(callback)
         # A sink that buffers writes exposes flush(); it runs after each delivered batch.
         flush = getattr(callback, "flush", None)
         self.batch_end: Callable[[], Any] | None = flush if callable(flush) else None
@@ -191,7 +192,8 @@ class _Handler:
         self.stopping = False  # no more batches will come: exit once the inbox is empty
         self.cut = False  # stop calling the callback; what is left counts as dropped
         self.running = False
-        self.thread: threading.Thread | None = None
+        self.runner: Runner | None = None  # a sync handler's (see ``_runner``)
+        self.thread: threading.Thread | None = None  # its runner's
         self.wakeup: anyio.Event | None = None
         self.throttle = Throttle()  # its error and drop reports, keyed by exception type or "drops"
         self.dropped_reported = 0  # the part of ``dropped`` already in a warning
@@ -278,6 +280,9 @@ class _Handler:
         with self.cv:
             self.stopping = True
             self.cv.notify_all()
+        runner = self.runner
+        if runner is not None:
+            runner.kick()
         if self.is_async:
             self.bus._dispatcher.call_soon(self._wake_task)
 
@@ -302,16 +307,9 @@ class _Handler:
     # -- runners --
 
     def start_thread(self) -> None:
-        self.running = True
-        self.thread = threading.Thread(
-            target=self._run_sync, name=f"monitor_bus-handler-{self.name}", daemon=True
-        )
-        try:
-            self.thread.start()
-        except BaseException:  # no thread (RuntimeError): the next start of the bus tries again
-            self.running = False
-            self.thread = None
-            raise
+        """Have a runner call it (see ``_runner``); raises if no thread could start (the next
+        start of the bus tries again)."""
+        _runner.start(self)
 
     def _take(self) -> list[list[Any]] | None:
         """Under ``cv``: the whole inbox, or None when stopping with nothing left."""
@@ -456,28 +454,26 @@ class _Handler:
             self.progress = done
         return done
 
-    def _run_sync(self) -> None:
-        process.bus_threads.add(threading.get_ident())
-        try:
-            while True:
-                with self.cv:
-                    while not self.inbox and not self.stopping:
-                        self.cv.wait()
-                    batches = self._take()
-                if batches is None:
-                    self._settle(0, 0, final=True)
-                    return
-                done = self._deliver_sync(batches)
-                # Settled only after the sink's flush(): bus.flush() then means "written".
-                if self.batch_end is not None:
-                    try:
-                        self.batch_end()
-                    except BaseException as exc:  # noqa: BLE001
-                        self._failed(exc)
-                self._settle(done, _count(batches) - done)
-        finally:
-            process.bus_threads.discard(threading.get_ident())  # idents are reused
-            self._exit()
+    def serve(self) -> bool:
+        """One turn of a sync handler on its runner (``_runner``): deliver the whole inbox,
+        flush the sink, settle. Returns True once it has stopped with nothing left (settled
+        for good: the runner lets it go)."""
+        with self.cv:
+            batches = self._take()
+            stopping = self.stopping
+        if batches is None:
+            if stopping:
+                self._settle(0, 0, final=True)
+            return stopping
+        done = self._deliver_sync(batches)
+        # Settled only after the sink's flush(): bus.flush() then means "written".
+        if self.batch_end is not None:
+            try:
+                self.batch_end()
+            except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
+                self._failed(exc)
+        self._settle(done, _count(batches) - done)
+        return False
 
     async def run_async(self) -> None:
         cancelled = anyio.get_cancelled_exc_class()

@@ -197,6 +197,9 @@ class JsonlEventHandler:
         >>> monitor.register_event_handler(handler, name="jsonl")  # doctest: +SKIP
     """
 
+    # Shares the bus's runner with the other bundled sinks (``_runner``): one wake-up per batch.
+    _monitor_bus_bundled = True
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._path = _check_path(path)
         self._lock = threading.Lock()

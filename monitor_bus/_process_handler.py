@@ -159,6 +159,9 @@ class ProcessHandler:
         >>> monitor.register_event_handler(sink, name="jsonl")  # doctest: +SKIP
     """
 
+    # Shares the bus's runner with the other bundled sinks (``_runner``): one wake-up per batch.
+    _monitor_bus_bundled = True
+
     def __init__(
         self,
         factory: Callable[..., Any],

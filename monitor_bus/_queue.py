@@ -9,8 +9,9 @@ Protocol
   a ``datetime`` (``stamped``) as it takes the batch, before any handler sees it.
 - Adding: a producer appends a whole event with one ``extend`` (one C call, so events of
   concurrent producers never interleave). That is the whole hot path: ``EventBus.log_event``
-  does it inline while ``len(slots) < crowded`` (half the capacity); past that it appends and
-  hurries the dispatcher out of its linger, and calls ``put_full`` once ``limit`` is reached.
+  does it inline while ``len(slots) < crowded`` (half the capacity; 1,024 events while the
+  dispatcher's linger is grown, see ``_dispatcher.py``); past that it appends and hurries the
+  dispatcher out of its linger, and calls ``put_full`` once ``limit`` is reached.
 - Removing from the head (the dispatcher's ``take``, ``drop_oldest``'s eviction) happens under
   ``space`` and never re-entrantly on one thread: a finalizer or signal handler that logs while
   its thread is removing never removes (it appends, or, with the queue full, drops its own
@@ -217,8 +218,9 @@ class EventQueue:
     def __init__(self, capacity: int, overflow: str, block_timeout: float | None) -> None:
         self.slots: deque[Any] = deque()
         self.limit = SLOTS * capacity
-        # Past half the capacity a producer hurries the dispatcher out of its linger.
-        self.crowded = SLOTS * max(1, capacity // 2)
+        # Past half the capacity a producer hurries the dispatcher out of its linger (past
+        # fewer while the linger is grown: see ``Dispatcher._grow_linger``).
+        self.half = self.crowded = SLOTS * max(1, capacity // 2)
         self.overflow = overflow
         self.block_timeout = block_timeout
         # Guards removal from the head and the counters; producers blocked on a full queue

@@ -137,6 +137,9 @@ class TensorboardEventHandler:
         >>> monitor.register_event_handler(monitor.TensorboardEventHandler(SummaryWriter()))  # doctest: +SKIP
     """
 
+    # Shares the bus's runner with the other bundled sinks (``_runner``): one wake-up per batch.
+    _monitor_bus_bundled = True
+
     def __init__(self, writer: ScalarWriter, *, group: str | None = None) -> None:
         if not callable(getattr(writer, "add_scalar", None)):
             raise TypeError(f"writer must have an add_scalar method, not {type(writer).__name__}")

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from monitor_bus import Event, EventBus
+from monitor_bus import Event, EventBus, _runner
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -50,15 +50,33 @@ def handler_counts(bus: EventBus) -> tuple[int, int, int, int]:
     return h["logged"], h["delivered"], h["dropped"], h["pending"]
 
 
+class BundledTurnstile:
+    """A bundled sink (marked as the bundled classes are), calling its turnstile per event:
+    it runs on the bus's shared runner thread (``_runner``)."""
+
+    _monitor_bus_bundled = True
+
+    def __init__(self, sink: Turnstile) -> None:
+        self.sink = sink
+
+    def __call__(self, event: Event) -> None:
+        self.sink.call(event.data["i"])
+
+
+@pytest.mark.parametrize("bundled", [False, True], ids=["own thread", "shared thread"])
 def test_a_slow_handler_is_counted_per_event_and_its_cut_off_adds_up(
-    caplog: pytest.LogCaptureFixture,
+    bundled: bool, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A handler that takes its time shows each event delivered as its call returns (not
-    when its whole inbox is done), and close(timeout) names exactly what it then drops."""
+    when its whole inbox is done), and close(timeout) names exactly what it then drops: on
+    its own thread, or as a bundled sink on the shared one (the watchdog out of the way)."""
+    monkeypatch.setattr(_runner, "SINK_BUDGET", 600.0)
     caplog.set_level(logging.WARNING, logger="monitor_bus")
     sink = Turnstile()
     bus = EventBus(name="slow")
-    handle = bus.register_event_handler(lambda e: sink.call(e.data["i"]), name="slow")
+    callback = BundledTurnstile(sink) if bundled else (lambda e: sink.call(e.data["i"]))
+    handle = bus.register_event_handler(callback, name="slow")
+    assert handle._handler.bundled is bundled
     for i in range(1000):
         bus.log_event(ev(i))
     assert sink.next_call() == 0

@@ -95,6 +95,9 @@ class PrometheusEventHandler:
         >>> monitor.register_event_handler(prom, name="prometheus")  # doctest: +SKIP
     """
 
+    # Shares the bus's runner with the other bundled sinks (``_runner``): one wake-up per batch.
+    _monitor_bus_bundled = True
+
     def __init__(
         self,
         registry: CollectorRegistry | None = None,

@@ -1,0 +1,271 @@
+"""Runners: the bundled sinks of a bus share one thread, a watchdog moves one that overruns."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from pathlib import Path
+
+import pytest
+
+from monitor_bus import (
+    Event,
+    EventBus,
+    JsonlEventHandler,
+    TensorboardEventHandler,
+    _runner,
+    read_jsonl,
+)
+from monitor_bus.tensorboard import SummaryWriter
+
+from .conftest import Recorder
+
+
+class Held:
+    """A bundled sink (marked as the bundled classes are) whose calls wait for ``release``
+    once ``hold`` is set, one call per event."""
+
+    _monitor_bus_bundled = True
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.got: list[int] = []
+
+    def __call__(self, event: Event) -> None:
+        self.entered.set()
+        self.release.wait()
+        self.got.append(event.data["i"])
+
+
+class Counting(Recorder):
+    """A bundled sink that records its events and the threads that call it."""
+
+    _monitor_bus_bundled = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[threading.Thread] = set()
+
+    def __call__(self, event: Event) -> None:
+        self.threads.add(threading.current_thread())
+        super().__call__(event)
+
+
+class Failing:
+    """A bundled sink that raises on every event."""
+
+    _monitor_bus_bundled = True
+
+    def __call__(self, event: Event) -> None:
+        raise ValueError(event.data["i"])
+
+
+@pytest.fixture
+def budget(monkeypatch: pytest.MonkeyPatch) -> float:
+    """A short watchdog budget, so a test sees the move without waiting a second."""
+    monkeypatch.setattr(_runner, "SINK_BUDGET", 0.1)
+    return 0.1
+
+
+def handler_stats(bus: EventBus) -> dict[str, tuple[int, int, int, int]]:
+    """Each handler's (delivered, dropped, errors, pending)."""
+    return {
+        h["name"]: (h["delivered"], h["dropped"], h["errors"], h["pending"])
+        for h in bus.stats()["handlers"]
+    }
+
+
+def moved_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "thread of its own" in r.getMessage()]
+
+
+def runner_threads() -> list[str]:
+    """The names of the runners' threads alive."""
+    prefixes = ("monitor_bus-handler-", "monitor_bus-sinks-")
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith(prefixes))
+
+
+def test_bundled_sinks_share_one_thread_and_a_user_handler_has_its_own(tmp_path: Path) -> None:
+    """JSONL and TensorBoard sinks run on one thread of the bus; a user handler on its own."""
+    user = Recorder()
+    with (
+        SummaryWriter(tmp_path / "tb") as writer,
+        JsonlEventHandler(tmp_path / "run.jsonl") as sink,
+        EventBus(name="one") as bus,
+    ):
+        jsonl = bus.register_event_handler(sink, name="j")
+        tb = bus.register_event_handler(TensorboardEventHandler(writer), name="tb")
+        own = bus.register_event_handler(user, name="user")
+        for i in range(300):
+            bus.log("step", i=i)
+        assert bus.flush(10)
+        shared = jsonl._handler.thread
+        assert shared is not None
+        assert shared.name == "monitor_bus-sinks-one"
+        assert tb._handler.thread is shared
+        assert own._handler.thread is not shared
+        assert runner_threads() == ["monitor_bus-handler-user", "monitor_bus-sinks-one"]
+    assert [e.data["i"] for e in read_jsonl(tmp_path / "run.jsonl")] == list(range(300))
+    assert [e.data["i"] for e in user.events] == list(range(300))
+    assert not shared.is_alive()
+
+
+def test_a_failing_bundled_sink_costs_the_others_nothing(tmp_path: Path) -> None:
+    """A sink raising on every event, sharing the thread, has each error counted; the JSONL
+    sink behind it writes every event."""
+    with JsonlEventHandler(tmp_path / "run.jsonl") as sink, EventBus(name="iso") as bus:
+        bus.register_event_handler(Failing(), name="failing")
+        bus.register_event_handler(sink, name="j")
+        for i in range(50):
+            bus.log("step", i=i)
+        assert bus.flush(10)
+        assert handler_stats(bus) == {"failing": (50, 0, 50, 0), "j": (50, 0, 0, 0)}
+        assert bus._handlers[0].thread is bus._handlers[1].thread
+    assert [e.data["i"] for e in read_jsonl(tmp_path / "run.jsonl")] == list(range(50))
+
+
+def test_the_shared_thread_ends_with_its_last_sink_and_a_new_sink_starts_another(
+    tmp_path: Path,
+) -> None:
+    """Unregistering one sink leaves the shared thread to the other; once the last leaves
+    it ends, and a sink registered later gets a new one."""
+    with EventBus(name="life") as bus:
+        first = bus.register_event_handler(Counting(), name="first")
+        second_sink = Counting()
+        second = bus.register_event_handler(second_sink, name="second")
+        shared = first._handler.thread
+        assert shared is not None
+        assert bus.unregister_event_handler(first, timeout=10)
+        bus.log("step", i=0)
+        assert bus.flush(10)
+        assert second_sink.threads == {shared}
+        assert shared.is_alive()
+        assert bus.unregister_event_handler(second, timeout=10)
+        shared.join(10)
+        assert not shared.is_alive()
+        third_sink = Counting()
+        third = bus.register_event_handler(third_sink, name="third")
+        bus.log("step", i=1)
+        assert bus.flush(10)
+        assert third._handler.thread is not shared
+        assert third_sink.threads == {third._handler.thread}
+        assert [e.data["i"] for e in third_sink.events] == [1]
+
+
+def _watch_message(message: str, bus: str, sink: str, budget: float, tail: str) -> float:
+    """The time a watchdog warning reports, once the rest of it is checked."""
+    pattern = (
+        rf"EventBus '{bus}': sink '{sink}' has run for (\d+\.\d) s in one batch "
+        rf"\(budget {budget:g} s\): it runs on a thread of its own from now on{re.escape(tail)}"
+    )
+    match = re.fullmatch(pattern, message)
+    assert match is not None, message
+    return float(match.group(1))
+
+
+def test_the_watchdog_moves_a_stuck_sink_and_the_others_go_on(
+    tmp_path: Path, budget: float, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bundled sink held in its call past the budget gets the thread it is stuck on; the
+    sinks behind it get a new shared thread and deliver while it is still held, and a
+    warning names it and the time."""
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    held = Held()
+    after = Counting()
+    bus = EventBus(name="wd")
+    sink = JsonlEventHandler(tmp_path / "run.jsonl")
+    stuck = bus.register_event_handler(held, name="held")  # first: the others wait behind it
+    bus.register_event_handler(after, name="after")
+    bus.register_event_handler(sink, name="j")
+    shared = stuck._handler.thread
+    bus.log("step", i=0)
+    assert held.entered.wait(10)
+    for i in range(1, 5):
+        bus.log("step", i=i)
+    assert after.wait_for(5)  # while "held" is still in its first call
+    assert held.got == []
+    assert after.threads == {bus._handlers[1].thread}
+    assert bus._handlers[1].thread is not shared
+    assert bus._handlers[2].thread is bus._handlers[1].thread
+    assert stuck._handler.thread is shared
+    assert shared is not None
+    assert shared.name == "monitor_bus-handler-held"
+    (message,) = moved_warnings(caplog)
+    assert _watch_message(message, "wd", "held", budget, ", the other sinks on a new one") >= 0.1
+    held.release.set()
+    assert bus.flush(10)
+    assert held.got == [0, 1, 2, 3, 4]
+    assert handler_stats(bus) == {
+        "held": (5, 0, 0, 0),
+        "after": (5, 0, 0, 0),
+        "j": (5, 0, 0, 0),
+    }
+    assert bus.close(10)
+    sink.close()
+    assert [e.data["i"] for e in read_jsonl(tmp_path / "run.jsonl")] == [0, 1, 2, 3, 4]
+
+
+def test_close_cuts_off_a_moved_sink_exactly_and_the_others_finish(
+    budget: float, caplog: pytest.LogCaptureFixture
+) -> None:
+    """close() with a bundled sink stuck in its call: the watchdog frees the sinks behind it,
+    which get everything; the stuck one is cut off, and what the warning calls undelivered is
+    exactly what is then counted as dropped."""
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    held = Held()
+    after = Counting()
+    bus = EventBus(name="cut")
+    stuck = bus.register_event_handler(held, name="held")
+    bus.register_event_handler(after, name="after")
+    for i in range(3):
+        bus.log("step", i=i)
+    assert held.entered.wait(10)
+    assert bus.close(1) is False
+    assert [r.getMessage() for r in caplog.records][-1] == (
+        "EventBus 'cut': 1 handler(s) still busy after 1.0 s, cut off: 'held' "
+        "(2 undelivered, 1 in its current call)"
+    )
+    assert [e.data["i"] for e in after.events] == [0, 1, 2]
+    held.release.set()
+    runner = stuck._handler.thread
+    assert runner is not None
+    runner.join(10)
+    assert not runner.is_alive()
+    handler = stuck._handler
+    assert held.got == [0]
+    assert (handler.delivered, handler.dropped, handler.offered) == (1, 2, 3)
+    assert [r.getMessage() for r in caplog.records][-1] == (
+        "EventBus 'cut': handler 'held' fell behind (backlog capacity 65536, policy "
+        "drop_newest): 2 events dropped since the last report, 2 in all"
+    )
+
+
+class HeldFlush(Counting):
+    """A bundled sink whose ``flush()`` waits for ``release``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushing, self.release = threading.Event(), threading.Event()
+
+    def flush(self) -> None:
+        self.flushing.set()
+        assert self.release.wait(30)
+
+
+def test_a_bundled_sink_settles_only_after_its_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bus.flush() waits for a bundled sink's own flush() (what was delivered is written),
+    not only for its calls: held in flush(), its events stay pending."""
+    monkeypatch.setattr(_runner, "SINK_BUDGET", 600.0)
+    sink = HeldFlush()
+    with EventBus(name="flushing") as bus:
+        bus.register_event_handler(sink, name="held")
+        for i in range(3):
+            bus.log("step", i=i)
+        assert sink.flushing.wait(10)
+        assert bus.flush(0.1) is False
+        assert handler_stats(bus)["held"] == (3, 0, 0, 0)
+        assert bus._handlers[0].settled == 0
+        sink.release.set()
+        assert bus.flush(10)
+        assert bus._handlers[0].settled == 3
