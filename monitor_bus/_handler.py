@@ -458,22 +458,25 @@ class _Handler:
         """One turn of a sync handler on its runner (``_runner``): deliver the whole inbox,
         flush the sink, settle. Returns True once it has stopped with nothing left (settled
         for good: the runner lets it go)."""
-        with self.cv:
-            batches = self._take()
-            stopping = self.stopping
-        if batches is None:
-            if stopping:
-                self._settle(0, 0, final=True)
-            return stopping
-        done = self._deliver_sync(batches)
-        # Settled only after the sink's flush(): bus.flush() then means "written".
-        if self.batch_end is not None:
-            try:
-                self.batch_end()
-            except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
-                self._failed(exc)
-        self._settle(done, _count(batches) - done)
-        return False
+        while True:
+            with self.cv:
+                batches = self._take()
+                stopping = self.stopping
+            if batches is None:
+                if stopping:
+                    self._settle(0, 0, final=True)
+                return stopping
+            done = self._deliver_sync(batches)
+            # Settled only after the sink's flush(): bus.flush() then means "written".
+            if self.batch_end is not None:
+                try:
+                    self.batch_end()
+                except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
+                    self._failed(exc)
+            self._settle(done, _count(batches) - done)
+            # Stopping, no batch comes and no kick may follow: drain to the end in this turn.
+            if not stopping:
+                return False
 
     async def run_async(self) -> None:
         cancelled = anyio.get_cancelled_exc_class()
