@@ -69,9 +69,9 @@ _T = TypeVar("_T")
 _TIMER_SLACK = 0.0005
 # Adaptive linger: while batches stay under BURST events, each linger doubles, up to
 # LINGER_MAX seconds (or the bus's own linger, if longer), so a steady trickle makes few
-# wake-ups (issue 25's linger table: 20 ms -> 100 ms took K=1 from 1.124x to 1.087x of no
-# logging); meanwhile a producer that has queued BURST events ends it, so a burst is not held
-# past the bus's linger.
+# wake-ups (docs/performance.md's linger table: 20 ms -> 100 ms took K=1 from 1.124x to
+# 1.087x of no logging); meanwhile a producer that has queued BURST events ends it, so a
+# burst is not held past the bus's linger.
 BURST = 1024
 LINGER_MAX = 0.1
 # A dispatcher failing this many times within LOG_INTERVAL is not started again: a failure that
