@@ -15,9 +15,9 @@ grouped under ``stats/``, the system metrics under ``system/`` and the epoch met
 ``epoch/``, one section each; the step time's histogram is in the HISTOGRAMS and DISTRIBUTIONS
 tabs. The files go in the run's own subdirectory, ``<log dir>/demo``.
 
-The windows logged once the training has ended (each Stat's last, partial window, cut short by
-the run's end) are left out of TensorBoard, where each would be a point at the last step
-standing for a fraction of a window, often a spike; a Stat with no other window keeps it. They
+Each Stat's last window (partial: cut short by the run's end, or closed just after it) is left
+out of TensorBoard, where it would be a point at the last step standing for a fraction of a
+window, often a spike; a Stat with no other window keeps it. They
 are in the JSON-lines file, where ``monitor-bus summary`` and ``plot`` mark a partial last
 window.
 """
@@ -41,7 +41,7 @@ import anyio
 from ._bus import EventBus
 from ._event import Event, from_slots
 from ._jsonl import JsonlEventHandler
-from ._run import Run
+from ._run import RUN_END_EVENT, Run
 from ._stat import STAT_EVENT, Aggregation, Stat
 from ._tensorboard_handler import TensorboardEventHandler
 from .system import PREFIX as SYSTEM_PREFIX
@@ -137,8 +137,10 @@ class _AtStep:
     """Gives each Stat window the training step at its close, then hands it on.
 
     A window holds no step, so TensorBoard would count windows; with ``"step"`` added, the
-    TensorBoard handler draws it at the same x as the epoch metrics. A window stamped once the
-    training had ended is partial: it is left out, unless it is its Stat's first.
+    TensorBoard handler draws it at the same x as the epoch metrics. Each Stat's latest window
+    is held until the next one comes: at the run's end the one held is its Stat's last,
+    partial window (cut short by the end, or closed just after it), left out unless it is its
+    Stat's only one. Which window is last is known then whatever the delivery's timing.
     """
 
     def __init__(
@@ -147,24 +149,32 @@ class _AtStep:
         self._handler = handler
         self._progress = progress
         self._system = system  # the system.* Stats' windows, in a section of their own
-        self._seen: set[str] = set()  # the Stats with a window drawn
+        self._held: dict[str, tuple[Event, bool]] = {}  # per Stat: its latest window, if first
 
     def __call__(self, event: Event) -> None:
-        handler = self._handler
         if event.name == STAT_EVENT:
-            data = event.data
-            first = next(iter(data), "")
-            stat = first.rpartition(".")[0]
-            if event.timestamp.timestamp() >= self._progress.ended_at and stat in self._seen:
-                return  # cut short by the run's end: in the JSONL file, not drawn
-            self._seen.add(stat)
-            step = self._progress.steps_by(event.timestamp)
-            if first.startswith(SYSTEM_PREFIX):
-                data = {key.removeprefix(SYSTEM_PREFIX): value for key, value in data.items()}
-                handler = self._system
-            # from_slots: a window may hold a Histogram, which Event() takes from no caller.
-            event = from_slots(event.name, event.timestamp, {**data, "step": step})
-        handler(event)
+            stat = next(iter(event.data), "").rpartition(".")[0]
+            held = self._held.get(stat)
+            self._held[stat] = (event, held is None)
+            if held is not None:
+                self._draw(held[0])
+            return
+        if event.name == RUN_END_EVENT:
+            last, self._held = self._held, {}
+            for window, first in last.values():
+                if first:  # a Stat's only window: drawn, partial or not
+                    self._draw(window)
+        self._handler(event)
+
+    def _draw(self, event: Event) -> None:
+        data = event.data
+        handler = self._handler
+        step = self._progress.steps_by(event.timestamp)
+        if next(iter(data), "").startswith(SYSTEM_PREFIX):
+            data = {key.removeprefix(SYSTEM_PREFIX): value for key, value in data.items()}
+            handler = self._system
+        # from_slots: a window may hold a Histogram, which Event() takes from no caller.
+        handler(from_slots(event.name, event.timestamp, {**data, "step": step}))
 
     def flush(self) -> None:
         self._handler.flush()

@@ -286,18 +286,20 @@ def test_a_stat_window_is_drawn_at_the_steps_done_when_it_closed() -> None:
 
     writer = Writer()
     handler = at_step(writer)
-    for seconds in (9.5, 11.0, 11.5, 30.0):
+    for seconds in (9.5, 11.0, 11.5, 30.0, 31.0):
         handler(Event(STAT_EVENT, at(seconds), {"loss.mean": seconds}))
     handler(Event(EPOCH_EVENT, at(12.0), {"epoch": 1, "step": 3}))  # not a window: not written
     # A system metric's window goes to the system section, without the "system." prefix.
     handler(Event(STAT_EVENT, at(11.0), {"system.process_cpu_percent.mean": 5.0}))
+    # Each Stat's latest window waits for the next (or the run's end) to be drawn.
     assert writer.calls == [
         ("stats/loss.mean", 9.5, 0),
         ("stats/loss.mean", 11.0, 2),
         ("stats/loss.mean", 11.5, 2),
         ("stats/loss.mean", 30.0, 3),
-        ("system/process_cpu_percent.mean", 5.0, 2),
     ]
+    handler(Event(RUN_END_EVENT, at(32.0), {"status": "success"}))
+    assert writer.calls[4:] == [("system/process_cpu_percent.mean", 5.0, 2)]
 
 
 def test_a_window_histogram_is_drawn_at_its_step(tmp_path: Path) -> None:
@@ -307,6 +309,7 @@ def test_a_window_histogram_is_drawn_at_its_step(tmp_path: Path) -> None:
     handler = at_step(writer)
     window = distribution_window([0.5, 1.5], at(11.5))
     handler(window)
+    handler(Event(RUN_END_EVENT, at(12.0), {"status": "success"}))  # its only window: drawn
     writer.close()
     acc = EventAccumulator(str(tmp_path), size_guidance={"histograms": 0})
     acc.Reload()
@@ -314,16 +317,21 @@ def test_a_window_histogram_is_drawn_at_its_step(tmp_path: Path) -> None:
     assert (event.step, event.histogram_value.num) == (2, 2)
 
 
-def test_windows_logged_after_the_training_are_left_out_of_tensorboard(tmp_path: Path) -> None:
-    """A window stamped once the training ended (its Stat's last, partial one) is not drawn in
-    TensorBoard, unless it is its Stat's first: no spike at the last step."""
+@pytest.mark.parametrize("ended_at", [12.5, math.inf], ids=["ended", "end-not-yet-known"])
+def test_each_stat_s_last_window_is_left_out_of_tensorboard(
+    tmp_path: Path, ended_at: float
+) -> None:
+    """Each Stat's last window (partial) is not drawn in TensorBoard, unless it is its Stat's
+    only one: no spike at the last step. Which is last is decided at the run's end, so it
+    holds however late the training's end is known to the handler."""
     writer = SummaryWriter(tmp_path)
-    handler = at_step(writer, ended_at=12.5)
+    handler = at_step(writer, ended_at=ended_at)
     for seconds, value in ((10.5, 1.0), (11.5, 2.0), (12.5, 90.0)):  # the last one partial
         handler(Event(STAT_EVENT, at(seconds), {"loss.mean": value}))
     handler(Event(STAT_EVENT, at(12.6), {"acc.mean": 0.5}))  # its only window: drawn
     handler(Event(STAT_EVENT, at(11.0), {"system.cpu_percent.mean": 5.0}))
     handler(Event(STAT_EVENT, at(12.7), {"system.cpu_percent.mean": 70.0}))
+    handler(Event(RUN_END_EVENT, at(13.0), {"status": "success"}))
     writer.close()
     acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
     acc.Reload()
