@@ -200,11 +200,11 @@ class EventBus:
         ``log_event(Event(name, datetime.now(), data))`` does, at a fraction of its cost.
 
         For code that logs many events per step: no ``Event`` is made on the caller's thread,
-        and the timestamp is taken as ``time.time()`` and made the ``datetime`` handlers get
-        (naive local time, as ``datetime.now()``) on the dispatcher's thread. The checks and
-        conversions are ``Event``'s, so handlers get the same events. A no-op when no handler
-        is registered (the arguments are still checked). Safe from any thread, from a
-        garbage-collection finalizer and from a signal handler.
+        and the timestamp is taken as ``time.time()``; a handler's ``Event.timestamp`` makes it
+        the naive local ``datetime`` ``datetime.now()`` would have given, when first read. The
+        checks and conversions are ``Event``'s, so handlers get the same events. A no-op when
+        no handler is registered (the arguments are still checked). Safe from any thread, from
+        a garbage-collection finalizer and from a signal handler.
 
         Args:
             name: what happened, for example ``"train.step"``.
@@ -225,10 +225,6 @@ class EventBus:
             True
             {'loss': 0.5, 'step': 1}
         """
-        self._log(name, _now(), data)
-
-    def _log(self, name: str, now: float, data: dict[str, Any]) -> None:
-        """``log`` with its timestamp taken and its data packed (the default bus's way in)."""
         if name.__class__ is not str:
             name = check_name(name)
         # ``plain`` for keyword arguments, whose keys Python made str: the values only, inline
@@ -237,7 +233,7 @@ class EventBus:
             if type(value) not in PLAIN:
                 data = normalize(data)
                 break
-        self._put((name, now, data))
+        self._put((name, _now(), data))
 
     def _put(self, item: _Item) -> None:
         """Send ``item`` to the parent process (a child's) and queue it for the handlers."""

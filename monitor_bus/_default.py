@@ -6,7 +6,6 @@ import math
 import os
 import sys
 from datetime import datetime
-from time import time as _now
 from typing import Any
 
 from ._bus import Children, EventBus, Overflow, check_setting
@@ -183,14 +182,13 @@ def log(name: str, /, **data: data_value_t) -> None:
     Examples:
         >>> monitor_bus.log("train.step", loss=0.25, lr=1e-3)  # doctest: +SKIP
     """
-    now = _now()
     bus = process.default_bus
     if bus is None:
         if process.uplink is None:  # no bus yet, so no handler: the arguments are checked
-            Event(name, datetime.fromtimestamp(now), data)
+            Event(name, datetime.now(), data)
             return
         bus = get_default_bus()  # a spawned child: its events go to the parent
-    bus._log(name, now, data)
+    bus.log(name, **data)
 
 
 def register_event_handler(

@@ -53,7 +53,7 @@ import anyio
 
 from . import _device, _stat
 from ._lifecycle import process
-from ._queue import SLOTS, resolve_ready, stamped, wait_for_devices
+from ._queue import SLOTS, resolve_ready, wait_for_devices
 from ._ratelimit import LOG_INTERVAL, Throttle
 
 if TYPE_CHECKING:
@@ -550,7 +550,6 @@ class Dispatcher:
                 if failed:
                     self._unreadable(failed)
             if batch:
-                batch = stamped(batch)
                 for handler in handlers:
                     handler.push(batch, capacity, overflow)
                 # One wake-up per runner, once every inbox has its batch.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Mapping
 from datetime import datetime
@@ -53,13 +54,13 @@ class Event:
         ('train.epoch', '2026-01-01T00:00:00+00:00', {'loss': 0.5})
     """
 
-    __slots__ = ("_origin", "data", "name", "timestamp")
+    __slots__ = ("_origin", "_timestamp", "data", "name")
 
     _origin: EventOrigin | None
+    # A datetime, or ``time.time()`` as a float (``EventBus.log``) until ``timestamp`` is read.
+    _timestamp: datetime | float
     #: What happened.
     name: str
-    #: When it happened.
-    timestamp: datetime
     #: The event's values, keyed by name.
     data: dict[str, data_value_t]
 
@@ -75,9 +76,30 @@ class Event:
         else:
             raise wrong_type("data", "a mapping", data)
         self.name = name
-        self.timestamp = timestamp
+        self._timestamp = timestamp
         self.data = plain(copied)
         self._origin = None
+
+    @property
+    def timestamp(self) -> datetime:
+        """When it happened.
+
+        An event logged with ``log`` holds the time as a float until this is first read,
+        which makes it the naive local ``datetime`` (as ``datetime.now()`` gives) in the
+        process reading it: a handler that never reads it never pays for it.
+        """
+        ts = self._timestamp
+        if ts.__class__ is float:
+            ts = self._timestamp = datetime.fromtimestamp(ts)
+        return ts  # type: ignore[return-value]
+
+    @timestamp.setter
+    def timestamp(self, value: datetime) -> None:
+        self._timestamp = value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The datetime, made here: a float would become local time where it is unpickled.
+        return (_restore, (self.name, self.timestamp, self.data, self._origin))
 
     @property
     def origin(self) -> EventOrigin | None:
@@ -107,13 +129,45 @@ class Event:
         return f"Event(name={self.name!r}, timestamp={self.timestamp!r}, data={self.data!r}{extra})"
 
 
+def split_time(ts: float) -> tuple[int, int]:
+    """``ts`` (seconds since the epoch) as whole seconds and microseconds, rounded half to
+    even as ``datetime.fromtimestamp`` rounds it: what is made from the float equals what is
+    made from the ``datetime`` it stands for."""
+    frac, whole = math.modf(ts)
+    us = round(frac * 1e6)
+    if us >= 1_000_000:
+        return int(whole) + 1, us - 1_000_000
+    if us < 0:
+        return int(whole) - 1, us + 1_000_000
+    return int(whole), us
+
+
+def epoch_seconds(event: Event) -> float:
+    """``event.timestamp.timestamp()``, without making the ``datetime`` of an event logged
+    with ``log``."""
+    ts = event._timestamp
+    if ts.__class__ is float:
+        whole, us = split_time(ts)
+        return whole + us / 1e6
+    return ts.timestamp()  # type: ignore[union-attr]
+
+
+def _restore(
+    name: str, timestamp: datetime, data: dict[str, Any], origin: EventOrigin | None
+) -> Event:
+    """An unpickled ``Event`` (``Event.__reduce__``)."""
+    event = from_slots(name, timestamp, data)
+    event._origin = origin
+    return event
+
+
 def from_slots(
-    name: str, timestamp: datetime, data: dict[str, Any], *, copy: bool = False
+    name: str, timestamp: datetime | float, data: dict[str, Any], *, copy: bool = False
 ) -> Event:
     """The ``Event`` of one queued event's slots (see ``_queue``): a plain dict as it is (a
     copy if ``copy``), a window's or a child process's as a plain dict, with its origin."""
     event = Event.__new__(Event)
-    event.name, event.timestamp = name, timestamp
+    event.name, event._timestamp = name, timestamp
     if data.__class__ is dict:
         event.data, event._origin = data.copy() if copy else data, None
     else:

@@ -384,7 +384,7 @@ class _Handler:
             slots = iter(batch)
             for name, timestamp, data in zip(slots, slots, slots, strict=True):
                 event = new_event(Event)
-                event.name, event.timestamp, event.data = name, timestamp, data.copy()
+                event.name, event._timestamp, event.data = name, timestamp, data.copy()
                 # A window's data, or an event's from a child process, carries its origin.
                 event._origin = None if data.__class__ is dict else data.origin
                 yield event

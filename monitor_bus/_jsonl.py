@@ -60,7 +60,7 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from ._event import Event, EventOrigin, from_slots
+from ._event import Event, EventOrigin, from_slots, split_time
 from ._histogram import Histogram
 from ._skipped import SkipReporter
 
@@ -271,7 +271,11 @@ class JsonlEventHandler:
             self._pending += lines
 
     def _line(
-        self, name: str, timestamp: datetime, data: dict[str, Any], origin: EventOrigin | None
+        self,
+        name: str,
+        timestamp: datetime | float,
+        data: dict[str, Any],
+        origin: EventOrigin | None,
     ) -> str:
         # The line is put together by hand, in the key order and separators ``_encode`` would
         # use for {"name", "timestamp", "data"[, "origin"]}: the same bytes at about half the
@@ -429,19 +433,22 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _timestamp(ts: datetime) -> str:
-    """``ts.isoformat()``, after ``astimezone()`` when ``ts`` is naive (local time).
+def _timestamp(ts: datetime | float) -> str:
+    """``ts.isoformat()``, after ``astimezone()`` when ``ts`` is naive (local time); a float
+    (``EventBus.log``'s ``time.time()``) as the ``datetime.fromtimestamp(ts)`` it stands for.
 
     A naive ``datetime`` takes the local offset of its hour from ``_local_offsets`` rather
     than from an ``astimezone()`` per call (about a third of the cost of a line).
     """
+    if isinstance(ts, float):
+        return _float_timestamp(ts)
     if ts.__class__ is datetime:
         tz = ts.tzinfo
         if tz is None:
             text = ts.isoformat()
             offsets = _local_offsets
             if offsets.tzname is time.tzname:
-                suffix = offsets.get(text[:13])  # the hour: "YYYY-MM-DDTHH"
+                suffix: str | None = offsets.get(text[:13])  # the hour: "YYYY-MM-DDTHH"
                 if suffix:
                     return text + suffix
             return _naive_timestamp(ts, text)
@@ -452,9 +459,40 @@ def _timestamp(ts: datetime) -> str:
     return ts.isoformat()
 
 
-class _LocalOffsets(dict[str, str]):
-    """The local UTC offset as ``isoformat`` writes it (``"+01:00"``), by hour of naive local
-    time; ``""`` for an hour ``astimezone()`` must decide (an offset change in or next to it).
+def _float_timestamp(ts: float) -> str:
+    """``_timestamp(datetime.fromtimestamp(ts))``, with the text of each whole second made
+    once (``_local_seconds``): the float is an instant, so its offset is never in doubt."""
+    whole = int(ts)
+    us = round((ts - whole) * 1e6)  # split_time's rounding, inline (a line's hot path)
+    seconds = _local_seconds
+    parts = seconds.get(whole)
+    if parts is None or not 0 < us < 1_000_000 or seconds.tzname is not time.tzname:
+        return _second_timestamp(ts)
+    return f"{parts[0]}.{us:06d}{parts[1]}"
+
+
+def _second_timestamp(ts: float) -> str:
+    """``_float_timestamp`` of a float whose second is not in ``_local_seconds`` yet, or that
+    has no fraction, or rounds into the next second."""
+    global _local_seconds
+    whole, us = split_time(ts)
+    seconds = _local_seconds
+    tzname = time.tzname  # read before the text it labels, as in _naive_timestamp
+    if seconds.tzname is not tzname or len(seconds) >= _LOCAL_OFFSETS_MAX:
+        seconds = _local_seconds = _LocalOffsets(tzname)
+    parts = seconds.get(whole)
+    if parts is None:
+        text = datetime.fromtimestamp(whole, _UTC).astimezone().isoformat()
+        parts = seconds[whole] = (text[:19], text[19:])  # "YYYY-MM-DDTHH:MM:SS", offset
+    head, offset = parts
+    return f"{head}.{us:06d}{offset}" if us else head + offset
+
+
+class _LocalOffsets(dict[Any, Any]):
+    """A table of local time's text. ``_local_offsets``: the UTC offset as ``isoformat``
+    writes it (``"+01:00"``), by hour of naive local time; ``""`` for an hour ``astimezone()``
+    must decide (an offset change in or next to it). ``_local_seconds``: by whole second since
+    the epoch, its local date and time and its offset.
 
     Valid while ``time.tzname`` is the tuple in ``tzname``: ``time.tzset()``, which must be
     called for a change of the local zone to take effect, makes a new one.
@@ -468,7 +506,9 @@ class _LocalOffsets(dict[str, str]):
 
 
 _local_offsets = _LocalOffsets(None)
-_LOCAL_OFFSETS_MAX = 1024  # hours kept; past that the table starts over
+# The text of whole seconds (``_float_timestamp``): its date and time, and its offset.
+_local_seconds = _LocalOffsets(None)
+_LOCAL_OFFSETS_MAX = 1024  # hours (seconds) kept; past that the table starts over
 _HOUR_END = timedelta(minutes=59, seconds=59, microseconds=999999)
 _UTC = timezone.utc
 

@@ -5,8 +5,10 @@ Protocol
 - Slots: a ``deque`` of flat ``name, timestamp, data`` triples, no per-event object the GC
   tracks (a backlog of tracked objects triggers full collections: 80 ms each in a process that
   has imported torch).
-- Timestamps: ``EventBus.log`` queues ``time.time()`` as a float; the dispatcher makes it
-  a ``datetime`` (``stamped``) as it takes the batch, before any handler sees it.
+- Timestamps: ``EventBus.log`` queues ``time.time()`` as a float, and it stays one on its
+  way to the handlers: an ``Event`` makes it a ``datetime`` when its ``timestamp`` is first
+  read (``_event``), and the bundled sinks write it from the float (a JSONL line's text, a
+  TensorBoard wall time), so no ``datetime`` is made for an event nobody reads the time of.
 - Adding: a producer appends a whole event with one ``extend`` (one C call, so events of
   concurrent producers never interleave). That is the whole hot path: ``EventBus.log_event``
   does it inline while ``len(slots) < crowded`` (half the capacity; 1,024 events while the
@@ -51,21 +53,9 @@ from ._lifecycle import in_bus_thread
 WINDOW_ALLOWANCE = 100_000
 
 # An event's (name, timestamp, data). Queues and batches hold these slots flat, SLOTS per event.
-# A timestamp is a datetime, or ``time.time()`` as a float (``EventBus.log``) until the
-# dispatcher takes it (``stamped``).
+# A timestamp is a datetime, or ``time.time()`` as a float (``EventBus.log``).
 _Item = tuple[str, datetime | float, dict[str, Any]]
 SLOTS = 3
-
-
-def stamped(flat: list[Any]) -> list[Any]:
-    """``flat`` with each float timestamp made the naive local ``datetime`` it stands for, as
-    ``datetime.now()`` makes it (``EventBus.log`` leaves that to the dispatcher's thread)."""
-    if float in map(type, flat[1::SLOTS]):
-        fromtimestamp = datetime.fromtimestamp
-        for i in range(1, len(flat), SLOTS):
-            if flat[i].__class__ is float:
-                flat[i] = fromtimestamp(flat[i])
-    return flat
 
 
 def count_events(slots: int) -> int:

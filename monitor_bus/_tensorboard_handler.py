@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
-from ._event import Event, from_slots
+from ._event import Event, epoch_seconds, from_slots
 from ._handler import call_each
 from ._histogram import Histogram
 from ._queue import SLOTS
@@ -223,7 +223,7 @@ class TensorboardEventHandler:
         call_each(wanted, self)
 
     def _write_window(self, event: Event) -> None:
-        walltime = event.timestamp.timestamp()
+        wall = epoch_seconds(event)
         add_scalar = self._writer.add_scalar
         data = event.data
         prefix = self._prefix
@@ -231,24 +231,24 @@ class TensorboardEventHandler:
         if step.__class__ is int and INT64_MIN <= step <= INT64_MAX:
             for key, value in data.items():
                 if isinstance(value, Histogram):  # a window's (data_value_t is torch's alias)
-                    self._write_histogram(key, value, step, walltime)
+                    self._write_histogram(key, value, step, wall)
                 elif key != "step":
                     scalar = self._scalar(key, value)
                     if scalar is not None:
-                        add_scalar(prefix + key, scalar, global_step=step, walltime=walltime)
+                        add_scalar(prefix + key, scalar, global_step=step, walltime=wall)
             return
         steps = self._steps
         for key, value in data.items():
             if isinstance(value, Histogram):  # a window's (data_value_t is torch's alias)
                 n = steps.get(key, 0)
-                if self._write_histogram(key, value, n, walltime):
+                if self._write_histogram(key, value, n, wall):
                     steps[key] = n + 1
                 continue
             scalar = self._scalar(key, value)
             if scalar is not None:
                 n = steps.get(key, 0)
                 steps[key] = n + 1
-                add_scalar(prefix + key, scalar, global_step=n, walltime=walltime)
+                add_scalar(prefix + key, scalar, global_step=n, walltime=wall)
 
     def _write_histogram(self, key: str, value: Histogram, step: int, walltime: float) -> bool:
         """Write ``value`` as a histogram summary; False (counted and reported) if it cannot

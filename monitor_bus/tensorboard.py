@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         name="tensorboard",
     ) from exc
 
-from ._event import Event
+from ._event import Event, epoch_seconds
 from ._event_file import EventFile
 from ._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
 from ._skipped import INT64_MAX, INT64_MIN, is_utf8
@@ -402,7 +402,7 @@ class SummaryWriter:
         Raises:
             RuntimeError: the writer is closed.
         """
-        walltime = event.timestamp.timestamp()
+        wall = epoch_seconds(event)
         data = event.data
         if event.name == RUN_START_EVENT:
             # The hyperparameters alone (the config where there are none): TensorBoard lists
@@ -410,23 +410,23 @@ class SummaryWriter:
             hparams = {k: v for k, v in data.items() if k.startswith("hparams.")}
             if not hparams:
                 hparams = {k: v for k, v in data.items() if k.startswith("config.")}
-            self._add(_plain_event(session_start(hparams, walltime), walltime))
-            self.add_text("run/start", _table(data), 0, walltime)
+            self._add(_plain_event(session_start(hparams, wall), wall))
+            self.add_text("run/start", _table(data), 0, wall)
         elif event.name == RUN_END_EVENT:
-            self._add(_plain_event(session_end(str(data.get("status")), walltime), walltime))
+            self._add(_plain_event(session_end(str(data.get("status")), wall), wall))
             # Not "run/end": the TEXT tab sorts tags by name, and would list it first.
-            self.add_text("run/stop", _table(data), 0, walltime)
+            self.add_text("run/stop", _table(data), 0, wall)
         elif event.name == METRICS_EVENT:
             step = data.get("step")
             fixed = isinstance(step, int) and step.__class__ is int
             at = step if fixed and INT64_MIN <= step <= INT64_MAX else None  # type: ignore[operator]
             for key, value in data.items():
                 if key != "step" and value.__class__ in (int, float, bool) and is_utf8(key):
-                    self._add(_event(_summary_value(key, float(value), False, False), at, walltime))
+                    self._add(_event(_summary_value(key, float(value), False, False), at, wall))
         elif event.name == STRAGGLER_EVENT:
             with self._lock:
                 step, self._stragglers = self._stragglers, self._stragglers + 1
-            self.add_text("stragglers", _table(data), step, walltime)
+            self.add_text("stragglers", _table(data), step, wall)
         else:
             return False
         return True

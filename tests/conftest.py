@@ -3,7 +3,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -21,6 +23,26 @@ def require(condition: bool, reason: str) -> None:
         if IN_CI:
             pytest.fail(f"CI=true but {reason}")
         pytest.skip(reason)
+
+
+@contextmanager
+def local_zone(name: str) -> Iterator[None]:
+    """Run the block with ``name`` as the process's local time zone."""
+    require(
+        os.path.exists(os.path.join("/usr/share/zoneinfo", name)),
+        f"the tz database has no {name}",
+    )
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = name
+    time.tzset()
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = old
+        time.tzset()
 
 
 @pytest.fixture(autouse=True)

@@ -11,13 +11,11 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import re
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import Any
@@ -27,8 +25,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from monitor_bus import Event, EventOrigin, JsonlEventHandler, _jsonl
+from monitor_bus._event import epoch_seconds, from_slots
 
-from .conftest import require
+from .conftest import local_zone
 
 
 @pytest.fixture(autouse=True)
@@ -127,26 +126,6 @@ ZONES = [
 ]
 
 
-@contextmanager
-def local_zone(name: str) -> Iterator[None]:
-    """Run the block with ``name`` as the process's local time zone."""
-    require(
-        os.path.exists(os.path.join("/usr/share/zoneinfo", name)),
-        f"the tz database has no {name}",
-    )
-    old = os.environ.get("TZ")
-    os.environ["TZ"] = name
-    time.tzset()
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["TZ"]
-        else:
-            os.environ["TZ"] = old
-        time.tzset()
-
-
 def transitions(years: list[int]) -> list[datetime]:
     """Local wall times (naive) at which the local UTC offset changes, within ``years``."""
     found = []
@@ -189,6 +168,53 @@ def test_naive_timestamps_around_offset_changes(zone: str) -> None:
     assert len(stamps) > 100
     assert bool(points) == (zone != "UTC")  # the zone took effect: it has offset changes
     assert [(ts, g) for ts, g, w in zip(stamps, got, want, strict=True) if g != w] == []
+
+
+def float_stamps(points: list[datetime]) -> list[float]:
+    """``time.time()``-style floats every 7 minutes within 3 hours of each instant in
+    ``points``, each with fractions that round up, down, to even and past the second."""
+    fractions = (0.0, 0.0000005, 0.0000015, 0.25, 0.4999995, 0.9999994999, 0.9999995, 0.9999999)
+    stamps = []
+    for point in points:
+        start = int(point.timestamp())
+        for second in range(start - 3 * 3600, start + 3 * 3600, 420):
+            stamps += [second + f for f in fractions]
+    return stamps
+
+
+@pytest.mark.parametrize("zone", ZONES)
+def test_float_timestamps_are_written_as_the_datetime_they_stand_for(zone: str) -> None:
+    """A ``log()`` timestamp (a float) is written as ``datetime.fromtimestamp`` of it would be, around every offset change, at every rounding edge."""
+    with local_zone(zone):
+        points = transitions(TRANSITION_YEARS) or [datetime(2026, 3, 29, 2)]
+        stamps = float_stamps(points)
+        got = [_jsonl._timestamp(f) for f in stamps]
+        want = [_ref_timestamp(datetime.fromtimestamp(f)) for f in stamps]
+    assert len(stamps) >= 400  # 52 seconds, 8 fractions each, around one change at least
+    assert [(f, g) for f, g, w in zip(stamps, got, want, strict=True) if g != w] == []
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Berlin", "Australia/Lord_Howe"])
+def test_float_timestamps_give_the_datetimes_wall_time(zone: str) -> None:
+    """``epoch_seconds`` of an event holding a float equals ``timestamp.timestamp()`` of the ``datetime`` it stands for (the TensorBoard and MLflow sinks' time)."""
+    with local_zone(zone):
+        stamps = float_stamps(transitions([2026]) or [datetime(2026, 3, 29, 2)])
+        got = [epoch_seconds(from_slots("e", f, {})) for f in stamps]
+        want = [datetime.fromtimestamp(f).timestamp() for f in stamps]
+    assert got == want
+
+
+def test_a_float_timestamp_after_tzset_takes_the_new_zone() -> None:
+    """The text of a float's second, kept from an earlier zone, is not reused after time.tzset()."""
+    stamp = datetime(2026, 7, 1, 10, 0, 0, 250000, tzinfo=timezone.utc).timestamp()
+    with local_zone("Europe/Berlin"):
+        berlin = _jsonl._timestamp(stamp)
+    with local_zone("America/St_Johns"):
+        st_johns = _jsonl._timestamp(stamp)
+    assert (berlin, st_johns) == (
+        "2026-07-01T12:00:00.250000+02:00",
+        "2026-07-01T07:30:00.250000-02:30",
+    )
 
 
 def test_berlin_spring_gap_and_autumn_fold() -> None:

@@ -5,17 +5,29 @@ from __future__ import annotations
 
 import importlib.util
 import multiprocessing
+import pickle
 from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import monitor_bus
-from monitor_bus import Event, EventBus, EventOrigin, JsonlEventHandler, _bus, _default, read_jsonl
+from monitor_bus import (
+    METRICS_EVENT,
+    Event,
+    EventBus,
+    EventOrigin,
+    JsonlEventHandler,
+    TensorboardEventHandler,
+    _bus,
+    read_jsonl,
+)
+from monitor_bus.tensorboard import SummaryWriter
 
 from . import child_workers
-from .conftest import Recorder, require
+from .conftest import Recorder, local_zone, require
 
 # A time.time() value with a fraction that rounds to whole microseconds as datetime does.
 NOW = 1767225600.123456
@@ -27,9 +39,8 @@ class SubStr(str):
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> float:
-    """Both ways in read the wall clock as ``NOW``."""
+    """``log`` (the bus's, and the module's through it) reads the wall clock as ``NOW``."""
     monkeypatch.setattr(_bus, "_now", lambda: NOW)
-    monkeypatch.setattr(_default, "_now", lambda: NOW)
     return NOW
 
 
@@ -133,6 +144,56 @@ def test_jsonl_reads_back_what_log_wrote(clock: float, tmp_path: Path) -> None:
         assert bus.flush(10)
     assert list(read_jsonl(path)) == [
         Event("train.step", datetime.fromtimestamp(clock).astimezone(), {"loss": 0.5, "n": 2**70})
+    ]
+
+
+def test_the_datetime_is_made_when_the_timestamp_is_first_read(clock: float) -> None:
+    """An event from ``log`` reaches a handler holding the float; its first read of
+    ``timestamp`` makes the datetime (once), equal to what ``log_event`` would have given."""
+    recorder = Recorder()
+    with EventBus() as bus:
+        bus.register_event_handler(recorder)
+        bus.log("e", x=1)
+        assert bus.flush(10)
+    (event,) = recorder.events
+    assert event._timestamp.__class__ is float
+    assert event == Event("e", datetime.fromtimestamp(clock), {"x": 1})
+    assert event.timestamp == datetime.fromtimestamp(clock)
+    assert event._timestamp is event.timestamp  # made once
+
+
+def test_a_pickled_event_keeps_the_time_of_the_zone_it_was_logged_in(clock: float) -> None:
+    """Pickling makes the datetime where the event was logged: unpickled under another local
+    zone, it is the same naive local time, not the float read again there."""
+    recorder = Recorder()
+    with local_zone("Europe/Berlin"):
+        with EventBus() as bus:
+            bus.register_event_handler(recorder)
+            bus.log("e", x=1)
+            assert bus.flush(10)
+        (event,) = recorder.events
+        body = pickle.dumps(event)
+        berlin = datetime.fromtimestamp(clock)
+    with local_zone("America/St_Johns"):
+        back = pickle.loads(body)
+        assert back.timestamp == berlin
+        assert back.timestamp != datetime.fromtimestamp(clock)
+    assert (back.name, back.data, back.origin) == ("e", {"x": 1}, None)
+
+
+def test_a_run_event_from_log_has_its_wall_time_in_tensorboard(
+    clock: float, tmp_path: Path
+) -> None:
+    """The TensorBoard sink takes a ``log`` event's wall time from the float, as the datetime
+    would give it (microseconds, as ``datetime.timestamp()``)."""
+    with EventBus() as bus:
+        bus.register_event_handler(TensorboardEventHandler(SummaryWriter(tmp_path)))
+        bus.log(METRICS_EVENT, loss=0.5, step=3)
+        assert bus.flush(10)
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert [(s.wall_time, s.step, s.value) for s in acc.Scalars("loss")] == [
+        (datetime.fromtimestamp(clock).timestamp(), 3, 0.5)
     ]
 
 

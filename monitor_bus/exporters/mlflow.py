@@ -24,7 +24,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         name="mlflow",
     ) from exc
 
-from .._event import Event
+from .._event import Event, epoch_seconds
 from .._handler import call_each
 from .._histogram import Histogram
 from .._ratelimit import Throttle
@@ -377,7 +377,7 @@ class MlflowEventHandler:
 
 def _ms(event: Event) -> int:
     """The event's time in milliseconds since the epoch, as MLflow takes it."""
-    return int(event.timestamp.timestamp() * 1000)
+    return int(epoch_seconds(event) * 1000)
 
 
 def _valid_name(name: str) -> bool:
