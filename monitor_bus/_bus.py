@@ -193,7 +193,7 @@ class EventBus:
         """
         if event.__class__ is not Event and not isinstance(event, Event):
             raise wrong_type("event", "a monitor_bus.Event", event)
-        self._put((event.name, event.timestamp, event.data))
+        self._put((event.name, event._timestamp, event.data))  # no property call: a datetime
 
     def log(self, name: str, /, **data: data_value_t) -> None:
         """Queue an event named ``name`` holding ``data`` for every registered handler, as
@@ -233,7 +233,16 @@ class EventBus:
             if type(value) not in PLAIN:
                 data = normalize(data)
                 break
-        self._put((name, _now(), data))
+        # ``_put``'s common case inline (its frame was a sixth of this call's cost): this process
+        # logs for itself, a handler is registered and the queue is not crowded.
+        queue = self._queue
+        slots = queue.slots
+        if self._uplink is None and self._handlers and len(slots) < queue.crowded:
+            slots.extend((name, _now(), data))  # one C call, as in _put
+            if self._idle:
+                self._dispatcher.wake()
+        else:
+            self._put((name, _now(), data))
 
     def _put(self, item: _Item) -> None:
         """Send ``item`` to the parent process (a child's) and queue it for the handlers."""

@@ -186,8 +186,8 @@ def test_a_run_event_from_log_has_its_wall_time_in_tensorboard(
 ) -> None:
     """The TensorBoard sink takes a ``log`` event's wall time from the float, as the datetime
     would give it (microseconds, as ``datetime.timestamp()``)."""
-    with EventBus() as bus:
-        bus.register_event_handler(TensorboardEventHandler(SummaryWriter(tmp_path)))
+    with SummaryWriter(tmp_path) as writer, EventBus() as bus:
+        bus.register_event_handler(TensorboardEventHandler(writer))
         bus.log(METRICS_EVENT, loss=0.5, step=3)
         assert bus.flush(10)
     acc = EventAccumulator(str(tmp_path))
