@@ -22,6 +22,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -135,23 +136,35 @@ def log_torch(n: int) -> None:
 # -- 2b. the caller's own cost: log(name, **data) against Event(name, now, data) + log_event --
 
 
-def caller_ns(fast: bool, n: int) -> float:
+def _call(name: str, /, **data: object) -> None:
+    """A call with ``log``'s signature that does nothing: the interpreter's part of its cost."""
+
+
+def caller_ns(kind: str, n: int) -> float:
     """CPU ns per call on the caller's thread alone (``time.thread_time``), one no-op handler
     registered; the bus lingers its longest and never fills half way (which ends a linger), so
-    its thread rarely runs meanwhile."""
+    its thread rarely runs meanwhile. ``kind``: ``"log"``, ``"event"`` (``Event(name,
+    datetime.now(), data)`` + ``log_event``), or the parts of ``log``'s cost: ``"call"`` (a
+    call with the same arguments that does nothing) and ``"append"`` (that call, then the
+    timestamp and the append to a deque that keeps the events, as the queue does)."""
     with monitor_bus.EventBus(capacity=2 * n + 2, linger=1.0) as bus:
         bus.register_event_handler(lambda e: None)
+        slots: deque[object] = deque()
+        extend, now = slots.extend, time.time
+
+        def append(name: str, /, **data: object) -> None:
+            extend((name, now(), data))
+
         gc.collect()
-        if fast:
-            log = bus.log
-            start = time.thread_time_ns()
+        start = time.thread_time_ns()
+        if kind == "event":
+            Event, log_event, now_dt = monitor_bus.Event, bus.log_event, datetime.now
+            for _ in range(n):
+                log_event(Event("e", now_dt(), {"loss": 0.25, "step": 7}))
+        else:
+            log = {"log": bus.log, "call": _call, "append": append}[kind]
             for _ in range(n):
                 log("e", loss=0.25, step=7)
-        else:
-            Event, log_event, now = monitor_bus.Event, bus.log_event, datetime.now
-            start = time.thread_time_ns()
-            for _ in range(n):
-                log_event(Event("e", now(), {"loss": 0.25, "step": 7}))
         spent = time.thread_time_ns() - start
         bus.flush()
     return spent / n
@@ -160,7 +173,9 @@ def caller_ns(fast: bool, n: int) -> float:
 # -- 3. delivered events per second, one producer, one sync handler --
 
 
-def throughput_ours(n: int, fast: bool = False) -> float:
+def throughput_ours(n: int, kind: str = "event") -> float:
+    """Delivered events/s: ``kind`` ``"event"`` logs ``Event(name, TS, data)`` (one fixed
+    timestamp), ``"event_now"`` ``Event(name, datetime.now(), data)``, ``"log"`` ``log()``."""
     with monitor_bus.EventBus(capacity=n + 1) as bus:
         done = threading.Event()
         count = 0
@@ -172,11 +187,14 @@ def throughput_ours(n: int, fast: bool = False) -> float:
                 done.set()
 
         bus.register_event_handler(handler)
-        Event, log_event, log = monitor_bus.Event, bus.log_event, bus.log
+        Event, log_event, log, now = monitor_bus.Event, bus.log_event, bus.log, datetime.now
         start = time.perf_counter()
-        if fast:
+        if kind == "log":
             for _ in range(n):
                 log("e", loss=0.25, step=7)
+        elif kind == "event_now":
+            for _ in range(n):
+                log_event(Event("e", now(), DATA))
         else:
             for _ in range(n):
                 log_event(Event("e", TS, DATA))
@@ -263,10 +281,11 @@ def run(rounds: int, scale: float, only: str) -> dict[str, float]:
             th = torch_monitor.register_event_handler(lambda e: None)
             r["log_torch"] = per_call_ns(log_torch, n_log)
             torch_monitor.unregister_event_handler(th)
-        r["caller_log"] = caller_ns(True, n_log)
-        r["caller_event"] = caller_ns(False, n_log)
+        for kind in ("log", "event", "call", "append"):  # interleaved with each other
+            r[f"caller_{kind}"] = caller_ns(kind, n_log)
         r["tp_ours"] = throughput_ours(n_tp)
-        r["tp_log"] = throughput_ours(n_tp, fast=True)
+        r["tp_log"] = throughput_ours(n_tp, "log")
+        r["tp_now"] = throughput_ours(n_tp, "event_now")
         r["tp_queue"] = throughput_queue_listener(n_tp)
         r["p99_base"] = p99_log_event_us(n_lat, slow=False)
         r["p99_slow"] = p99_log_event_us(n_lat, slow=True)
@@ -333,12 +352,36 @@ def table(m: dict[str, float], rounds: int) -> str:
             "<= 0.33",
         ),
         (
+            "of which: a call with `log`'s arguments that does nothing, ns/call",
+            val("caller_call", ".0f"),
+            val("caller_event", ".0f"),
+            "`Event(name, datetime.now(), data)` + `log_event`",
+            ratio("caller_call", "caller_event"),
+            "report",
+        ),
+        (
+            "of which: that call, `time.time()` and a deque append, ns/call",
+            val("caller_append", ".0f"),
+            val("caller_event", ".0f"),
+            "`Event(name, datetime.now(), data)` + `log_event`",
+            ratio("caller_append", "caller_event"),
+            "report",
+        ),
+        (
             "delivered events/s, one producer, one sync handler, `log()`",
             val("tp_log", ",.0f"),
             val("tp_ours", ",.0f"),
             "`Event(...)` + `log_event`",
             ratio("tp_log", "tp_ours"),
             ">= 1.5",
+        ),
+        (
+            "delivered events/s, one producer, one sync handler, `log()`",
+            val("tp_log", ",.0f"),
+            val("tp_now", ",.0f"),
+            "`Event(name, datetime.now(), data)` + `log_event`",
+            ratio("tp_log", "tp_now"),
+            "report",
         ),
         (
             "delivered events/s, one producer, one sync handler",
