@@ -51,7 +51,10 @@ def test_core_benchmark_writes_the_figures_it_measured(tmp_path: Path) -> None:
         "torch.monitor",
         "torch.monitor",
         "`Event(name, datetime.now(), data)` + `log_event`",
+        "`Event(name, datetime.now(), data)` + `log_event`",
+        "`Event(name, datetime.now(), data)` + `log_event`",
         "`Event(...)` + `log_event`",
+        "`Event(name, datetime.now(), data)` + `log_event`",
         "QueueHandler + QueueListener",
         "monitor_bus without the slow handler",
     ]
