@@ -1,6 +1,6 @@
 """What a sink costs this process, run in it or in a child process through ProcessHandler.
 
-    python benchmarks/process_sink.py [--events 20000] [--rounds 5]
+    python benchmarks/process_sink.py [--events 20000] [--rounds 5] [--write docs/performance.md]
 
 A bus with one JSONL sink takes ``--events`` four-key events, then ``flush()``; the figure is
 this process's CPU (every thread: the logging loop, the dispatcher, the handler thread) per
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from _machine import cpu_model
+from _machine import cpu_model, write_between
 
 import monitor_bus
 from monitor_bus import Event, EventBus, JsonlEventHandler, ProcessHandler
@@ -53,18 +53,23 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run(sink: Callable[[Path], object], n: int, tmp: Path) -> dict[str, float]:
-    """CPU and wall of this process per event, and the child's CPU per event (0: no child)."""
+def run(sink: Callable[[Path], object], n: int, tmp: Path, fast: bool) -> dict[str, float]:
+    """CPU and wall of this process per event, and the child's CPU per event (0: no child);
+    ``fast``: logged with ``log()`` (a float timestamp) instead of ``log_event``."""
     path = tmp / f"{time.monotonic_ns()}.jsonl"
     handler = sink(path)
     child_before = children_cpu()
     bus = EventBus(name="bench", capacity=1 << 20)
     bus.register_event_handler(handler, name="jsonl")  # type: ignore[arg-type]
     stamps = timestamps(n)
-    log = bus.log_event
+    log_event, log = bus.log_event, bus.log
     cpu, wall = time.process_time(), time.perf_counter()
-    for i in range(n):
-        log(Event("train.step", stamps[i], {**DATA, "step": i}))
+    if fast:
+        for i in range(n):
+            log("train.step", loss=0.25, lr=1e-3, step=i, phase="train")
+    else:
+        for i in range(n):
+            log_event(Event("train.step", stamps[i], {**DATA, "step": i}))
     assert bus.flush(timeout=600)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     assert bus.stats()["handlers"][0]["delivered"] == n
@@ -147,39 +152,57 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--write", type=Path, help="replace the process_sink section of this markdown file"
+    )
     args = parser.parse_args()
-    contenders: dict[str, Callable[[Path], object]] = {
-        "a sink doing nothing (the bus's own cost)": NullSink,
-        "JsonlEventHandler in this process": JsonlEventHandler,
-        "through ProcessHandler": lambda p: ProcessHandler(functools.partial(JsonlEventHandler, p)),
+    in_child = ProcessHandler
+    contenders: dict[str, tuple[Callable[[Path], object], bool]] = {
+        "a sink doing nothing (the bus's own cost)": (NullSink, False),
+        "JsonlEventHandler in this process": (JsonlEventHandler, False),
+        "through ProcessHandler": (
+            lambda p: in_child(functools.partial(JsonlEventHandler, p)),
+            False,
+        ),
+        "JsonlEventHandler in this process, `log()`": (JsonlEventHandler, True),
+        "through ProcessHandler, `log()`": (
+            lambda p: in_child(functools.partial(JsonlEventHandler, p)),
+            True,
+        ),
     }
     results: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
-            for name, sink in contenders.items():
-                results[name].append(run(sink, args.events, Path(tmp)))
-    print(
+            for name, (sink, fast) in contenders.items():
+                results[name].append(run(sink, args.events, Path(tmp), fast))
+    lines = [
         f"{args.events} events per round, medians of {args.rounds} rounds; {cpu_model()}, "
         f"{os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"monitor_bus {monitor_bus.__version__}"
-    )
-    print()
-    print("| sink | this process CPU µs/event | wall µs/event | child CPU µs/event |")
-    print("|---|---:|---:|---:|")
+        f"monitor_bus {monitor_bus.__version__}",
+        "",
+        "| sink | this process CPU µs/event | wall µs/event | child CPU µs/event |",
+        "|---|---:|---:|---:|",
+    ]
     for name, rounds in results.items():
         cells = [
             statistics.median(r[key] for r in rounds) for key in ("cpu_us", "wall_us", "child_us")
         ]
-        print(f"| {name} | {cells[0]:.2f} | {cells[1]:.2f} | {cells[2]:.2f} |")
+        lines.append(f"| {name} | {cells[0]:.2f} | {cells[1]:.2f} | {cells[2]:.2f} |")
     p = pickling(1024)
-    print()
-    print("| a batch of 1024 encoded as | dumps µs/event | loads µs/event | bytes/event |")
-    print("|---|---:|---:|---:|")
+    lines += [
+        "",
+        "| a batch of 1024 encoded as | dumps µs/event | loads µs/event | bytes/event |",
+        "|---|---:|---:|---:|",
+    ]
     for kind, label in PICKLED.items():
         if kind not in p:
             continue  # orjson is not installed
         dumps, loads, size = p[kind]
-        print(f"| {label} | {dumps:.2f} | {loads:.2f} | {size:.0f} |")
+        lines.append(f"| {label} | {dumps:.2f} | {loads:.2f} | {size:.0f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.write:
+        write_between(args.write, text, "process_sink")
     return 0
 
 
