@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -380,3 +381,43 @@ def test_system_metrics_benchmark_writes_the_figures_it_measured(tmp_path: Path)
     assert int(rows["metrics sampled"]) >= 2  # the tree's CPU and RSS at least
     assert _number(rows["sampler's thread, % of one core"]) > 0
     assert page.read_text() == f"before\n{begin}\n{out}{end}\nafter\n"
+
+
+def test_compare_code_runs_both_trees_and_prints_their_ratio(tmp_path: Path) -> None:
+    """benchmarks/compare_code.py, run tiny on this tree and a copy of its package, runs each
+    in its own interpreter (importing monitor_bus from that tree) and prints one row per K
+    whose ratio column is its two medians' quotient; a tree without the package is refused."""
+    require(importlib.util.find_spec("numpy") is not None, "numpy is not installed")
+    require(importlib.util.find_spec("tensorboard") is not None, "tensorboard is not installed")
+    copy = tmp_path / "copy"
+    shutil.copytree(ROOT / "monitor_bus", copy / "monitor_bus")
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "compare_code.py"),
+            str(copy),
+            str(ROOT),
+            *("--rounds", "1", "--steps", "20", "--ks", "1", "3"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    rows = [line.strip("| ").split(" | ") for line in out.splitlines() if line.startswith("| ")]
+    header, *measures = rows
+    assert header[:4] == ["events per step", "before", "after", "after / before"]
+    assert [m[0] for m in measures] == ["1", "3"]
+    for _k, before, after, ratio, *_each in measures:
+        b, a = float(before.rstrip("x")), float(after.rstrip("x"))
+        assert b > 0
+        assert a > 0
+        assert math.isclose(float(ratio), a / b, rel_tol=0.005, abs_tol=0.002)
+    refused = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "compare_code.py"), str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2
+    assert f"before: no monitor_bus package in {str(tmp_path)!r}" in refused.stderr
