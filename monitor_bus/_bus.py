@@ -193,7 +193,7 @@ class EventBus:
         """
         if event.__class__ is not Event and not isinstance(event, Event):
             raise wrong_type("event", "a monitor_bus.Event", event)
-        self._put((event.name, event._timestamp, event.data))  # no property call: a datetime
+        self._put((event.name, event.timestamp, event.data))
 
     def log(self, name: str, /, **data: data_value_t) -> None:
         """Queue an event named ``name`` holding ``data`` for every registered handler, as
@@ -201,7 +201,7 @@ class EventBus:
 
         For code that logs many events per step: no ``Event`` is made on the caller's thread,
         and the timestamp is taken as ``time.time()``; a handler's ``Event.timestamp`` makes it
-        the naive local ``datetime`` ``datetime.now()`` would have given, when first read. The
+        the naive local ``datetime`` of that instant (``datetime.now()``'s) when first read. The
         checks and conversions are ``Event``'s, so handlers get the same events. A no-op when
         no handler is registered (the arguments are still checked). Safe from any thread, from
         a garbage-collection finalizer and from a signal handler.

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import copyreg
 import math
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, NamedTuple, Union
 
@@ -85,8 +86,9 @@ class Event:
         """When it happened.
 
         An event logged with ``log`` holds the time as a float until this is first read,
-        which makes it the naive local ``datetime`` (as ``datetime.now()`` gives) in the
-        process reading it: a handler that never reads it never pays for it.
+        which makes it the naive local ``datetime`` of that instant (as ``datetime.now()``
+        gave it then), in the local zone of the process reading it: a handler that never
+        reads it never pays for it.
         """
         ts = self._timestamp
         if ts.__class__ is float:
@@ -97,9 +99,12 @@ class Event:
     def timestamp(self, value: datetime) -> None:
         self._timestamp = value
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # The datetime, made here: a float would become local time where it is unpickled.
-        return (_restore, (self.name, self.timestamp, self.data, self._origin))
+    def __getstate__(self) -> object:
+        """The default state of a slotted object (a subclass's slots and ``__dict__``
+        included), with the timestamp made a ``datetime`` here: a float would become the local
+        time of wherever the copy is unpickled."""
+        self.timestamp  # noqa: B018 - made by the property
+        return _default_state(self)
 
     @property
     def origin(self) -> EventOrigin | None:
@@ -129,6 +134,18 @@ class Event:
         return f"Event(name={self.name!r}, timestamp={self.timestamp!r}, data={self.data!r}{extra})"
 
 
+def _slots_state(obj: object) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """``object.__getstate__`` of Python 3.11+, for 3.10: ``(__dict__ or None, slots)``, the
+    slots named as pickle's own default names them (mangled, every class's)."""
+    names = copyreg._slotnames(type(obj))  # type: ignore[attr-defined]
+    slots = {name: getattr(obj, name) for name in names if hasattr(obj, name)}
+    return getattr(obj, "__dict__", None) or None, slots
+
+
+# The state pickle and copy take of an object by default: at C speed from Python 3.11.
+_default_state: Callable[[object], object] = getattr(object, "__getstate__", _slots_state)
+
+
 def split_time(ts: float) -> tuple[int, int]:
     """``ts`` (seconds since the epoch) as whole seconds and microseconds, rounded half to
     even as ``datetime.fromtimestamp`` rounds it: what is made from the float equals what is
@@ -150,15 +167,6 @@ def epoch_seconds(event: Event) -> float:
         whole, us = split_time(ts)
         return whole + us / 1e6
     return ts.timestamp()  # type: ignore[union-attr]
-
-
-def _restore(
-    name: str, timestamp: datetime, data: dict[str, Any], origin: EventOrigin | None
-) -> Event:
-    """An unpickled ``Event`` (``Event.__reduce__``)."""
-    event = from_slots(name, timestamp, data)
-    event._origin = origin
-    return event
 
 
 def from_slots(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import importlib.util
+import pickle
 from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
 from enum import IntEnum
@@ -169,3 +172,49 @@ def test_torch_values_and_objects() -> None:
                 window_size=timedelta(seconds=1),
                 bus=bus,
             )  # type: ignore[list-item]
+
+
+class _Tagged(Event):
+    """A subclass with a slot of its own, a name-mangled one and an instance dict."""
+
+    __slots__ = ("__secret", "__dict__", "tag")
+
+    def __init__(self, *args: object, tag: str) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.tag = tag
+        self.__secret = tag.upper()
+
+    def secret(self) -> str:
+        return self.__secret
+
+
+@pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
+def test_copies_and_pickles_keep_the_subclass_and_its_state(how: str) -> None:
+    """A copy or a pickle round trip of an Event subclass is of that subclass, with its own
+    slots (a name-mangled one too) and attributes, equal fields and its origin."""
+    event = _Tagged("e", datetime(2026, 1, 1), {"x": 1}, tag="t")
+    event.note = "n"  # type: ignore[attr-defined]
+    copied = {
+        "copy": copy.copy,
+        "deepcopy": copy.deepcopy,
+        "pickle": lambda e: pickle.loads(pickle.dumps(e)),
+    }[how](event)
+    assert type(copied) is _Tagged
+    assert (copied.name, copied.timestamp, copied.data, copied.origin) == (
+        "e",
+        datetime(2026, 1, 1),
+        {"x": 1},
+        None,
+    )
+    assert (copied.tag, copied.secret(), copied.note) == ("t", "T", "n")
+
+
+def test_an_event_holding_a_device_value_copies_and_pickles() -> None:
+    """``copy.copy`` keeps a tensor's deferred value as it is; a pickle reads it."""
+    require(importlib.util.find_spec("torch") is not None, "torch is not installed")
+    import torch
+
+    event = Event("t", datetime(2026, 1, 1), {"v": torch.tensor(1.5)})
+    copied = copy.copy(event)
+    assert copied.data is event.data
+    assert pickle.loads(pickle.dumps(event)).data == {"v": 1.5}

@@ -173,7 +173,9 @@ def test_naive_timestamps_around_offset_changes(zone: str) -> None:
 def float_stamps(points: list[datetime]) -> list[float]:
     """``time.time()``-style floats every 7 minutes within 3 hours of each instant in
     ``points``, each with fractions that round up, down, to even and past the second."""
-    fractions = (0.0, 0.0000005, 0.0000015, 0.25, 0.4999995, 0.9999994999, 0.9999995, 0.9999999)
+    # 0.0078125 and 0.0234375 (odd multiples of 1/128) are exact half microseconds: ties,
+    # which round to even (7812 and 23438 us).
+    fractions = (0.0, 0.0000015, 0.0078125, 0.0234375, 0.25, 0.9999994999, 0.9999995, 0.9999999)
     stamps = []
     for point in points:
         start = int(point.timestamp())

@@ -135,8 +135,8 @@ def test_the_timestamp_is_now_in_local_time(recorder: Recorder) -> None:
 
 
 def test_jsonl_reads_back_what_log_wrote(clock: float, tmp_path: Path) -> None:
-    """A batch sink (JSONL) gets the timestamp made a datetime: the file reads back equal (a
-    naive timestamp as its local time, as for ``log_event``)."""
+    """The JSONL sink writes the float timestamp as the local time it stands for: the file
+    reads back equal (a naive timestamp as its local time, as for ``log_event``)."""
     path = tmp_path / "e.jsonl"
     with EventBus() as bus, JsonlEventHandler(path) as sink:
         bus.register_event_handler(sink)
@@ -182,10 +182,12 @@ def test_a_pickled_event_keeps_the_time_of_the_zone_it_was_logged_in(clock: floa
 
 
 def test_a_run_event_from_log_has_its_wall_time_in_tensorboard(
-    clock: float, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The TensorBoard sink takes a ``log`` event's wall time from the float, as the datetime
-    would give it (microseconds, as ``datetime.timestamp()``)."""
+    would give it: rounded to the microsecond, here into the next second."""
+    clock = 1767225600.9999997
+    monkeypatch.setattr(_bus, "_now", lambda: clock)
     with SummaryWriter(tmp_path) as writer, EventBus() as bus:
         bus.register_event_handler(TensorboardEventHandler(writer))
         bus.log(METRICS_EVENT, loss=0.5, step=3)
@@ -195,6 +197,7 @@ def test_a_run_event_from_log_has_its_wall_time_in_tensorboard(
     assert [(s.wall_time, s.step, s.value) for s in acc.Scalars("loss")] == [
         (datetime.fromtimestamp(clock).timestamp(), 3, 0.5)
     ]
+    assert datetime.fromtimestamp(clock).timestamp() == 1767225601.0
 
 
 @pytest.mark.parametrize("where", ["bus", "module", "module without a bus"])
