@@ -67,3 +67,11 @@ def write_between(page: Path, text: str, marker: str) -> None:
     head, rest = doc.split(begin, 1)
     _, tail = rest.split(end, 1)
     page.write_text(f"{head}{begin}\n{text}{end}{tail}")
+
+
+def publish(lines: list[str], page: Path | None, marker: str) -> None:
+    """Print a run's text (``lines``) and, given a ``page``, put it between its markers."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if page is not None:
+        write_between(page, text, marker)

@@ -32,7 +32,7 @@ import time  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from _machine import numpy_mlp_step, write_between  # noqa: E402
+from _machine import numpy_mlp_step, publish  # noqa: E402
 
 
 def child(steps: int, k: int) -> None:
@@ -150,10 +150,7 @@ def main() -> int:
         b, a = (statistics.median(ratios[(t, k)]) for t in trees)
         each = [", ".join(f"{x:.2f}" for x in ratios[(t, k)]) for t in trees]
         lines.append(f"| {k} | {b:.3f}x | {a:.3f}x | {a / b:.3f} | {each[0]} | {each[1]} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.write:
-        write_between(args.write, text, "compare_code")
+    publish(lines, args.write, "compare_code")
     return 0
 
 

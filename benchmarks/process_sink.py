@@ -26,7 +26,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from _machine import cpu_model, write_between
+from _machine import cpu_model, publish
 
 import monitor_bus
 from monitor_bus import Event, EventBus, JsonlEventHandler, ProcessHandler
@@ -199,10 +199,7 @@ def main() -> int:
             continue  # orjson is not installed
         dumps, loads, size = p[kind]
         lines.append(f"| {label} | {dumps:.2f} | {loads:.2f} | {size:.0f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.write:
-        write_between(args.write, text, "process_sink")
+    publish(lines, args.write, "process_sink")
     return 0
 
 

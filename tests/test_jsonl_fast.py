@@ -206,19 +206,6 @@ def test_float_timestamps_give_the_datetimes_wall_time(zone: str) -> None:
     assert got == want
 
 
-def test_a_float_timestamp_after_tzset_takes_the_new_zone() -> None:
-    """The text of a float's second, kept from an earlier zone, is not reused after time.tzset()."""
-    stamp = datetime(2026, 7, 1, 10, 0, 0, 250000, tzinfo=timezone.utc).timestamp()
-    with local_zone("Europe/Berlin"):
-        berlin = _jsonl._timestamp(stamp)
-    with local_zone("America/St_Johns"):
-        st_johns = _jsonl._timestamp(stamp)
-    assert (berlin, st_johns) == (
-        "2026-07-01T12:00:00.250000+02:00",
-        "2026-07-01T07:30:00.250000-02:30",
-    )
-
-
 def test_berlin_spring_gap_and_autumn_fold() -> None:
     """In Berlin, the skipped hour of 29 March 2026 and both passes of the repeated one of 25 October are written as astimezone() writes them."""
     with local_zone("Europe/Berlin"):
@@ -237,17 +224,27 @@ def test_berlin_spring_gap_and_autumn_fold() -> None:
     ]
 
 
-def test_local_zone_change_after_tzset() -> None:
-    """The same naive timestamp is written with the new local offset once time.tzset() switched zones."""
-    stamp = datetime(2026, 7, 1, 12, 0, 0, 250000)
+@pytest.mark.parametrize(
+    ("stamp", "want"),
+    [
+        (
+            datetime(2026, 7, 1, 12, 0, 0, 250000),
+            ("2026-07-01T12:00:00.250000+02:00", "2026-07-01T12:00:00.250000-02:30"),
+        ),
+        (  # a log() timestamp: the same instant, whose local time moves with the zone
+            datetime(2026, 7, 1, 10, 0, 0, 250000, tzinfo=timezone.utc).timestamp(),
+            ("2026-07-01T12:00:00.250000+02:00", "2026-07-01T07:30:00.250000-02:30"),
+        ),
+    ],
+    ids=["naive datetime", "float"],
+)
+def test_local_zone_change_after_tzset(stamp: datetime | float, want: tuple[str, str]) -> None:
+    """Once time.tzset() switched zones, nothing kept from the earlier zone is reused: a naive timestamp gets the new offset, a float the new zone's local time and offset."""
     with local_zone("Europe/Berlin"):
         berlin = _jsonl._timestamp(stamp)
     with local_zone("America/St_Johns"):
         st_johns = _jsonl._timestamp(stamp)
-    assert (berlin, st_johns) == (
-        "2026-07-01T12:00:00.250000+02:00",
-        "2026-07-01T12:00:00.250000-02:30",
-    )
+    assert (berlin, st_johns) == want
 
 
 class _NoOffset(tzinfo):
