@@ -11,20 +11,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import monitor_bus
 from monitor_bus import (
-    METRICS_EVENT,
     Event,
     EventBus,
     EventOrigin,
     JsonlEventHandler,
-    TensorboardEventHandler,
     _bus,
     read_jsonl,
 )
-from monitor_bus.tensorboard import SummaryWriter
 
 from . import child_workers
 from .conftest import Recorder, local_zone, require
@@ -179,25 +175,6 @@ def test_a_pickled_event_keeps_the_time_of_the_zone_it_was_logged_in(clock: floa
         assert back.timestamp == berlin
         assert back.timestamp != datetime.fromtimestamp(clock)
     assert (back.name, back.data, back.origin) == ("e", {"x": 1}, None)
-
-
-def test_a_run_event_from_log_has_its_wall_time_in_tensorboard(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """The TensorBoard sink takes a ``log`` event's wall time from the float, as the datetime
-    would give it: rounded to the microsecond, here into the next second."""
-    clock = 1767225600.9999997
-    monkeypatch.setattr(_bus, "_now", lambda: clock)
-    with SummaryWriter(tmp_path) as writer, EventBus() as bus:
-        bus.register_event_handler(TensorboardEventHandler(writer))
-        bus.log(METRICS_EVENT, loss=0.5, step=3)
-        assert bus.flush(10)
-    acc = EventAccumulator(str(tmp_path))
-    acc.Reload()
-    assert [(s.wall_time, s.step, s.value) for s in acc.Scalars("loss")] == [
-        (datetime.fromtimestamp(clock).timestamp(), 3, 0.5)
-    ]
-    assert datetime.fromtimestamp(clock).timestamp() == 1767225601.0
 
 
 @pytest.mark.parametrize("where", ["bus", "module", "module without a bus"])

@@ -17,7 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 
 import monitor_bus
-from monitor_bus import STAT_EVENT, Event, TensorboardEventHandler
+from monitor_bus import METRICS_EVENT, STAT_EVENT, Event, EventBus, TensorboardEventHandler, _bus
 from monitor_bus.tensorboard import SummaryWriter
 
 from .conftest import WINDOW_SAMPLES, distribution_window, log_windows, real_window, require
@@ -689,3 +689,22 @@ def test_a_real_stat_window_becomes_a_histogram(bus: monitor_bus.EventBus, tmp_p
     samples = WINDOW_SAMPLES[0]
     assert (got.num, got.min, got.max) == (len(samples), min(samples), max(samples))
     assert sorted(acc.Tags()["scalars"]) == ["lat.p50", "lat.p99", "lat.stddev"]
+
+
+def test_a_run_event_from_log_has_its_wall_time_in_tensorboard(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The TensorBoard sink takes a ``log`` event's wall time from the float, as the datetime
+    would give it: rounded to the microsecond, here into the next second."""
+    clock = 1767225600.9999997
+    monkeypatch.setattr(_bus, "_now", lambda: clock)
+    with SummaryWriter(tmp_path) as writer, EventBus() as bus:
+        bus.register_event_handler(TensorboardEventHandler(writer))
+        bus.log(METRICS_EVENT, loss=0.5, step=3)
+        assert bus.flush(10)
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert [(s.wall_time, s.step, s.value) for s in acc.Scalars("loss")] == [
+        (datetime.fromtimestamp(clock).timestamp(), 3, 0.5)
+    ]
+    assert datetime.fromtimestamp(clock).timestamp() == 1767225601.0
