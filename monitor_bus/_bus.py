@@ -111,9 +111,9 @@ class EventBus:
             pays a cross-thread wake-up; a queue half full ends it early. The default, 20 ms,
             bounds the dispatcher to 50 wake-ups a second at a delivery delay users do not
             see. While batches stay under 1,024 events it doubles after each, up to 100 ms
-            (a steady trickle then makes 10 wake-ups a second), and a producer that has
-            queued 1,024 events meanwhile ends it, so a burst is not held past this linger; 0
-            hands each burst over at once. ``flush()`` and Stat windows do not wait for it.
+            (a trickle then makes 10 wake-ups a second); 1,024 queued events end it, so such
+            a burst waits no longer than this. 0 hands each burst over at once. ``flush()``
+            and Stat windows do not wait for it.
 
     Raises:
         TypeError, ValueError: an argument is invalid (the message names it).

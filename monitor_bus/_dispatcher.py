@@ -18,7 +18,8 @@ Guarantees
 - Linger: once woken, the distributor hands over one batch per linger while events keep
   coming. The linger is the bus's, doubled after each batch under ``BURST`` events up to
   ``LINGER_MAX``; while it is grown a producer ends it once ``BURST`` events are queued, so a
-  burst is never held past the bus's linger. ``flush`` and ``close`` never wait for it.
+  burst of ``BURST`` events or more is never held past the bus's linger (a smaller one may
+  wait the grown linger). ``flush`` and ``close`` never wait for it.
 - Stat windows: at each boundary of each window size, the timer closes the windows that are
   due, so a stalled producer still reports.
 - Failure: a dispatcher whose loop ends with an exception is logged at CRITICAL and replaced
@@ -71,7 +72,7 @@ _TIMER_SLACK = 0.0005
 # LINGER_MAX seconds (or the bus's own linger, if longer), so a steady trickle makes few
 # wake-ups (docs/performance.md's linger table: 20 ms -> 100 ms took K=1 from 1.124x to
 # 1.087x of no logging); meanwhile a producer that has queued BURST events ends it, so a
-# burst is not held past the bus's linger.
+# burst that large is not held past the bus's linger.
 BURST = 1024
 LINGER_MAX = 0.1
 # A dispatcher failing this many times within LOG_INTERVAL is not started again: a failure that

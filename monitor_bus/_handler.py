@@ -2,9 +2,10 @@
 
 A sync handler runs on a runner's daemon thread (``_runner``: its own, or the one the bundled
 sinks of its bus share); an async handler runs as a task on the dispatcher's event loop. The
-dispatcher appends batches to a handler's inbox; the runner takes the whole inbox at once, calls the handler for each event (or, for a batch handler, once per
-list of up to ``BATCH_CALL`` events; for a bundled sink, once per queued batch), then records
-the batch as settled.
+dispatcher appends batches to a handler's inbox; the runner takes the whole inbox at once,
+calls the handler for each event (or, for a batch handler, once per list of up to
+``BATCH_CALL`` events; for a bundled sink, once per queued batch), then records the batch as
+settled.
 
 Guarantees:
 
