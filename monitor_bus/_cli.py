@@ -2,18 +2,20 @@
 
 Errors the user can fix (a bad path, a file that is not a run, a missing extra) end the
 command with one line on stderr and exit status 1, never a traceback; Ctrl-C ends it with
-one line and status 130. Output into a pipe whose reader has gone (``| head``) ends it without
-a word, with status 141, as a shell reports a command that SIGPIPE stopped. Outputs are written only once the inputs have been checked, and
-``plot`` replaces its output file atomically.
+one line and status 130. Output into a pipe whose reader has gone (``| head``) ends it
+without a word, with status 141, as a shell reports a command that SIGPIPE stopped. Outputs
+are written only once the inputs have been checked, and ``plot`` replaces its output file
+atomically.
 
 What a read skips is reported on stderr and does not fail the command: torn lines, lines
-longer than the reader takes, lines of JSON that are not events and values this Python cannot
-read or a float cannot hold (``1e999``) (the first five as they came, each with its file, line
-and why, then a total), and Stat values that are not numbers, and numbers beyond a float (a
-Stat's, a metric's, a metrics ``step``, a run's ``duration_s``, a straggler's ``ratio``) (a
-count per key); a window's ``Histogram`` is no single number and is left out
+longer than ``MAX_LINE_BYTES``, lines of JSON that are not events, and values this Python
+cannot read or a float cannot hold (``1e999``) (the first five as they came, each with its
+file, line and why, then a total); Stat values that are not numbers, and ints beyond a float
+(a Stat's or a metric's value, a metrics ``step``, a run's ``duration_s``, a straggler's
+``ratio``) (a count per key). A window's ``Histogram`` is no single number and is left out
 without a word (its percentiles are numbers of their own). A file with no event at all is an
-error. ``summary`` reads the run one event at a time, so its memory does not grow with the
+error. ``summary`` reads the run one event at a time, and a line at most ``MAX_LINE_BYTES``
+at a time (a longer one is read through in pieces), so its memory does not grow with the
 file; ``plot`` keeps 16 bytes per point drawn.
 
 Both read Stat windows (over time) and ``METRICS_EVENT`` events, the numbers a framework
