@@ -967,8 +967,8 @@ def test_summary_reports_a_number_beyond_a_float_and_does_not_count_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A number JSON holds but a float cannot (1e999, which Python reads as infinity) is
-    skipped with a warning naming file, line and key, not counted as a window; the rest of its
-    event is kept. NaN and Infinity, which Python's json writes, stay what they say."""
+    skipped with a warning naming file, line and key and not counted as a window, the rest of
+    its event kept, while the Infinity Python's json writes stays infinity."""
     run = stat_run(tmp_path / "run.jsonl")
     ts = '"timestamp":"2026-03-01T12:00:04+00:00"'
     with run.open("a") as f:
