@@ -214,6 +214,7 @@ class EventBus:
         Raises:
             TypeError: ``name`` is not a str, or a value is of none of the types ``Event``
                 takes (the message names its key).
+            ValueError: ``name`` is empty.
 
         Examples:
             >>> with EventBus() as bus:
@@ -227,6 +228,8 @@ class EventBus:
         """
         if name.__class__ is not str:
             name = check_name(name)
+        if not name:  # ``Event("")`` stays accepted, as torch.monitor's is
+            raise ValueError("name must not be empty")
         # ``plain`` for keyword arguments, whose keys Python made str: the values only, inline
         # (the caller's hot path: half of what ``Event`` pays for its checks).
         for value in data.values():

@@ -2,15 +2,20 @@
 
 Errors the user can fix (a bad path, a file that is not a run, a missing extra) end the
 command with one line on stderr and exit status 1, never a traceback; Ctrl-C ends it with
-one line and status 130. Outputs are written only once the inputs have been checked, and
-``plot`` replaces its output file atomically.
+one line and status 130. Output into a pipe whose reader has gone (``| head``) ends it
+without a word, with status 141, as a shell reports a command that SIGPIPE stopped. Outputs
+are written only once the inputs have been checked, and ``plot`` replaces its output file
+atomically.
 
-What a read skips is reported on stderr and does not fail the command: torn lines, lines of
-JSON that are not events and values this Python cannot read (the first five as they came, each
-with its file, line and why, then a total), and Stat values that are not numbers or are beyond
-a float (a count per key); a window's ``Histogram`` is no single number and is left out
+What a read skips is reported on stderr and does not fail the command: torn lines, lines
+longer than ``MAX_LINE_BYTES``, lines of JSON that are not events, and values this Python
+cannot read or a float cannot hold (``1e999``) (the first five as they came, each with its
+file, line and why, then a total); Stat values that are not numbers, and ints beyond a float
+(a Stat's or a metric's value, a metrics ``step``, a run's ``duration_s``, a straggler's
+``ratio``) (a count per key). A window's ``Histogram`` is no single number and is left out
 without a word (its percentiles are numbers of their own). A file with no event at all is an
-error. ``summary`` reads the run one event at a time, so its memory does not grow with the
+error. ``summary`` reads the run one event at a time, and a line at most ``MAX_LINE_BYTES``
+at a time (a longer one is read through in pieces), so its memory does not grow with the
 file; ``plot`` keeps 16 bytes per point drawn.
 
 Both read Stat windows (over time) and ``METRICS_EVENT`` events, the numbers a framework
@@ -24,10 +29,12 @@ it from the latest 33 windows' times, so its memory stays bounded.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import math
 import os
 import shlex
+import signal
 import statistics
 import sys
 import tempfile
@@ -160,10 +167,16 @@ def run(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     try:
         if args.command == "demo":
-            return _demo(args)
-        if args.command == "summary":
-            return _summary(args)
-        return _plot(args)
+            status = _demo(args)
+        elif args.command == "summary":
+            status = _summary(args)
+        else:
+            status = _plot(args)
+        sys.stdout.flush()  # here, where a reader gone (``| head``) is caught: not at exit
+        return status
+    except BrokenPipeError:
+        _stop_writing()
+        return _BROKEN_PIPE
     except CliError as exc:
         _error(str(exc))
     except OSError as exc:
@@ -174,6 +187,22 @@ def run(argv: Sequence[str] | None = None) -> int:
         _error("interrupted")
         return 130
     return 1
+
+
+# What a shell shows for a command killed by SIGPIPE, as ``cat`` is when its reader goes.
+_BROKEN_PIPE = 128 + getattr(signal, "SIGPIPE", 13)
+
+
+def _stop_writing() -> None:
+    """The reader of stdout or stderr has gone: point both at the null device, so what is
+    still buffered is dropped in silence, not reported at exit."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # ValueError: no file descriptor
+                os.dup2(null, stream.fileno())
+    finally:
+        os.close(null)
 
 
 def _error(message: str) -> None:
@@ -321,16 +350,16 @@ class _Skips:
 
 
 class _StatSkips:
-    """Stat values the command cannot use, counted per key."""
+    """Values the command cannot use, counted per key."""
 
     def __init__(self) -> None:
         self.too_large: Counter[str] = Counter()
         self.not_numbers: Counter[str] = Counter()
 
     def report(self) -> None:
-        for counts, one, many in (
-            (self.too_large, "too large for a float", "too large for a float"),
-            (self.not_numbers, "that is not a number", "that are not numbers"),
+        for counts, noun, one, many in (
+            (self.too_large, "value", "too large for a float", "too large for a float"),
+            (self.not_numbers, "Stat value", "that is not a number", "that are not numbers"),
         ):
             if not counts:
                 continue
@@ -339,7 +368,7 @@ class _StatSkips:
             if len(counts) > _SHOWN_SKIPS:
                 keys += f" and {len(counts) - _SHOWN_SKIPS} more keys"
             what = one if total == 1 else many
-            _warn(f"skipped {_plural(total, 'Stat value')} {what}: {keys}")
+            _warn(f"skipped {_plural(total, noun)} {what}: {keys}")
 
 
 def _plural(n: int, noun: str) -> str:
@@ -394,12 +423,22 @@ def _metric_values(event: Event, skips: _StatSkips) -> Iterator[tuple[str, float
 _COUNTERS = ("step", "epoch")
 
 
-def _step(event: Event, order: int) -> float:
-    """A metrics event's x: its int ``"step"``, else its place among the metrics events."""
+def _step(event: Event, order: int, skips: _StatSkips) -> float | None:
+    """A metrics event's x: its int ``"step"``, else its place among the metrics events; None
+    (counted in ``skips``) for a step beyond a float, which has no place on the axis."""
     step = event.data.get("step")
     if isinstance(step, int) and not isinstance(step, bool):
-        return float(step)
+        return _float(step, "step", skips)
     return float(order)
+
+
+def _float(value: float, key: str, skips: _StatSkips) -> float | None:
+    """``value`` as a float, or None (counted in ``skips`` under ``key``) for an int beyond one."""
+    try:
+        return float(value)
+    except OverflowError:
+        skips.too_large[key] += 1
+        return None
 
 
 def _fmt(value: float) -> str:
@@ -468,9 +507,9 @@ def _summarize(events: Iterable[Event]) -> _Summary:
         names[event.name] += 1
         summary.origins[event.origin, event.name] += 1
         if event.name in (RUN_START_EVENT, RUN_END_EVENT):
-            _fold_run(summary.runs, event)
+            _fold_run(summary.runs, event, summary.skipped)
         elif event.name == STRAGGLER_EVENT:
-            summary.stragglers.append(_straggler(event))
+            summary.stragglers.append(_straggler(event, summary.skipped))
         ts = event.timestamp
         if summary.first is None or ts < summary.first:
             summary.first = ts
@@ -484,7 +523,9 @@ def _summarize(events: Iterable[Event]) -> _Summary:
             column.stamps.append(ts.timestamp())
         if event.name == METRICS_EVENT:
             summary.metrics_events += 1
-            step = _step(event, summary.metrics_events)
+            step = _step(event, summary.metrics_events, summary.skipped)
+            if step is None:
+                continue
             for key, value in _metric_values(event, summary.skipped):
                 column = summary.metrics.get(key)
                 if column is None:
@@ -494,7 +535,7 @@ def _summarize(events: Iterable[Event]) -> _Summary:
     return summary
 
 
-def _fold_run(runs: dict[str, list[str]], event: Event) -> None:
+def _fold_run(runs: dict[str, list[str]], event: Event, skips: _StatSkips) -> None:
     """Record a run's start (its name) or end (status, duration, exception)."""
     data = event.data
     run_id = str(data.get("run_id", ""))
@@ -505,16 +546,19 @@ def _fold_run(runs: dict[str, list[str]], event: Event) -> None:
     run[1] = str(data.get("status", "?"))
     duration = data.get("duration_s")
     if isinstance(duration, (int, float)) and not isinstance(duration, bool):
-        run[2] = f"{duration:.1f} s"
+        seconds = _float(duration, "duration_s", skips)
+        run[2] = "" if seconds is None else f"{seconds:.1f} s"
     run[3] = str(data.get("exception", ""))
 
 
-def _straggler(event: Event) -> str:
+def _straggler(event: Event, skips: _StatSkips) -> str:
     """One line of ``summary``'s stragglers: when, which rank, how slow."""
     data = event.data
     what = "recovered" if data.get("recovered") else "straggler"
     ratio = data.get("ratio")
-    ratio_text = f"{ratio:.2f}x" if isinstance(ratio, (int, float)) else "?"
+    if isinstance(ratio, (int, float)):
+        ratio = _float(ratio, "ratio", skips)
+    ratio_text = f"{ratio:.2f}x" if isinstance(ratio, float) else "?"
     return (
         f"{event.timestamp.isoformat(timespec='seconds')}  {what}  stat {data.get('stat')}  "
         f"rank {data.get('rank')} ({data.get('host')})  {ratio_text} the median  "
@@ -825,7 +869,9 @@ def _plot(args: argparse.Namespace) -> int:
             points[1].append(value)
         if event.name == METRICS_EVENT:
             order += 1
-            step = _step(event, order)
+            step = _step(event, order, stat_skips)
+            if step is None:
+                continue
             for key, value in _metric_values(event, stat_skips):
                 points = metrics.get(key)
                 if points is None:

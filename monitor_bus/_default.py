@@ -186,6 +186,8 @@ def log(name: str, /, **data: data_value_t) -> None:
     if bus is None:
         if process.uplink is None:  # no bus yet, so no handler: the arguments are checked
             Event(name, datetime.now(), data)
+            if not name:  # as ``EventBus.log`` checks it
+                raise ValueError("name must not be empty")
             return
         bus = get_default_bus()  # a spawned child: its events go to the parent
     bus.log(name, **data)

@@ -1,19 +1,21 @@
-"""One TensorBoard event file, written so that a failed write never spoils it.
+"""One TensorBoard event file, written so that a failed or interrupted write never spoils it.
 
 Guarantees:
 
 - The file is a sequence of TFRecords (length, its masked CRC32C, the serialized ``Event``,
   its masked CRC32C), byte for byte as ``tensorboard``'s ``RecordWriter`` makes them, the
   checksums in C when google-crc32c is installed.
-- It only ever holds whole records: a write that fails part way (a full disk) is cut back to
-  the last whole record with ``os.ftruncate``, since a torn record would make TensorBoard stop
-  reading the file there. The records not written are kept, up to ``KEEP_RECORDS`` records and
-  ``KEEP_BYTES`` bytes, and written at the next flush; a record added to a full bound that a
-  write cannot empty is refused (``add`` raises ``OSError``) and counted in ``dropped``.
+- It only ever holds whole records, each once: a write that fails part way (a full disk) or is
+  interrupted (Ctrl-C) is cut back to the last whole record with ``os.ftruncate``, since a torn
+  record would make TensorBoard stop reading the file there; the file's size tells which
+  records it holds, so none is written again. The records not written are kept, up to
+  ``KEEP_RECORDS`` records and ``KEEP_BYTES`` bytes, and written at the next flush; a record
+  added to a full bound that a write cannot empty is refused (``add`` raises ``OSError``) and
+  counted in ``dropped``.
 - Records reach the file at ``flush()``, when ``max_queue`` are waiting (in ``add``; a failure
   there keeps them and is raised by the next ``flush()``), and every ``flush_secs`` seconds
   from a timer thread of its ``SummaryWriter``. ``close()`` writes what it can; what it cannot
-  is counted in ``dropped`` and raised.
+  (a failed or interrupted write) is counted in ``dropped``, and the error raised.
 
 Imported by ``monitor_bus.tensorboard`` only (it needs the ``tensorboard`` package).
 """
@@ -27,6 +29,7 @@ import socket
 import struct
 import threading
 import time
+from collections import deque
 
 from tensorboard.compat.proto import event_pb2  # type: ignore[import-untyped]
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import (  # type: ignore[import-untyped]
@@ -43,6 +46,8 @@ except ImportError:
 KEEP_RECORDS = 65536
 #: Bytes of records kept after a failed write, at most.
 KEEP_BYTES = 16 * 2**20
+
+_write = os.write  # a seam: the tests interrupt a write part way
 
 _uid = itertools.count()  # tells apart the files one process opens in one second
 
@@ -74,9 +79,12 @@ class EventFile:
         self.path = os.path.join(log_dir, name)
         self._max_queue = max_queue
         self._lock = threading.Lock()
-        self._records: list[bytes] = []  # framed, not written yet: kept ones first
-        self._bytes = 0  # their size
-        self._size = 0  # bytes of whole records in the file
+        # Framed records not known to be in the file yet, each with the offset it ends at
+        # there. With the file's size they say exactly what reached it, whatever cut a write
+        # short: each step of ``_settle`` keeps that true, so an interrupt between two leaves
+        # nothing to write twice.
+        self._records: deque[tuple[int, bytes]] = deque()
+        self._size = 0  # where the first of them starts: the end of the file's whole records
         #: Records lost: refused past the bound, or not written by ``close()``.
         self.dropped = 0
         # O_APPEND: after a cut back to the last whole record, the next write goes right there.
@@ -114,15 +122,19 @@ class EventFile:
                     f"{self.path}: {len(records)} records are waiting for a write that keeps "
                     f"failing (disk full?); a new one is dropped ({self.dropped} so far)"
                 )
-            records.append(framed)
-            self._bytes += len(framed)
+            records.append((self._tail() + len(framed), framed))
             if len(records) >= self._max_queue:
                 with contextlib.suppress(OSError):  # kept; the next flush() retries and raises
                     self._write_locked()
 
+    def _tail(self) -> int:
+        """The offset the records waiting end at."""
+        return self._records[-1][0] if self._records else self._size
+
     def _full(self, framed: bytes) -> bool:
         """Whether ``framed`` does not fit in the bound of records kept."""
-        return len(self._records) >= KEEP_RECORDS or self._bytes + len(framed) > KEEP_BYTES
+        waiting = self._tail() - self._size
+        return len(self._records) >= KEEP_RECORDS or waiting + len(framed) > KEEP_BYTES
 
     def flush(self) -> None:
         """Write the waiting records.
@@ -135,32 +147,32 @@ class EventFile:
             if self._fd >= 0:
                 self._write_locked()
 
-    def _write_locked(self) -> None:
+    def _settle(self) -> None:
+        """Let go of the records the file holds whole and cut off a torn one, going by the
+        file's size: a write cut short by an error or an interrupt (Ctrl-C) wrote part of
+        them, and only the file knows how much."""
         records = self._records
-        if not records:
+        size = os.fstat(self._fd).st_size
+        while records and records[0][0] <= size:
+            self._size = records[0][0]  # first: a repeat after an interrupt here is harmless
+            records.popleft()
+        if size > self._size:  # part of a record: TensorBoard would stop reading there
+            os.ftruncate(self._fd, self._size)
+
+    def _write_locked(self) -> None:
+        self._settle()  # an interrupted write may have left the file ahead of the records
+        if not self._records:
             return
-        data = b"".join(records)
-        sent = 0
+        data = b"".join(framed for _, framed in self._records)
         try:
             view = memoryview(data)
+            sent = 0
             while sent < len(data):
-                sent += os.write(self._fd, view[sent:])
-        except OSError:
-            # Keep the file whole: back to the last whole record, the rest kept for later.
-            done, whole = 0, 0
-            for framed in records:
-                if whole + len(framed) > sent:
-                    break
-                whole += len(framed)
-                done += 1
-            self._size += whole
-            del records[:done]
-            self._bytes -= whole
-            os.ftruncate(self._fd, self._size)
-            raise
-        self._size += sent
-        records.clear()
-        self._bytes = 0
+                sent += _write(self._fd, view[sent:])
+        finally:
+            # Whole records written are done with, the rest kept: after a failure (a full
+            # disk) or an interrupt alike, none is written twice and the file stays whole.
+            self._settle()
 
     def close(self) -> None:
         """Write what is waiting and close the file. Idempotent.
@@ -173,12 +185,9 @@ class EventFile:
                 return
             try:
                 self._write_locked()
-            except OSError:
+            finally:  # an error or an interrupt: what is left is lost, and counted
                 self.dropped += len(self._records)
                 self._records.clear()
-                self._bytes = 0
-                raise
-            finally:
                 os.close(self._fd)
                 self._fd = -1
 

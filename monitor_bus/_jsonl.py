@@ -27,12 +27,13 @@ DataLoader worker id, or null), which ``read_jsonl`` restores as ``Event.origin`
   with those as ``\\udXXX`` escapes, so the file stays UTF-8 and reads back equal. An int too
   long to write as decimal text (over ``sys.get_int_max_str_digits()`` digits) is skipped and
   counted in ``JsonlEventHandler.skipped_values``; the rest of the event is written.
-- Torn lines: a crash in the middle of a write leaves an incomplete last line. ``read_jsonl``
+- Torn lines: a crash or a full disk in the middle of a write leaves an incomplete line. ``read_jsonl``
   skips a line that is not valid JSON (or not UTF-8) with a warning naming the file and line;
   a file in which no line at all is valid raises ``ValueError``, and so does a valid line that
   is not an event (deep nesting included). A UTF-8 byte order mark opening the file is read
-  past; an int over the reading Python's digit limit is skipped with a warning, its event kept.
-  A handler that appends to a file ending in a torn line first ends that line, so the new
+  past; an int over the reading Python's digit limit, or a number beyond a float's range
+  (``1e999``, which Python would read as infinity), is skipped with a warning, its event kept;
+  a line longer than ``MAX_LINE_BYTES`` is skipped with a warning, never held whole. A handler that appends to a file ending in a torn line first ends that line, so the new
   events start on a line of their own (the torn line is then skipped wherever it is).
 - A failed write (a full disk: ``ENOSPC``) loses nothing it can keep: the handler counts the
   lines that reached the file whole (``written``), keeps the others, up to ``KEEP_LINES``
@@ -563,15 +564,22 @@ def _value(v: Any) -> Any:
 #: what was skipped, without the file and line.
 SkipCallback = Callable[[int, str, str], None]
 
+#: The longest line the reader takes, in bytes, its line ending aside: a longer one is skipped
+#: as too long, read through in pieces of this size, so reading never holds more of a line.
+MAX_LINE_BYTES = 16 * 2**20
+
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[Event]:
     """Read back the events a ``JsonlEventHandler`` wrote, in file order.
 
-    Lines that are not valid JSON, or not UTF-8 (a write torn by a crash), are skipped with
-    a ``UserWarning`` naming the file and line. Blank lines are ignored, and so is a UTF-8
-    byte order mark at the start of the file. An int too long for this Python to read (over
-    ``sys.get_int_max_str_digits()`` digits) is skipped with a warning naming its key; the
-    rest of its event is kept.
+    Lines that are not valid JSON, or not UTF-8 (a write cut short by a crash or a full
+    disk), and lines longer than ``MAX_LINE_BYTES`` are skipped with a ``UserWarning`` naming
+    the file and line. Blank lines are ignored, and so is a UTF-8 byte order mark at the start
+    of the file. An int too long for this Python to read (over ``sys.get_int_max_str_digits()``
+    digits) and a number beyond a float's range (``1e999``, which JSON can hold and Python
+    would read as infinity) are skipped with a warning naming their key; the rest of their
+    event is kept. ``NaN`` and ``Infinity``, which Python's ``json`` writes, read as what they
+    say.
 
     Args:
         path: the JSON-lines file.
@@ -598,10 +606,12 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[Event]:
     return list(iter_jsonl(path, warn))
 
 
-def iter_jsonl(path: str | os.PathLike[str], on_skip: SkipCallback) -> Iterator[Event]:
+def iter_jsonl(
+    path: str | os.PathLike[str], on_skip: SkipCallback, *, max_line: int | None = None
+) -> Iterator[Event]:
     """Yield the events of a JSON-lines file one at a time, as ``read_jsonl`` reads them.
 
-    Memory stays bounded by the longest line, whatever the file's size. What ``read_jsonl``
+    Memory stays bounded by ``max_line``, whatever the file's size. What ``read_jsonl``
     warns about is handed to ``on_skip`` instead, so a caller can count it, and so is a line
     of JSON that is not an event (kind ``"event"``), where ``read_jsonl`` raises: the reading
     goes on past it unless ``on_skip`` raises.
@@ -609,6 +619,7 @@ def iter_jsonl(path: str | os.PathLike[str], on_skip: SkipCallback) -> Iterator[
     Args:
         path: the JSON-lines file.
         on_skip: called with (line number, kind, message) for each line or value skipped.
+        max_line: the longest line read, in bytes; ``MAX_LINE_BYTES`` if None.
 
     Yields:
         The events, in file order.
@@ -620,13 +631,24 @@ def iter_jsonl(path: str | os.PathLike[str], on_skip: SkipCallback) -> Iterator[
             it through.
     """
     path = _check_path(path)
+    limit = MAX_LINE_BYTES if max_line is None else max_line
     events = 0
     skipped = 0
     with open(path, "rb") as f:
-        for lineno, raw in _lines(f):
+        for lineno, raw, length in _lines(f, limit):
+            if raw is None:
+                skipped += 1
+                on_skip(
+                    lineno,
+                    "line",
+                    f"skipped a line of {length:,} bytes, longer than the {limit:,} a line is "
+                    "read up to",
+                )
+                continue
             odd = None
             try:
-                obj = _parse(raw.decode("utf-8"))
+                text = raw.decode("utf-8")
+                obj = _parse(text)
             except ValueError:  # JSONDecodeError and UnicodeDecodeError
                 skipped += 1
                 on_skip(lineno, "line", _TORN)
@@ -635,7 +657,7 @@ def iter_jsonl(path: str | os.PathLike[str], on_skip: SkipCallback) -> Iterator[
                 odd = "JSON nested deeper than an event can be; not a monitor_bus JSONL file?"
             else:
                 try:
-                    event = _event(obj, lineno, on_skip)
+                    event = _event(obj, lineno, on_skip, text)
                 except _NotAnEvent as exc:
                     odd = str(exc)
             if odd is not None:  # reported out of the except: nothing chained to on_skip's raise
@@ -648,7 +670,7 @@ def iter_jsonl(path: str | os.PathLike[str], on_skip: SkipCallback) -> Iterator[
         raise ValueError(f"{path}: no line is a valid JSON event; not a monitor_bus JSONL file?")
 
 
-_TORN = "skipped a line that is not valid JSON (a write torn by a crash?)"
+_TORN = "skipped a line that is not valid JSON (a write cut short by a crash or a full disk?)"
 
 
 class _NotAnEvent(ValueError):
@@ -680,23 +702,61 @@ def _parse_int(text: str) -> int | _LongInt:
         return _LongInt(len(text.lstrip("-")))
 
 
+class _Beyond:
+    """Stands for a number beyond a float's range (``1e999``), which ``float`` makes infinite."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _parse_float(text: str) -> float | _Beyond:
+    value = float(text)
+    return _Beyond(text) if math.isinf(value) else value
+
+
+def _beyond(text: str) -> dict[str, Any]:
+    """The data of a line read again, its numbers beyond a float's range as ``_Beyond``: the
+    ``Infinity`` of Python's json and an overflowing ``1e999`` both read as infinity."""
+    obj = json.loads(text, parse_float=_parse_float, parse_int=_parse_int)
+    data: dict[str, Any] = obj["data"]
+    return data
+
+
 def _check_path(path: str | os.PathLike[str]) -> str:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or path, not {type(path).__name__}")
     return os.fspath(path)
 
 
-def _lines(f: Any) -> Iterator[tuple[int, bytes]]:
-    for lineno, raw in enumerate(f, 1):
+def _lines(f: Any, limit: int) -> Iterator[tuple[int, bytes | None, int]]:
+    """Each line that is not blank: its number, its bytes without the line ending (None when
+    they are more than ``limit``: the line is read through, never held whole) and their
+    number."""
+    lineno = 0
+    piece = limit + 2  # the line and its "\r\n"
+    while raw := f.readline(piece):
+        lineno += 1
+        length = len(raw)
+        while len(raw) == piece and not raw.endswith(b"\n"):  # longer still: read through it
+            raw = f.readline(piece)
+            length += len(raw)
+        if length > len(raw):  # read in pieces: only its ending is left
+            length -= len(raw) - len(raw.rstrip(b"\r\n"))
+            yield lineno, None, length
+            continue
         if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
             raw = raw[len(codecs.BOM_UTF8) :]  # saved by an editor that marks UTF-8
         raw = raw.rstrip(b"\r\n")
-        if raw.strip():
-            yield lineno, raw
+        if len(raw) > limit:
+            yield lineno, None, len(raw)
+        elif raw.strip():
+            yield lineno, raw, len(raw)
 
 
-def _event(obj: Any, lineno: int, on_skip: SkipCallback) -> Event:
-    """The event a parsed line holds; ``_NotAnEvent`` if it holds none."""
+def _event(obj: Any, lineno: int, on_skip: SkipCallback, text: str) -> Event:
+    """The event a parsed line (``text``) holds; ``_NotAnEvent`` if it holds none."""
     if not isinstance(obj, dict):
         raise _NotAnEvent(f"expected a JSON object, got {type(obj).__name__}")
     name, stamp, data = obj.get("name"), obj.get("timestamp"), obj.get("data")
@@ -716,8 +776,11 @@ def _event(obj: Any, lineno: int, on_skip: SkipCallback) -> Event:
     if origin is not None:
         origin = _origin(origin)
     values = {}
+    infinite = False
     for key, value in data.items():
-        if isinstance(value, _LongInt):
+        if value.__class__ is float and (value == math.inf or value == -math.inf):
+            infinite = True  # Infinity, or a number beyond a float: told apart below
+        elif isinstance(value, _LongInt):
             on_skip(
                 lineno,
                 "value",
@@ -730,6 +793,17 @@ def _event(obj: Any, lineno: int, on_skip: SkipCallback) -> Event:
         elif not isinstance(value, (str, int, float)):  # bool is an int
             raise _NotAnEvent(f"data[{key!r}] is not a value: {value!r}")
         values[key] = value
+    if infinite:
+        for key, value in _beyond(text).items():
+            if isinstance(value, _Beyond):
+                shown = value.text if len(value.text) <= 40 else f"{value.text[:37]}..."
+                on_skip(
+                    lineno,
+                    "value",
+                    f"data[{key!r}]: skipped {shown}, a number beyond a float's range (JSON has "
+                    "no infinity), not read as one",
+                )
+                del values[key]
     # Every value checked above; a Histogram is a window's value, which Event() takes from no caller.
     event = from_slots(name, timestamp, values)
     if origin is not None:

@@ -67,9 +67,10 @@ class SummaryWriter:
     Each writer makes a new ``events.out.tfevents.*`` file in ``log_dir``; several writers
     (or runs) may share a directory. Records reach the disk at ``flush()``, ``close()``, every
     ``flush_secs`` seconds (from a thread of the writer) or when ``max_queue`` records are
-    pending (from the call that adds the last). A write that fails (a full disk) leaves the
-    file whole, cut back to its last whole record; the records not written are kept, within
-    a bound, and written at the next flush; ``flush()`` raises the ``OSError``. A record that
+    pending (from the call that adds the last). A write that fails (a full disk) or is
+    interrupted (Ctrl-C) leaves the file whole, cut back to its last whole record, and writes
+    no record twice; the records not written are kept, within a bound, and written at the next
+    flush; ``flush()`` raises the ``OSError`` (or the ``KeyboardInterrupt``). A record that
     no longer fits in that bound is refused: the call that adds it raises ``OSError``, and it
     is counted in ``dropped_records``, as are those ``close()`` cannot write. All methods are
     thread-safe. A copy inherited by a forked child cannot write (the writer's thread is not in
@@ -493,12 +494,13 @@ class SummaryWriter:
 
 
 def _each(files: tuple[EventFile, ...], call: Callable[[EventFile], None]) -> None:
-    """``call`` on every file, then raise the first ``OSError`` of them."""
-    error = None
+    """``call`` on every file, then raise the first error of them (a Ctrl-C too: the other
+    files still get their write, or their close and their count of what was lost)."""
+    error: BaseException | None = None
     for file in files:
         try:
             call(file)
-        except OSError as exc:
+        except BaseException as exc:
             error = error or exc
     if error is not None:
         raise error

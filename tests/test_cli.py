@@ -373,7 +373,7 @@ def test_summary_warns_about_a_torn_line_and_goes_on(
     out, err = capsys.readouterr()
     assert (
         err
-        == f"monitor-bus: warning: {run}, line 8: skipped a line that is not valid JSON (a write torn by a crash?)\n"
+        == f"monitor-bus: warning: {run}, line 8: skipped a line that is not valid JSON (a write cut short by a crash or a full disk?)\n"
     )
     assert out.startswith(f"{run}: 7 events")
 
@@ -387,7 +387,7 @@ def test_summary_reports_many_skipped_lines_in_a_few(
         f.write(b"{\n" * 100)
     assert main(["summary", str(run)]) == 0
     out, err = capsys.readouterr()
-    torn = "skipped a line that is not valid JSON (a write torn by a crash?)"
+    torn = "skipped a line that is not valid JSON (a write cut short by a crash or a full disk?)"
     assert err.splitlines() == [
         *[f"monitor-bus: warning: {run}, line {n}: {torn}" for n in range(8, 13)],
         f"monitor-bus: warning: {run}: 95 more skipped (100 lines, 0 values in all)",
@@ -407,7 +407,7 @@ def test_summary_and_plot_skip_a_stat_value_beyond_float(
             Event("plain", T0, {"n": 10**400}),
         ],
     )
-    warning = "monitor-bus: warning: skipped 1 Stat value too large for a float: x.sum (1)\n"
+    warning = "monitor-bus: warning: skipped 1 value too large for a float: x.sum (1)\n"
     assert main(["summary", str(run)]) == 0
     out, err = capsys.readouterr()
     assert err == warning
@@ -930,3 +930,143 @@ def test_summary_leaves_a_windows_histogram_out_without_a_warning(
     rows = [line.split() for line in out.splitlines()]
     assert ["lat", "p50", "1"] in [row[:3] for row in rows]
     assert not any(row[:2] == ["lat", "histogram"] for row in rows)
+
+
+# -- pipes, numbers beyond a float, long lines --
+
+
+def test_summary_into_a_pipe_closed_early_exits_quietly(tmp_path: Path) -> None:
+    """`monitor-bus summary RUN | head -2`: once the reader has gone the command stops without
+    a word on stderr (no traceback, no "Broken pipe") and exits 141, as a command killed by
+    SIGPIPE does in a shell."""
+    names = [f"event.{i:05d}.{'x' * 40}" for i in range(3000)]  # ~170 KB, past a pipe's buffer
+    run = write_run(tmp_path / "run.jsonl", [Event(name, T0, {}) for name in names])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "monitor_bus", "summary", str(run)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        assert (
+            proc.stdout.readline()
+            == f"{run}: 3000 events, 2026-03-01T12:00:00+00:00 to 2026-03-01T12:00:00+00:00\n".encode()
+        )
+        assert proc.stdout.readline() == f"  {names[0]}           1\n".encode()
+        proc.stdout.close()  # what head does after its two lines
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == 141
+    finally:
+        proc.kill()
+        proc.stderr.close()
+    assert err == b""
+
+
+def test_summary_reports_a_number_beyond_a_float_and_does_not_count_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A number JSON holds but a float cannot (1e999, which Python reads as infinity) is
+    skipped with a warning naming file, line and key and not counted as a window, the rest of
+    its event kept, while the Infinity Python's json writes stays infinity."""
+    run = stat_run(tmp_path / "run.jsonl")
+    ts = '"timestamp":"2026-03-01T12:00:04+00:00"'
+    with run.open("a") as f:
+        f.write(f'{{"name":"{STAT_EVENT}",{ts},"data":{{"lat.mean":1e999,"lat.max":-2E+999}}}}\n')
+        f.write(f'{{"name":"{STAT_EVENT}",{ts},"data":{{"loss.value":Infinity}}}}\n')
+    assert main(["summary", str(run)]) == 0
+    out, err = capsys.readouterr()
+    beyond = "a number beyond a float's range (JSON has no infinity), not read as one"
+    assert err.splitlines() == [
+        f"monitor-bus: warning: {run}, line 8: data['lat.mean']: skipped 1e999, {beyond}",
+        f"monitor-bus: warning: {run}, line 8: data['lat.max']: skipped -2E+999, {beyond}",
+    ]
+    assert out.startswith(f"{run}: 9 events")
+    assert out.endswith(
+        "stat  aggregate  windows  last       min  max\n"
+        "lat   count            3     7         7   12\n"
+        "lat   max              3     4         4    9\n"
+        "lat   mean             3  1.75       1.5    2\n"
+        "loss  value            4   inf  0.333333  inf\n"
+    )
+
+
+def test_summary_and_plot_take_ints_beyond_a_float_in_step_duration_and_ratio(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A metrics step, a run's duration_s or a straggler's ratio too large for a float is
+    counted and named in one warning, never a traceback: the step's points are skipped, the
+    duration and ratio shown as unknown."""
+    from monitor_bus import RUN_END_EVENT, RUN_START_EVENT
+    from monitor_bus.integrations._merge import STRAGGLER_EVENT
+
+    huge = 10**400
+    events = [
+        Event(RUN_START_EVENT, T0, {"run_id": "a1", "run_name": "first"}),
+        Event(METRICS_EVENT, T0, {"loss": 2.0, "step": huge}),
+        Event(METRICS_EVENT, T0, {"loss": 1.0, "step": 20}),
+        Event(STRAGGLER_EVENT, T0, {"stat": "t", "rank": 1, "host": "h", "ratio": huge}),
+        Event(RUN_END_EVENT, T0, {"run_id": "a1", "status": "success", "duration_s": huge}),
+    ]
+    run = write_run(tmp_path / "run.jsonl", events)
+    warning = (
+        "monitor-bus: warning: skipped 3 values too large for a float: duration_s (1), "
+        "ratio (1), step (1)\n"
+    )
+    assert main(["summary", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert err == warning
+    assert "runs\n  first  success\n" in out
+    assert "straggler  stat t  rank 1 (h)  ? the median" in out
+    assert out.endswith(
+        "metric  points  last step  last  min  max\nloss         1         20     1    1    1\n"
+    )
+    png = tmp_path / "p.png"
+    assert main(["plot", str(run), "-o", str(png)]) == 0
+    assert capsys.readouterr() == (
+        f"wrote {png} (1 panels, 1 series)\n",
+        "monitor-bus: warning: skipped 1 value too large for a float: step (1)\n",
+    )
+
+
+@pytest.mark.parametrize("command", ["summary", "plot"])
+def test_a_line_past_the_bound_is_skipped_in_bounded_memory(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+) -> None:
+    """A line longer than the reader's bound (here 64 KiB; an 8 MiB line with no newline, then
+    one more event) is named as too long and skipped, read in pieces of the bound: the command
+    never holds more than a few times the bound, and reads on past it."""
+    import tracemalloc
+
+    from monitor_bus import _jsonl
+
+    monkeypatch.setattr(_jsonl, "MAX_LINE_BYTES", 64 * 1024)
+    run = stat_run(tmp_path / "run.jsonl")
+    big = b'{"name":"big","timestamp":"2026-03-01T12:00:00+00:00","data":{"s":"'
+    big += b"x" * (8 * 2**20) + b'"}}'
+    last = f'{{"name":"{STAT_EVENT}","timestamp":"2026-03-01T12:00:04+00:00","data":{{"loss.value":0.2}}}}'
+    with run.open("ab") as f:
+        f.write(big + b"\n" + last.encode() + b"\n")
+    del big
+    warning = (
+        f"monitor-bus: warning: {run}, line 8: skipped a line of {8 * 2**20 + 70:,} bytes, "
+        "longer than the 65,536 a line is read up to"
+    )
+    if command == "plot":
+        assert main(_command(command, run)) == 0
+        assert capsys.readouterr().err.splitlines()[0] == warning
+        return
+    tracemalloc.start()
+    try:
+        assert main(_command(command, run)) == 0
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [warning]
+    assert peak < 8 * 64 * 1024
+    assert out.startswith(f"{run}: 8 events")
+    assert out.endswith("loss  value            4   0.2  0.2    1\n")

@@ -48,7 +48,7 @@ def test_a_bom_past_the_first_line_is_a_bad_line(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="line") as caught:
         assert read_jsonl(run) == [EVENT]
     assert [str(w.message) for w in caught] == [
-        f"{run}, line 2: skipped a line that is not valid JSON (a write torn by a crash?)"
+        f"{run}, line 2: skipped a line that is not valid JSON (a write cut short by a crash or a full disk?)"
     ]
 
 
@@ -165,7 +165,7 @@ def test_a_line_torn_after_a_long_int_is_a_torn_line(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="line") as caught:
         assert read_jsonl(run) == [EVENT]
     assert [str(w.message) for w in caught] == [
-        f"{run}, line 2: skipped a line that is not valid JSON (a write torn by a crash?)"
+        f"{run}, line 2: skipped a line that is not valid JSON (a write cut short by a crash or a full disk?)"
     ]
 
 
@@ -220,3 +220,43 @@ def test_a_real_stat_window_reads_back_as_logged(
     (event,) = read_jsonl(run)
     assert event.data == recorder.events[0].data
     assert event.data["lat.histogram"] == Histogram.of(WINDOW_SAMPLES[0])
+
+
+def test_a_number_beyond_a_float_is_skipped_with_a_warning(tmp_path: Path) -> None:
+    """``1e999`` (valid JSON, beyond a float: Python would read infinity) is skipped with a
+    warning naming the line and key, the rest of the event kept; the ``NaN`` and ``Infinity``
+    Python's json writes read back as they say, and ``$float`` objects as ever."""
+    run = tmp_path / "run.jsonl"
+    head = '{"name":"a","timestamp":"2026-03-01T12:00:00+00:00","data":'
+    run.write_text(
+        f'{head}{{"x":1e999,"y":2.5,"z":-1.5e400}}}}\n'
+        f'{head}{{"x":Infinity,"y":NaN,"z":{{"$float":"-Infinity"}}}}}}\n'
+    )
+    beyond = "a number beyond a float's range (JSON has no infinity), not read as one"
+    with pytest.warns(UserWarning, match="beyond a float") as caught:
+        first, second = read_jsonl(run)
+    assert [str(w.message) for w in caught] == [
+        f"{run}, line 1: data['x']: skipped 1e999, {beyond}",
+        f"{run}, line 1: data['z']: skipped -1.5e400, {beyond}",
+    ]
+    assert first == Event("a", T0, {"y": 2.5})
+    assert second.data["x"] == math.inf
+    assert math.isnan(second.data["y"])
+    assert second.data["z"] == -math.inf
+
+
+def test_a_line_past_the_bound_is_skipped_and_reading_goes_on(tmp_path: Path) -> None:
+    """A line longer than ``max_line`` bytes is reported as too long (kind ``"line"``) and
+    skipped without being held whole; the lines around it are read, a line of exactly the bound
+    too."""
+    run = tmp_path / "run.jsonl"
+    fits = LINE[:-2] + ',"s":"' + "y" * (100 - len(LINE) - 7) + '"}}'
+    assert len(fits) == 100
+    run.write_text(f"{LINE}\n{'z' * 1000}\n{fits}\n{'w' * 101}")
+    skips: list[tuple[int, str, str]] = []
+    events = list(iter_jsonl(run, lambda *skip: skips.append(skip), max_line=100))
+    assert [e.name for e in events] == ["a", "a"]
+    assert skips == [
+        (2, "line", "skipped a line of 1,000 bytes, longer than the 100 a line is read up to"),
+        (4, "line", "skipped a line of 101 bytes, longer than the 100 a line is read up to"),
+    ]

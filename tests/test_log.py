@@ -198,6 +198,25 @@ def test_bad_input_raises_what_event_raises_naming_the_argument(where: str) -> N
     bus.close()
 
 
+@pytest.mark.parametrize("where", ["bus", "module", "module without a bus"])
+def test_an_empty_name_is_a_value_error_naming_the_argument(where: str) -> None:
+    """``log("")`` raises a ValueError naming ``name``, with no handler too; ``Event("")``
+    stays accepted, as torch.monitor accepts it."""
+    bus = EventBus()
+    seen: list[Event] = []
+    if where == "bus":
+        bus.register_event_handler(seen.append)
+    elif where == "module":
+        monitor_bus.register_event_handler(seen.append)
+    log = bus.log if where == "bus" else monitor_bus.log
+    with pytest.raises(ValueError, match=r"^name must not be empty$"):
+        log("", x=1)
+    assert Event("", datetime.now(), {}).name == ""
+    assert bus.close(10)
+    monitor_bus.flush(10)
+    assert seen == []
+
+
 def test_a_forked_child_logs_through_the_relay(clock: float, recorder: Recorder) -> None:
     """A forked child's ``monitor_bus.log`` reaches the parent's handler with the timestamp
     it would have had in the child and the child's pid as its origin."""

@@ -333,3 +333,61 @@ def test_percentiles_are_metrics_and_histograms_are_skipped_with_one_warning(
         "hold: it and every later histogram are skipped, counted in skipped_histograms and not "
         "warned of again (its percentiles and stddev are metrics)"
     ]
+
+
+def _run_of(client: Any, experiment: str, name: str) -> Any:
+    """The one MLflow run named ``name`` in ``experiment``."""
+    experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    (run,) = client.search_runs([experiment_id], filter_string=f"attributes.run_name = '{name}'")
+    return run
+
+
+def _two_runs(bus: monitor_bus.EventBus, flush_between: bool) -> list[Run]:
+    """Two Runs in a row, with other hyperparameters, logging a loss at steps 0 to 2."""
+    runs = []
+    for name, lr in (("first", 0.1), ("second", 0.2)):
+        with Run(name, hparams={"lr": lr}, bus=bus) as run:
+            for step in range(3):
+                bus.log_event(
+                    monitor_bus.Event(METRICS_EVENT, T0, {"loss": lr * step, "step": step})
+                )
+        runs.append(run)
+        if flush_between:
+            assert bus.flush(60)
+    return runs
+
+
+@pytest.mark.parametrize("flush_between", [True, False], ids=["flushed", "one-batch"])
+def test_each_run_gets_its_own_mlflow_run(
+    sqlite_uri: str, caplog: pytest.LogCaptureFixture, flush_between: bool
+) -> None:
+    """Two Runs in a row on one handler land in two MLflow runs, each with its own params,
+    tags, one loss per step and status, with no warning: sent after each Run, or both
+    collected before one flush."""
+    from monitor_bus.exporters.mlflow import RUN_ID_TAG, MlflowEventHandler
+
+    experiment = f"two-runs-{uuid.uuid4().hex}"
+    handler = MlflowEventHandler(sqlite_uri, experiment_name=experiment)
+    bus = monitor_bus.EventBus(name="two-runs")
+    if flush_between:
+        bus.register_event_handler(handler, name="mlflow")
+        runs = _two_runs(bus, flush_between=True)
+    else:  # the events of both Runs reach the handler before it flushes once
+        seen: list[monitor_bus.Event] = []
+        bus.register_event_handler(seen.append, name="seen")
+        runs = _two_runs(bus, flush_between=False)
+        assert bus.flush(60)
+        handler.handle_batch(seen)
+        handler.flush()
+    assert bus.close(60)
+    client = _mlflow().MlflowClient(sqlite_uri)
+    for run, lr in zip(runs, (0.1, 0.2), strict=True):
+        got = _run_of(client, experiment, run.name)
+        assert got.data.params == {"hparams.lr": str(lr)}
+        assert got.data.tags[RUN_ID_TAG] == run.run_id
+        assert got.info.status == "FINISHED"
+        history = client.get_metric_history(got.info.run_id, "loss")
+        assert [(m.step, m.value) for m in history] == [(s, lr * s) for s in range(3)]
+    assert handler.run_id == _run_of(client, experiment, "second").info.run_id
+    assert (handler.written_metrics, handler.dropped, handler.pending) == (6, 0, 0)
+    assert [r.getMessage() for r in caplog.records if r.name == "monitor_bus"] == []

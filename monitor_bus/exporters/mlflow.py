@@ -81,7 +81,9 @@ class MlflowEventHandler:
     The run: ``run_id`` if given (a resumed run keeps its start time), else a run created in
     ``experiment_name`` (made if missing; MLflow's default experiment when omitted) at the
     first write, starting at the time of the run-start event if one came before (else at its
-    creation). ``run_id`` tells which.
+    creation). Each later ``Run`` (a run-start event with another monitor_bus run id) gets a
+    run of its own, made the same way, so two Runs in a row never share params or metric
+    steps. ``run_id`` tells the run written to last.
 
     Delivery: ``__call__`` only collects; ``flush()``, which the bus calls after each
     delivered batch on this handler's own thread, sends what was collected. A tracking server
@@ -99,9 +101,9 @@ class MlflowEventHandler:
     Args:
         tracking_uri: where MLflow tracks (``"sqlite:///mlflow.db"``, ``"http://host:5000"``,
             a directory); MLflow's default (``MLFLOW_TRACKING_URI``) when omitted.
-        run_id: an existing run to write to.
-        experiment_name: the experiment of the run created when ``run_id`` is omitted.
-        run_name: that run's name (a run-start event's ``run_name`` when omitted).
+        run_id: an existing run to write to (the first ``Run``'s).
+        experiment_name: the experiment of the runs created.
+        run_name: their name (each run-start event's ``run_name`` when omitted).
         max_pending: entries kept for a retry while the server fails.
 
     Raises:
@@ -133,15 +135,12 @@ class MlflowEventHandler:
         self._max_pending = max_pending
         self._client: Any = None  # made on the handler's thread: it may reach the server
         self._lock = threading.Lock()
-        self._metrics: deque[Any] = deque()
-        self._params: dict[str, Any] = {}
-        self._tags: dict[str, Any] = {}
-        self._end: tuple[str, int] | None = None
-        self._start_ms: int | None = None  # the run-start event's time, for a run made here
-        self._steps: dict[str, int] = {}
+        # What is collected, per MLflow run: the last collects, the earlier ones are Runs
+        # already over whose entries are still to be sent (a server that failed), in order.
+        self._runs: deque[_Pending] = deque([_Pending(run_id, run_name)])
         self._skips = SkipReporter("MlflowEventHandler")
         self._throttle = Throttle()
-        #: The run written to (None until it is known).
+        #: The MLflow run written to last (None until it is known).
         self.run_id = run_id
         #: Values skipped because MLflow metrics are numbers.
         self.skipped_values = 0
@@ -163,25 +162,32 @@ class MlflowEventHandler:
         if name in (STAT_EVENT, METRICS_EVENT):
             self._add_metrics(event)
         elif name == RUN_START_EVENT:
+            owner = event.data.get("run_id")
             with self._lock:
+                run = self._runs[-1]
+                if run.owner is not None and owner != run.owner:  # the next Run: its own run
+                    run = _Pending(None, self._run_name)
+                    self._runs.append(run)
+                if isinstance(owner, str):
+                    run.owner = owner
                 for key, value in event.data.items():
                     if not _valid_name(key):
                         self._skip("invalid_name", key, f"{key!r} is not a valid MLflow name")
                     elif key.startswith(_PARAM_PREFIXES):
-                        self._params[key] = Param(key, str(value)[:_PARAM_VALUE_LENGTH])
+                        run.params[key] = Param(key, str(value)[:_PARAM_VALUE_LENGTH])
                     else:
                         tag = RUN_ID_TAG if key == "run_id" else key
-                        self._tags[tag] = RunTag(tag, str(value))
-                if self._start_ms is None:
-                    self._start_ms = _ms(event)
+                        run.tags[tag] = RunTag(tag, str(value))
+                if run.start_ms is None:
+                    run.start_ms = _ms(event)
                 run_name = event.data.get("run_name")
-                if isinstance(run_name, str) and self._run_name is None:
-                    self._run_name = run_name
-                    self._tags["mlflow.runName"] = RunTag("mlflow.runName", run_name)
+                if isinstance(run_name, str) and run.run_name is None:
+                    run.run_name = run_name
+                    run.tags["mlflow.runName"] = RunTag("mlflow.runName", run_name)
         elif name == RUN_END_EVENT:
             status = _STATUS.get(str(event.data.get("status")), "FAILED")
             with self._lock:
-                self._end = (status, _ms(event))
+                self._runs[-1].end = (status, _ms(event))
 
     def _add_metrics(self, event: Event) -> None:
         data = event.data
@@ -189,6 +195,8 @@ class MlflowEventHandler:
         step = data.get("step")
         fixed = isinstance(step, int) and step.__class__ is int and INT64_MIN <= step <= INT64_MAX
         metrics = []
+        with self._lock:
+            run = self._runs[-1]  # this thread alone adds runs (the bus's for this handler)
         for key, value in data.items():
             if fixed and key == "step":
                 continue
@@ -205,16 +213,18 @@ class MlflowEventHandler:
             if fixed:
                 at = int(step)  # type: ignore[arg-type]
             else:
-                at = self._steps.get(key, 0)
-                self._steps[key] = at + 1
+                at = run.steps.get(key, 0)
+                run.steps[key] = at + 1
             metrics.append(Metric(key, number, timestamp, at))
         with self._lock:
-            self._metrics.extend(metrics)
-            excess = len(self._metrics) - self._max_pending
+            run.metrics.extend(metrics)
+            excess = sum(len(r.metrics) for r in self._runs) - self._max_pending
             if excess > 0:
-                for _ in range(excess):
-                    self._metrics.popleft()
                 self.dropped += excess
+                for oldest in self._runs:  # the oldest first
+                    while excess and oldest.metrics:
+                        oldest.metrics.popleft()
+                        excess -= 1
 
     def _skip_histogram(self, key: str) -> None:
         """Count a histogram, which an MLflow metric cannot hold; warn of the first only."""
@@ -237,8 +247,9 @@ class MlflowEventHandler:
         bus has stopped, what a server that never came back did not get (``flush()`` tries
         again)."""
         with self._lock:
-            return (
-                len(self._metrics) + len(self._params) + len(self._tags) + (self._end is not None)
+            return sum(
+                len(r.metrics) + len(r.params) + len(r.tags) + (r.end is not None)
+                for r in self._runs
             )
 
     def flush(self) -> None:
@@ -261,81 +272,94 @@ class MlflowEventHandler:
         if self._client is None:
             self._client = MlflowClient(self._tracking_uri)
         client = self._client
-        if self.run_id is None:
-            self.run_id = self._create_run(client)
-        # Apart: a param MLflow refuses to change must not take metrics down with it.
-        self._send_params_and_tags(client)
-        self._send_metrics(client)
         with self._lock:
-            end = self._end
-        if end is not None:
-            client.set_terminated(self.run_id, status=end[0], end_time=end[1])
+            runs = list(self._runs)
+        for run in runs:  # in order: a failure leaves this one and the later ones for later
+            self._send_run(client, run)
             with self._lock:
-                if self._end == end:
-                    self._end = None
+                if run is not self._runs[-1] and run.sent():
+                    self._runs.popleft()  # over, and all sent
 
-    def _send_params_and_tags(self, client: Any) -> None:
+    def _send_run(self, client: Any, run: _Pending) -> None:
+        if run.run_id is None:
+            run.run_id = self._create_run(client, run)
+        self.run_id = run.run_id
+        # Apart: a param MLflow refuses to change must not take metrics down with it.
+        self._send_params_and_tags(client, run)
+        self._send_metrics(client, run)
+        with self._lock:
+            end = run.end
+        if end is not None:
+            client.set_terminated(run.run_id, status=end[0], end_time=end[1])
+            with self._lock:
+                if run.end == end:
+                    run.end = None
+
+    def _send_params_and_tags(self, client: Any, run: _Pending) -> None:
         while True:
             with self._lock:
-                params = list(self._params.values())[:_PARAMS_TAGS_PER_BATCH]
-                tags = list(self._tags.values())[: _PARAMS_TAGS_PER_BATCH - len(params)]
+                params = list(run.params.values())[:_PARAMS_TAGS_PER_BATCH]
+                tags = list(run.tags.values())[: _PARAMS_TAGS_PER_BATCH - len(params)]
             if not (params or tags):
                 return
             try:
-                client.log_batch(self.run_id, params=params, tags=tags)
+                client.log_batch(run.run_id, params=params, tags=tags)
             except MlflowException as exc:
-                if params and self._drop_refused_params(client, params):
+                if params and self._drop_refused_params(client, run, params):
                     continue  # the rest goes again, without them
-                self._refused(exc, [], params, tags)
+                self._refused(exc, run, [], params, tags)
                 continue
-            self._forget([], params, tags)
+            self._forget(run, [], params, tags)
 
-    def _drop_refused_params(self, client: Any, params: list[Any]) -> bool:
+    def _drop_refused_params(self, client: Any, run: _Pending, params: list[Any]) -> bool:
         """Drop the params of ``params`` already logged to the run with another value, which
         MLflow refuses to change; True if there were any. Raises if the run cannot be read
         (the store is down: everything is sent again at the next flush)."""
-        logged = client.get_run(self.run_id).data.params
+        logged = client.get_run(run.run_id).data.params
         refused = [p for p in params if p.key in logged and logged[p.key] != p.value]
         if not refused:
             return False
-        self._forget([], refused, [])
+        self._forget(run, [], refused, [])
         self.dropped += len(refused)
         # Once per refused param: it is dropped, never sent again.
         logger.warning(
             "MlflowEventHandler: MLflow refuses to change params already logged to run %s "
             "(a resumed run with changed hyperparameters?): %s; the metrics are written "
             "(entries dropped so far: %d)",
-            self.run_id,
+            run.run_id,
             ", ".join(f"{p.key} ({logged[p.key]!r} logged, {p.value!r} dropped)" for p in refused),
             self.dropped,
         )
         return True
 
-    def _send_metrics(self, client: Any) -> None:
+    def _send_metrics(self, client: Any, run: _Pending) -> None:
         while True:
             with self._lock:
-                metrics = [
-                    self._metrics[i] for i in range(min(len(self._metrics), _METRICS_PER_BATCH))
-                ]
+                metrics = [run.metrics[i] for i in range(min(len(run.metrics), _METRICS_PER_BATCH))]
             if not metrics:
                 return
             try:
-                client.log_batch(self.run_id, metrics=metrics)
+                client.log_batch(run.run_id, metrics=metrics)
             except MlflowException as exc:
-                self._refused(exc, metrics, [], [])
+                self._refused(exc, run, metrics, [], [])
                 continue
-            self._forget(metrics, [], [])
+            self._forget(run, metrics, [], [])
             self.written_metrics += len(metrics)
 
     def _refused(
-        self, exc: MlflowException, metrics: list[Any], params: list[Any], tags: list[Any]
+        self,
+        exc: MlflowException,
+        run: _Pending,
+        metrics: list[Any],
+        params: list[Any],
+        tags: list[Any],
     ) -> None:
         """Drop and count a batch the server refused as invalid (a 4xx answer): sending it
         again cannot help. Anything else is raised, and the batch sent again later."""
         status = exc.get_http_status_code()  # type: ignore[no-untyped-call]
         if not 400 <= status < 500:
             raise exc
-        self._forget(metrics, params, tags)
+        self._forget(run, metrics, params, tags)
         self.dropped += len(metrics) + len(params) + len(tags)
         if self._throttle.ready("refused"):
             logger.warning(
@@ -346,18 +370,20 @@ class MlflowEventHandler:
                 self.dropped,
             )
 
-    def _forget(self, metrics: list[Any], params: list[Any], tags: list[Any]) -> None:
+    def _forget(
+        self, run: _Pending, metrics: list[Any], params: list[Any], tags: list[Any]
+    ) -> None:
         with self._lock:
             for _ in metrics:
-                self._metrics.popleft()
+                run.metrics.popleft()
             # By identity: a newer run-start event may have put another value under the key.
-            for kept, sent in ((self._params, params), (self._tags, tags)):
+            for kept, sent in ((run.params, params), (run.tags, tags)):
                 for entry in sent:
                     key = entry.key
                     if kept.get(key) is entry:
                         del kept[key]
 
-    def _create_run(self, client: Any) -> str:
+    def _create_run(self, client: Any, run: _Pending) -> str:
         experiment_id = "0"
         if self._experiment_name is not None:
             experiment = client.get_experiment_by_name(self._experiment_name)
@@ -366,13 +392,43 @@ class MlflowEventHandler:
             else:
                 experiment_id = client.create_experiment(self._experiment_name)
         with self._lock:
-            start = self._start_ms
+            start, name = run.start_ms, run.run_name
         # The run's own start, not this first write's (the store may take seconds to open).
-        run = client.create_run(experiment_id, start_time=start, run_name=self._run_name)
-        return str(run.info.run_id)
+        made = client.create_run(experiment_id, start_time=start, run_name=name)
+        return str(made.info.run_id)
 
     def __repr__(self) -> str:
         return f"<MlflowEventHandler run_id={self.run_id!r}>"
+
+
+class _Pending:
+    """What is collected for one MLflow run (one ``Run``) and not sent yet."""
+
+    __slots__ = (
+        "end",
+        "metrics",
+        "owner",
+        "params",
+        "run_id",
+        "run_name",
+        "start_ms",
+        "steps",
+        "tags",
+    )
+
+    def __init__(self, run_id: str | None, run_name: str | None) -> None:
+        self.run_id = run_id  # MLflow's; None until the run is made
+        self.run_name = run_name
+        self.owner: str | None = None  # the monitor_bus run id of its run-start event
+        self.metrics: deque[Any] = deque()
+        self.params: dict[str, Any] = {}
+        self.tags: dict[str, Any] = {}
+        self.end: tuple[str, int] | None = None
+        self.start_ms: int | None = None  # the run-start event's time, for a run made here
+        self.steps: dict[str, int] = {}
+
+    def sent(self) -> bool:
+        return not (self.metrics or self.params or self.tags or self.end is not None)
 
 
 def _ms(event: Event) -> int:
