@@ -460,6 +460,8 @@ class EventBus:
         if replaced is not None:
             self._leaving.add(replaced)
             replaced.stop()  # it delivers its backlog, then exits; no wait on a stuck one
+        if process.default_bus is self:
+            process.handle_sigterm()  # SIGTERM delivers what it holds (see _lifecycle)
         return EventHandlerHandle._new(handler)
 
     def unregister_event_handler(

@@ -224,9 +224,9 @@ while True:
 """
 
 
-def _sigterm(tmp_path: Path, handling: str) -> tuple[int, Path, str]:
+def _sigterm(tmp_path: Path, handling: str, code: str = _TRAINING) -> tuple[int, Path, str]:
     out = tmp_path / "events.jsonl"
-    path = _script(tmp_path, _TRAINING)
+    path = _script(tmp_path, code)
     with subprocess.Popen(
         [sys.executable, str(path), str(out), handling],
         stdout=subprocess.PIPE,
@@ -253,6 +253,45 @@ def test_sigterm_ends_the_run_and_delivers_the_queued_tail(tmp_path: Path) -> No
     assert [e.data["i"] for e in events[1:-1]] == list(range(10000))
     assert events[-1].data["status"] == "interrupted"
     assert events[-1].data["exception"] == ""
+
+
+_TRAINING_WITHOUT_RUN = """
+import sys, threading, time
+from datetime import datetime, timedelta
+import monitor_bus as monitor
+
+logged = threading.Event()
+
+def slow(event):
+    logged.wait()  # nothing is taken before the loop has logged all: a tail is queued
+    time.sleep(0.00002)  # then a sink slower than the loop: the tail stays queued at SIGTERM
+
+monitor.register_event_handler(monitor.JsonlEventHandler(sys.argv[1]))
+monitor.register_event_handler(slow)
+steps = monitor.Stat("steps", [monitor.Aggregation.COUNT], timedelta(hours=1))
+for i in range(10000):
+    monitor.log_event(monitor.Event("step", datetime.now(), {"i": i}))
+    steps.add(1.0)
+print("ready", monitor.get_default_bus().stats()["queued"] > 0, flush=True)
+logged.set()
+while True:
+    time.sleep(0.01)  # the training loop
+"""
+
+
+def test_sigterm_without_a_run_delivers_the_queued_tail_and_the_open_windows(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM to a program that registered a handler on the default bus and started no Run:
+    every queued event and the Stat's open window are written, and the process still dies of
+    SIGTERM."""
+    code, out, stderr = _sigterm(tmp_path, "", _TRAINING_WITHOUT_RUN)
+    assert code == -signal.SIGTERM, stderr
+    events = list(monitor_bus.read_jsonl(out))
+    assert [e.name for e in events] == ["step"] * 10000 + [monitor_bus.STAT_EVENT]
+    assert [e.data["i"] for e in events[:-1]] == list(range(10000))
+    assert events[-1].data == {"steps.count": 10000}
+    assert stderr == ""
 
 
 def test_sigterm_handling_can_be_turned_off(tmp_path: Path) -> None:
