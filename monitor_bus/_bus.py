@@ -23,7 +23,9 @@ Guarantees
   drop is counted (per handler and in ``stats()``) and reported on the ``monitor_bus`` logger
   at most once per 10 s per bus and per handler, naming them and the count. A Stat window is
   never dropped, under any policy: it is queued past the capacity (at most one per Stat per
-  window). The queue's protocol is in ``_queue.py``.
+  window). Nor, while a bus closes, is what child processes send under ``"block"`` held in
+  the relay: it is queued past the capacity (``close()`` bounds the wait for it). The queue's
+  protocol is in ``_queue.py``.
 - Handlers never share data: each gets its own ``Event`` and its own copy of ``data``.
 - No handler: what is logged while a bus has none goes nowhere, counted (``unhandled`` in
   ``stats()``) and, once the bus has had a handler, named in a warning at close and exit.
@@ -176,6 +178,7 @@ class EventBus:
         self._leaving: set[_Handler] = set()
         self._idle = True  # True: the next log_event schedules a wake-up (or a start)
         self._closed = False
+        self._closing = False  # close() began: see _begin_closing
         self._restarts = 0  # times the dispatcher failed and was started again
         self._errors = 0
         self._errors_lock = threading.Lock()
@@ -340,6 +343,16 @@ class EventBus:
                 n,
             )
 
+    def _begin_closing(self) -> None:
+        """From now on, queue what children send past the limit instead of parking it: a
+        handler stuck under ``"block"`` must not hold up the relay while the bus closes (nor,
+        behind it, what the same children sent other buses). ``close()`` bounds the wait for
+        what is queued, and counts what its handlers miss."""
+        self._closing = True
+        queue = self._queue
+        if queue.parked:
+            queue._room()  # the relay queues what it parked
+
     def _drop_late(self, n: int, *, final: bool = False) -> None:
         """Count ``n`` events from child processes that found this bus closed, and say so (at
         most once per 10 s; ``final``: now, as the relay closes)."""
@@ -370,7 +383,9 @@ class EventBus:
             else:
                 self._dispatcher.hurry()  # a lingering or stopped dispatcher makes no room
                 if not queue.put_nowait(slots):
-                    return False
+                    if not self._closing:
+                        return False
+                    queue.slots.extend(slots)  # closing: past the limit (see _begin_closing)
         self._from_children += 1
         if self._idle:
             self._dispatcher.wake()
@@ -600,6 +615,7 @@ class EventBus:
         deadline = _deadline(timeout)
         dispatcher = self._dispatcher
         if not self._closed:
+            self._begin_closing()
             for stat in self._stats():
                 stat._close()
             # At most half the time: a sweep that cannot settle (a stuck sink under "block")

@@ -20,7 +20,10 @@ Guarantees
   ``multiprocessing`` clears them), in this order: a listening process first waits for its
   live non-daemonic ``multiprocessing`` children (which report to it) to end, up to the
   longest ``exit_timeout`` of its buses; then the open ``Run``s end, every Stat's open window
-  is logged, every bus is closed within its ``exit_timeout``, and the relay is closed. The
+  is logged, every bus is closed, all at once (each on a thread of its own, so a stuck handler
+  on one costs the others nothing), each within its own ``exit_timeout``, and the relay is
+  closed. A closing bus queues what children send past its capacity rather than have the
+  relay hold it (``EventBus._begin_closing``): events the same child sent another bus follow. The
   order does not depend on when ``multiprocessing`` was imported. (Why not simply run after
   ``multiprocessing``'s own join: it terminates the daemonic children first, ``ProcessHandler``
   sinks among them, which the buses still deliver to, and its join has no bound.) A child still
@@ -163,11 +166,7 @@ class _Process:
         end_open_runs(run_status, None)
         for stat in self.stats.snapshot():
             stat._close()
-        for bus in self.buses.snapshot():
-            try:
-                bus._close_at_exit()
-            except Exception:
-                logger.exception("%r: error while closing at exit", bus)
+        self.close_buses()
         if self.uplink is not None:
             self.uplink.close()
         if self.listener is not None:
@@ -175,10 +174,30 @@ class _Process:
             for bus in self.buses.snapshot():
                 bus._drop_late(0, final=True)  # what children sent the closed buses, all said
 
-    def exit_budget(self, *, combined: bool = False) -> float | None:
-        """How long the buses with something to deliver may take at exit: the longest
-        ``exit_timeout`` of theirs, or with ``combined`` their sum (they close one after
-        another); None: no bound."""
+    def close_buses(self) -> None:
+        """Close every bus at once, each within its own ``exit_timeout``: a handler stuck on
+        one bus costs the others none of theirs. (One after another, here, if no thread can
+        start.)"""
+        buses = self.buses.snapshot()
+        for bus in buses:
+            bus._begin_closing()  # every bus first: none holds up what children sent another
+        closers = []
+        for bus in buses:
+            closer = threading.Thread(
+                target=_close_at_exit, args=(bus,), name="monitor_bus-exit", daemon=True
+            )
+            try:
+                closer.start()
+            except RuntimeError:  # no thread to be had
+                _close_at_exit(bus)
+                continue
+            closers.append(closer)
+        for closer in closers:
+            closer.join()  # each close is bounded by its bus's exit_timeout
+
+    def exit_budget(self) -> float | None:
+        """How long the buses with something to deliver may take at exit (they close at
+        once): the longest ``exit_timeout`` of theirs; None: no bound."""
         timeouts = [
             bus._exit_timeout
             for bus in self.buses.snapshot()
@@ -187,7 +206,7 @@ class _Process:
         if None in timeouts:
             return None
         finite = [t for t in timeouts if t is not None]  # all of them, as typed
-        return sum(finite) if combined else max(finite, default=0.0)
+        return max(finite, default=0.0)
 
     def join_children(self) -> None:
         """Wait, within ``exit_budget()``, for the non-daemonic ``multiprocessing`` children
@@ -304,6 +323,13 @@ def module_lock(module: str, name: str) -> threading.Lock:
     return threading.Lock()
 
 
+def _close_at_exit(bus: EventBus) -> None:
+    try:
+        bus._close_at_exit()
+    except Exception:
+        logger.exception("%r: error while closing at exit", bus)
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
     """End the runs ``interrupted`` and deliver what the buses hold within their
     ``exit_timeout`` (the exit sequence, less the wait for children), then die of SIGTERM as
@@ -316,7 +342,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     process.sigterm_installed = False
     # On another thread: this one may have been interrupted holding a lock the exit needs;
     # then the wait below ends at the budget instead of never.
-    budget = process.exit_budget(combined=True)
+    budget = process.exit_budget()
     finisher = threading.Thread(
         target=functools.partial(
             process.at_exit, wait_for_children=False, run_status="interrupted"
