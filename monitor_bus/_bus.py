@@ -664,7 +664,8 @@ class EventBus:
             )
         # Each handler also reports its own as it exits; the lock has each drop reported once.
         dispatcher.report_drops([h for h, _ in targets], final=True)
-        self._final_handlers = [h.snapshot(0, self._queue.dropped) for h, _ in targets]
+        if self._final_handlers is None:  # the close that detached them (others find none)
+            self._final_handlers = [h.snapshot(0, self._queue.dropped) for h, _ in targets]
         if not dispatcher.stop(deadline):
             # After a cut-off, the handlers' wait used the time and that warning says so;
             # the loop is free and ends on its own.

@@ -849,6 +849,8 @@ def test_counters_survive_close(caplog: pytest.LogCaptureFixture) -> None:
     assert bus.close(10) is True
     after = bus.stats()
     assert after == before
+    assert bus.close(10) is True  # idempotent: a second close keeps them too
+    assert bus.stats() == before
     handlers = [
         (h["name"], h["logged"], h["delivered"], h["dropped"], h["errors"])
         for h in after["handlers"]
