@@ -601,7 +601,9 @@ class EventBus:
 
         Idempotent; later ``log_event`` calls are no-ops and registration raises. Handlers
         that have not finished within ``timeout`` are cut off: what they did not get is
-        counted as dropped for them and named in a warning.
+        counted as dropped for them and named in a warning. From the call on, what child
+        processes send is queued even past the capacity under ``"block"``, rather than held
+        in the relay. ``stats()`` keeps the final counts.
 
         Args:
             timeout: seconds to wait; None or ``math.inf`` waits as long as it takes.

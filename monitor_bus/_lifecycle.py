@@ -23,12 +23,12 @@ Guarantees
   is logged, every bus is closed, all at once (each on a thread of its own, so a stuck handler
   on one costs the others nothing), each within its own ``exit_timeout``, and the relay is
   closed. A closing bus queues what children send past its capacity rather than have the
-  relay hold it (``EventBus._begin_closing``): events the same child sent another bus follow. The
-  order does not depend on when ``multiprocessing`` was imported. (Why not simply run after
-  ``multiprocessing``'s own join: it terminates the daemonic children first, ``ProcessHandler``
-  sinks among them, which the buses still deliver to, and its join has no bound.) A child still
-  running after that wait finds its parent's buses closed: what it logs then is counted as
-  dropped in the child and reported there.
+  relay hold it (``EventBus._begin_closing``), so what the same child sent another bus
+  follows. The order does not depend on when ``multiprocessing`` was imported. (Why not
+  simply run after ``multiprocessing``'s own join: it terminates the daemonic children first,
+  ``ProcessHandler`` sinks among them, which the buses still deliver to, and its join has no
+  bound.) A child still running after that wait finds its parent's buses closed: what it
+  logs then is counted as dropped in the child and reported there.
 - SIGTERM: ``handle_sigterm`` (called by ``Run.start`` and by the default bus's handler
   registration) installs the one handler, only from the main thread of a process that is not
   a child of a family, and only over Python's default disposition. On SIGTERM it puts the

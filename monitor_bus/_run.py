@@ -39,11 +39,12 @@ SIGTERM (what torchrun's agent, SLURM and Kubernetes send): a ``Run`` started, o
 registered on the default bus, in the main thread of a process that is not a
 ``multiprocessing`` child, while SIGTERM has Python's default disposition (no handler of the
 user's), installs a handler (``_lifecycle.py`` holds it; ``Run(handle_sigterm=False)`` opts
-the process out: it takes that handler back, and none is installed after). On SIGTERM it restores the default at once (a second SIGTERM kills immediately),
-ends the open runs ``interrupted``, delivers what the buses hold within their ``exit_timeout``
-(the process's exit sequence, less waiting for children), and sends itself SIGTERM again: the
-process still dies of SIGTERM, as its supervisor expects, without running ``finally`` blocks
-or atexit hooks, as before. A handler installed later replaces it; if that handler calls it in
+the process out: it takes that handler back, and none is installed after). On SIGTERM it
+restores the default at once (a second SIGTERM kills immediately), ends the open runs
+``interrupted``, delivers what the buses hold within their ``exit_timeout`` (the process's
+exit sequence, less waiting for children), and sends itself SIGTERM again: the process
+still dies of SIGTERM, as its supervisor expects, without running ``finally`` blocks or
+atexit hooks, as before. A handler installed later replaces it; if that handler calls it in
 turn (as Lightning's does), it does nothing. SIGKILL runs no Python code and records nothing.
 """
 
