@@ -437,7 +437,7 @@ import multiprocessing, sys, threading
 from datetime import datetime
 from monitor_bus import Event, EventBus, JsonlEventHandler
 
-healthy = EventBus(name="healthy", exit_timeout=2)  # made first: closed first, one by one
+healthy = EventBus(name="healthy", exit_timeout=2)  # made first: first in the exit's list
 healthy.register_event_handler(JsonlEventHandler(sys.argv[1]))
 stuck = EventBus(capacity=10, overflow="block", name="stuck", exit_timeout=2)
 entered, never = threading.Event(), threading.Event()
