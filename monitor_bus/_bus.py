@@ -23,8 +23,14 @@ Guarantees
   drop is counted (per handler and in ``stats()``) and reported on the ``monitor_bus`` logger
   at most once per 10 s per bus and per handler, naming them and the count. A Stat window is
   never dropped, under any policy: it is queued past the capacity (at most one per Stat per
-  window). The queue's protocol is in ``_queue.py``.
+  window). Nor, while a bus closes, is what child processes send under ``"block"`` held in
+  the relay: it is queued past the capacity (``close()`` bounds the wait for it). The queue's
+  protocol is in ``_queue.py``.
 - Handlers never share data: each gets its own ``Event`` and its own copy of ``data``.
+- No handler: what is logged while a bus has none goes nowhere, counted (``unhandled`` in
+  ``stats()``) and, once the bus has had a handler, named in a warning at close and exit.
+  Unregistering the last handler first logs each Stat's open window to it, as exit does.
+  A closed bus keeps reporting the counts it closed with.
 - Fork and exit: see ``_lifecycle.py``. Every wait (``register_event_handler``, ``flush``,
   ``close``, leaving a ``with`` block, exit) is bounded by its timeout; ``math.inf`` means no
   limit. ``flush`` also waits for a ``ProcessHandler``'s child to acknowledge what it got.
@@ -159,6 +165,7 @@ class EventBus:
         # Takes each closed Stat window first when set (a merge across processes); returns
         # True for a window it took.
         self._window_tap: Callable[[ClosedWindow], bool] | None = None
+        self._had_handler = False  # a handler was registered once: see _say_unhandled
         self._init_runtime()
         process.buses.add(self)
 
@@ -171,12 +178,19 @@ class EventBus:
         self._leaving: set[_Handler] = set()
         self._idle = True  # True: the next log_event schedules a wake-up (or a start)
         self._closed = False
+        self._closing = False  # close() began: see _begin_closing
         self._restarts = 0  # times the dispatcher failed and was started again
         self._errors = 0
         self._errors_lock = threading.Lock()
         self._from_children = 0  # events the relay queued here
         self._to_parent = 0  # events sent to the parent process
         self._late_dropped = self._late_said = 0  # from children after the close (_drop_late)
+        # Events (Stat windows included) logged while no handler was registered, and of those
+        # the count a warning named (_say_unhandled). Counted without a lock: under the GIL an
+        # int's += runs between two checks for a thread switch, a signal or a collection.
+        self._unhandled = self._unhandled_said = 0
+        # The handlers' counts when close() detached them: a closed bus reports its totals.
+        self._final_handlers: list[dict[str, Any]] | None = None
         self._relay_index = 0  # how this process's relay connection names this bus (0: not yet)
         self._dispatcher = Dispatcher(self)
 
@@ -252,6 +266,8 @@ class EventBus:
         if self._uplink is not None:  # a child process: to the parent, before returning
             self._uplink.send(self, item, window=False)
         if not self._handlers:
+            if self._uplink is None:  # sent to no one: counted
+                self._unhandled += 1
             return
         # Queued flat, as three slots (see _queue for the protocol). Each handler gets an Event
         # rebuilt from the slots, as torch.monitor builds one per handler call.
@@ -294,6 +310,8 @@ class EventBus:
         if self._uplink is not None:
             self._uplink.send(self, item, window=True)
         if not self._handlers:
+            if self._uplink is None:  # sent to no one: counted
+                self._unhandled += 1
             return
         self._queue.put_window(item)
         if self._idle:
@@ -308,10 +326,35 @@ class EventBus:
             self._drop_late(1)
             return
         if not self._handlers:
+            self._unhandled += 1
             return
         queue = self._queue
         if queue.parked or not self._relay_put(item, origin, window):
             queue.parked.append((item, origin, window))  # behind the parked ones: in order
+
+    def _say_unhandled(self) -> None:
+        """Name what was logged while no handler was registered (at close and exit), unless
+        the bus never had a handler: logging nobody listens to is torch.monitor's no-op, and
+        instrumented code runs in programs that never register one."""
+        n = self._unhandled
+        if n != self._unhandled_said and self._had_handler:
+            self._unhandled_said = n
+            logger.warning(
+                "EventBus %r: %d events (Stat windows included) were logged while it had no "
+                "handler and went nowhere: unregister the last handler only once the run is over",
+                self._name,
+                n,
+            )
+
+    def _begin_closing(self) -> None:
+        """From now on, queue what children send past the limit instead of parking it: a
+        handler stuck under ``"block"`` must not hold up the relay while the bus closes (nor,
+        behind it, what the same children sent other buses). ``close()`` bounds the wait for
+        what is queued, and counts what its handlers miss."""
+        self._closing = True
+        queue = self._queue
+        if queue.parked:
+            queue._room()  # the relay queues what it parked
 
     def _drop_late(self, n: int, *, final: bool = False) -> None:
         """Count ``n`` events from child processes that found this bus closed, and say so (at
@@ -343,7 +386,9 @@ class EventBus:
             else:
                 self._dispatcher.hurry()  # a lingering or stopped dispatcher makes no room
                 if not queue.put_nowait(slots):
-                    return False
+                    if not self._closing:
+                        return False
+                    queue.slots.extend(slots)  # closing: past the limit (see _begin_closing)
         self._from_children += 1
         if self._idle:
             self._dispatcher.wake()
@@ -413,6 +458,7 @@ class EventBus:
         with dispatcher.lock:
             if self._closed:
                 raise RuntimeError(f"{self!r} is closed")
+            self._had_handler = True
             if dispatcher.loop is None:
                 dispatcher.start_locked()
         process.ensure_listener()
@@ -432,12 +478,18 @@ class EventBus:
         if replaced is not None:
             self._leaving.add(replaced)
             replaced.stop()  # it delivers its backlog, then exits; no wait on a stuck one
+        if process.default_bus is self:
+            process.handle_sigterm()  # SIGTERM delivers what it holds (see _lifecycle)
         return EventHandlerHandle._new(handler)
 
     def unregister_event_handler(
         self, handle: EventHandlerHandle, timeout: float | None = None
     ) -> bool:
         """Deliver to the handler everything logged before this call, then detach it.
+
+        If it is the bus's last handler, each of the bus's Stats first logs its open window
+        (partial, as at exit), which the handler gets too: with no handler left, a window
+        closed later would go nowhere.
 
         Once this returns, True or False, no further call of the handler starts (bar one its
         thread was starting at that very moment). From inside a handler (its own handle
@@ -552,7 +604,9 @@ class EventBus:
 
         Idempotent; later ``log_event`` calls are no-ops and registration raises. Handlers
         that have not finished within ``timeout`` are cut off: what they did not get is
-        counted as dropped for them and named in a warning.
+        counted as dropped for them and named in a warning. From the call on, what child
+        processes send is queued even past the capacity under ``"block"``, rather than held
+        in the relay. ``stats()`` keeps the final counts.
 
         Args:
             timeout: seconds to wait; None or ``math.inf`` waits as long as it takes.
@@ -566,12 +620,14 @@ class EventBus:
         deadline = _deadline(timeout)
         dispatcher = self._dispatcher
         if not self._closed:
+            self._begin_closing()
             for stat in self._stats():
                 stat._close()
             # At most half the time: a sweep that cannot settle (a stuck sink under "block")
             # must leave time to detach the handlers.
             self._sweep_children(None if timeout is None else timeout / 2)
             dispatcher.ensure_running()
+            self._say_unhandled()
         with dispatcher.lock:
             self._closed = True
         self._queue.close()
@@ -613,6 +669,8 @@ class EventBus:
             )
         # Each handler also reports its own as it exits; the lock has each drop reported once.
         dispatcher.report_drops([h for h, _ in targets], final=True)
+        if self._final_handlers is None:  # the close that detached them (others find none)
+            self._final_handlers = [h.snapshot(0, self._queue.dropped) for h, _ in targets]
         if not dispatcher.stop(deadline):
             # After a cut-off, the handlers' wait used the time and that warning says so;
             # the loop is free and ends on its own.
@@ -662,18 +720,25 @@ class EventBus:
         ``handler_errors``, ``handler_dropped`` (sum over handlers, queue drops included),
         ``dispatcher_restarts`` (times the dispatcher failed, was logged and started again),
         ``from_children`` (events child processes sent here, included in ``logged``),
-        ``to_parent`` (in a child process: events sent to the parent), ``device_values``
+        ``to_parent`` (in a child process: events sent to the parent), ``unhandled`` (events
+        and Stat windows logged while the bus had no handler, which went nowhere; named in a
+        warning at close and exit if the bus ever had a handler), ``device_values``
         (tensors and device arrays logged but not read yet: in Stats' open windows, and in
         events and windows queued) and ``handlers``: one
         mapping per registered handler with ``name``, ``async``, ``logged`` (events logged
         while it was registered), ``delivered``, ``errors``, ``dropped`` and ``pending``. For
-        each handler, ``logged == delivered + dropped + pending``.
+        each handler, ``logged == delivered + dropped + pending``. After ``close()``, the
+        counts it closed with, the handlers it detached included.
         """
         queue = self._queue
         held = self._dispatcher.held  # taken from the queue, waiting for a device: still queued
         queued = len(queue) + count_events(len(held))
         dropped = queue.dropped
-        handlers = [h.snapshot(queued, dropped) for h in self._handlers]
+        final = self._final_handlers
+        if final is not None and not self._handlers:  # closed: the counts it closed with
+            handlers = [dict(h) for h in final]
+        else:
+            handlers = [h.snapshot(queued, dropped) for h in self._handlers]
         return {
             "logged": queue.consumed + len(queue) + dropped,
             "dropped": dropped,
@@ -684,6 +749,7 @@ class EventBus:
             "dispatcher_restarts": self._restarts,
             "from_children": self._from_children,
             "to_parent": self._to_parent,
+            "unhandled": self._unhandled,
             "handlers": handlers,
         }
 
@@ -708,6 +774,7 @@ class EventBus:
         """Close within ``exit_timeout`` (interpreter exit, a ``with`` block's end)."""
         if self._dispatcher.loop is None and not self._queue.slots:
             self._closed = True
+            self._say_unhandled()
             return
         self.close(self._exit_timeout)  # what it could not deliver, it names in a warning
 

@@ -492,6 +492,12 @@ class Dispatcher:
         if not handler.registered:
             return None
         bus = self.bus
+        handlers = bus._handlers
+        if len(handlers) == 1 and handlers[0] is handler:
+            # The last one: the Stats' open windows go to it (partial, as at exit), since no
+            # handler would be left to take them when they close.
+            for stat in bus._stats():
+                stat._close()
         self._drain(force=True)
         target = self._retire(handler)
         bus._handlers = tuple(h for h in bus._handlers if h is not handler)

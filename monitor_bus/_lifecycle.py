@@ -20,21 +20,32 @@ Guarantees
   ``multiprocessing`` clears them), in this order: a listening process first waits for its
   live non-daemonic ``multiprocessing`` children (which report to it) to end, up to the
   longest ``exit_timeout`` of its buses; then the open ``Run``s end, every Stat's open window
-  is logged, every bus is closed within its ``exit_timeout``, and the relay is closed. The
-  order does not depend on when ``multiprocessing`` was imported. (Why not simply run after
-  ``multiprocessing``'s own join: it terminates the daemonic children first, ``ProcessHandler``
-  sinks among them, which the buses still deliver to, and its join has no bound.) A child still
-  running after that wait finds its parent's buses closed: what it logs then is counted as
-  dropped in the child and reported there.
+  is logged, every bus is closed, all at once (each on a thread of its own, so a stuck handler
+  on one costs the others nothing), each within its own ``exit_timeout``, and the relay is
+  closed. A closing bus queues what children send past its capacity rather than have the
+  relay hold it (``EventBus._begin_closing``), so what the same child sent another bus
+  follows. The order does not depend on when ``multiprocessing`` was imported. (Why not
+  simply run after ``multiprocessing``'s own join: it terminates the daemonic children first,
+  ``ProcessHandler`` sinks among them, which the buses still deliver to, and its join has no
+  bound.) A child still running after that wait finds its parent's buses closed: what it
+  logs then is counted as dropped in the child and reported there.
+- SIGTERM: ``handle_sigterm`` (called by ``Run.start`` and by the default bus's handler
+  registration) installs the one handler, only from the main thread of a process that is not
+  a child of a family, and only over Python's default disposition. On SIGTERM it puts the
+  default back, runs the exit sequence (runs ended ``interrupted``, no wait for children) on a
+  thread of its own within the buses' ``exit_timeout``, and sends itself SIGTERM again: the
+  process dies of SIGTERM, as without it. A forked child takes it back.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import itertools
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -95,6 +106,8 @@ class _Process:
         self.module_locks: list[tuple[str, str]] = []  # (module, name): see module_lock()
         self.finalizer: Any = None  # multiprocessing's Finalize running at_exit
         self.multiprocessing_hooked = False
+        self.sigterm_installed = False  # _on_sigterm is SIGTERM's handler (handle_sigterm)
+        self.sigterm_left = False  # Run(handle_sigterm=False): SIGTERM is left alone
         self.listener: Listener | None = None  # children report here
         self.uplink: Uplink | None = None  # this process reports there
         parent = parse_environment()
@@ -143,20 +156,17 @@ class _Process:
         for bus in self.buses.snapshot():
             bus._uplink = None
 
-    def at_exit(self, *, wait_for_children: bool = True) -> None:
-        """End the process's part: runs, Stats, buses, then the relay (see the guarantees)."""
+    def at_exit(self, *, wait_for_children: bool = True, run_status: str = "success") -> None:
+        """End the process's part: runs (with ``run_status``), Stats, buses, then the relay
+        (see the guarantees)."""
         if wait_for_children:
             self.join_children()
         from ._run import end_open_runs  # _run depends on this module, not the reverse
 
-        end_open_runs("success", None)
+        end_open_runs(run_status, None)
         for stat in self.stats.snapshot():
             stat._close()
-        for bus in self.buses.snapshot():
-            try:
-                bus._close_at_exit()
-            except Exception:
-                logger.exception("%r: error while closing at exit", bus)
+        self.close_buses()
         if self.uplink is not None:
             self.uplink.close()
         if self.listener is not None:
@@ -164,10 +174,30 @@ class _Process:
             for bus in self.buses.snapshot():
                 bus._drop_late(0, final=True)  # what children sent the closed buses, all said
 
-    def exit_budget(self, *, combined: bool = False) -> float | None:
-        """How long the buses with something to deliver may take at exit: the longest
-        ``exit_timeout`` of theirs, or with ``combined`` their sum (they close one after
-        another); None: no bound."""
+    def close_buses(self) -> None:
+        """Close every bus at once, each within its own ``exit_timeout``: a handler stuck on
+        one bus costs the others none of theirs. (One after another, here, if no thread can
+        start.)"""
+        buses = self.buses.snapshot()
+        for bus in buses:
+            bus._begin_closing()  # every bus first: none holds up what children sent another
+        closers = []
+        for bus in buses:
+            closer = threading.Thread(
+                target=_close_at_exit, args=(bus,), name="monitor_bus-exit", daemon=True
+            )
+            try:
+                closer.start()
+            except RuntimeError:  # no thread to be had
+                _close_at_exit(bus)
+                continue
+            closers.append(closer)
+        for closer in closers:
+            closer.join()  # each close is bounded by its bus's exit_timeout
+
+    def exit_budget(self) -> float | None:
+        """How long the buses with something to deliver may take at exit (they close at
+        once): the longest ``exit_timeout`` of theirs; None: no bound."""
         timeouts = [
             bus._exit_timeout
             for bus in self.buses.snapshot()
@@ -176,7 +206,7 @@ class _Process:
         if None in timeouts:
             return None
         finite = [t for t in timeouts if t is not None]  # all of them, as typed
-        return sum(finite) if combined else max(finite, default=0.0)
+        return max(finite, default=0.0)
 
     def join_children(self) -> None:
         """Wait, within ``exit_budget()``, for the non-daemonic ``multiprocessing`` children
@@ -195,6 +225,37 @@ class _Process:
         for child in children:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             child.join(left)
+
+    def handle_sigterm(self) -> None:
+        """Install ``_on_sigterm`` if this is the main thread of the main process and SIGTERM
+        has Python's default disposition (never over a handler of the user's)."""
+        if self.sigterm_installed or self.sigterm_left or not hasattr(signal, "SIGTERM"):
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return
+        mp = sys.modules.get("multiprocessing")
+        if mp is not None and mp.parent_process() is not None:
+            return  # a multiprocessing child: its parent decides how the family ends
+        if self.uplink is not None and self.uplink.linked:
+            return  # a forked child of a family
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        self.sigterm_installed = True
+
+    def leave_sigterm(self) -> None:
+        """Leave SIGTERM to Python's default from now on: take ``_on_sigterm`` back if it is
+        still SIGTERM's handler, and install it no more."""
+        self.sigterm_left = True
+        if self.sigterm_installed:
+            self.forget_sigterm()
+
+    def forget_sigterm(self) -> None:
+        """Put back the default disposition if ``_on_sigterm`` still has SIGTERM."""
+        self.sigterm_installed = False
+        with contextlib.suppress(ValueError):  # not the main thread (a fork from another one)
+            if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def finalize_with_multiprocessing(self) -> None:
         """A multiprocessing child ends in ``os._exit``, past atexit; its finalizers still run."""
@@ -230,6 +291,8 @@ class _Process:
 
     def after_fork_in_child(self) -> None:
         self.default_lock = threading.Lock()
+        if self.sigterm_installed:  # a forked child is not the main process
+            self.forget_sigterm()
         for module, name in self.module_locks:
             setattr(sys.modules[module], name, threading.Lock())
         self.bus_threads.clear()
@@ -258,6 +321,38 @@ def module_lock(module: str, name: str) -> threading.Lock:
     forked child finds replaced by a new one. Read the variable at each use."""
     process.module_locks.append((module, name))
     return threading.Lock()
+
+
+def _close_at_exit(bus: EventBus) -> None:
+    try:
+        bus._close_at_exit()
+    except Exception:
+        logger.exception("%r: error while closing at exit", bus)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """End the runs ``interrupted`` and deliver what the buses hold within their
+    ``exit_timeout`` (the exit sequence, less the wait for children), then die of SIGTERM as
+    without this handler."""
+    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+        # A handler installed later calls this one (Lightning's composes the ones before it):
+        # that handler owns SIGTERM, and may well mean the process to go on (SLURM requeue).
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+    process.sigterm_installed = False
+    # On another thread: this one may have been interrupted holding a lock the exit needs;
+    # then the wait below ends at the budget instead of never.
+    budget = process.exit_budget()
+    finisher = threading.Thread(
+        target=functools.partial(
+            process.at_exit, wait_for_children=False, run_status="interrupted"
+        ),
+        name="monitor_bus-sigterm",
+        daemon=True,
+    )
+    finisher.start()
+    finisher.join(None if budget is None else budget + 1.0)  # + the relay's close
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def in_bus_thread() -> bool:

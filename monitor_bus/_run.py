@@ -35,22 +35,22 @@ compile ran nothing and ends nothing). A run still open at a normal exit records
 and so does ``sys.exit()`` with any code (Python tells an exit hook no exit code): end the run
 yourself before a failing ``sys.exit``.
 
-SIGTERM (what torchrun's agent, SLURM and Kubernetes send): a ``Run`` started in the main
-thread of a process that is not a ``multiprocessing`` child, while SIGTERM has Python's
-default disposition (no handler of the user's), installs a handler (``handle_sigterm=False``
-opts out). On SIGTERM it restores the default at once (a second SIGTERM kills immediately),
-ends the open runs ``interrupted``, delivers what the buses hold within their ``exit_timeout``
-(the process's exit sequence, less waiting for children), and sends itself SIGTERM again: the
-process still dies of SIGTERM, as its supervisor expects, without running ``finally`` blocks
-or atexit hooks, as before. A handler installed later replaces it; if that handler calls it in
+SIGTERM (what torchrun's agent, SLURM and Kubernetes send): a ``Run`` started, or a handler
+registered on the default bus, in the main thread of a process that is not a
+``multiprocessing`` child, while SIGTERM has Python's default disposition (no handler of the
+user's), installs a handler (``_lifecycle.py`` holds it; ``Run(handle_sigterm=False)`` opts
+the process out: it takes that handler back, and none is installed after). On SIGTERM it
+restores the default at once (a second SIGTERM kills immediately), ends the open runs
+``interrupted``, delivers what the buses hold within their ``exit_timeout`` (the process's
+exit sequence, less waiting for children), and sends itself SIGTERM again: the process
+still dies of SIGTERM, as its supervisor expects, without running ``finally`` blocks or
+atexit hooks, as before. A handler installed later replaces it; if that handler calls it in
 turn (as Lightning's does), it does nothing. SIGKILL runs no Python code and records nothing.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
 import sys
 import threading
@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._check import wrong_type
 from ._event import Event, data_value_t
+from ._lifecycle import process
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -178,7 +179,9 @@ class Run:
         bus: the bus to log to; the default bus if omitted.
         handle_sigterm: whether ``start()`` may install the SIGTERM handler that ends the run
             and delivers the queued events (see [SIGTERM](integrations.md#sigterm): only in the main thread of
-            the main process, and only where SIGTERM has no handler yet).
+            the main process, and only where SIGTERM has no handler yet). False leaves SIGTERM
+            to Python's default for the whole process: ``start()`` takes back the handler the
+            default bus installed, and none is installed after.
 
     Raises:
         TypeError: an argument has the wrong type.
@@ -245,7 +248,9 @@ class Run:
         self._log(RUN_START_EVENT, self.start_data())
         _open(self)
         if self._handle_sigterm:
-            _handle_sigterm()
+            process.handle_sigterm()
+        else:
+            process.leave_sigterm()
         return self
 
     def end(self, status: str = "success", exception: BaseException | None = None) -> bool:
@@ -325,8 +330,6 @@ def _open(run: Run) -> None:
     # The exit sequence (_lifecycle's at_exit) ends the runs before the buses close; a
     # multiprocessing child runs it from its finalizers, registered here if not yet.
     if "multiprocessing" in sys.modules:
-        from ._lifecycle import process
-
         process.finalize_with_multiprocessing()
     if "IPython" in sys.modules:
         _watch_cells()
@@ -381,67 +384,3 @@ def _after_cell(result: Any) -> None:
     exc = getattr(result, "error_in_exec", None)  # error_before_exec: nothing ran
     if exc is not None:
         end_open_runs(status_of(exc), exc)
-
-
-# -- SIGTERM --
-
-_sigterm_installed = False
-
-
-def _handle_sigterm() -> None:
-    """Install ``_on_sigterm`` if this is the main thread of the main process and SIGTERM
-    has Python's default disposition (never over a handler of the user's)."""
-    global _sigterm_installed
-    if _sigterm_installed or not hasattr(signal, "SIGTERM"):
-        return
-    if threading.current_thread() is not threading.main_thread():
-        return
-    mp = sys.modules.get("multiprocessing")
-    if mp is not None and mp.parent_process() is not None:
-        return  # a multiprocessing child: its parent decides how the family ends
-    from ._lifecycle import process
-
-    if process.uplink is not None and process.uplink.linked:
-        return  # a forked child of a family
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    _sigterm_installed = True
-
-
-def _forget_sigterm() -> None:
-    """A forked child is not the main process: the handler it inherited is taken back."""
-    global _sigterm_installed
-    if _sigterm_installed:
-        _sigterm_installed = False
-        with contextlib.suppress(ValueError):  # forked from a thread other than the main one
-            if signal.getsignal(signal.SIGTERM) is _on_sigterm:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-os.register_at_fork(after_in_child=_forget_sigterm)
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    """End the runs and deliver what is queued within the buses' ``exit_timeout``, then die of
-    SIGTERM as without this handler."""
-    global _sigterm_installed
-    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
-        # A handler installed later calls this one (Lightning's composes the ones before it):
-        # that handler owns SIGTERM, and may well mean the process to go on (SLURM requeue).
-        return
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
-    _sigterm_installed = False
-    from ._lifecycle import process
-
-    def finish() -> None:
-        end_open_runs("interrupted", None)
-        process.at_exit(wait_for_children=False)
-
-    # On another thread: this one may have been interrupted holding a lock the exit needs;
-    # then the wait below ends at the budget instead of never.
-    budget = process.exit_budget(combined=True)
-    finisher = threading.Thread(target=finish, name="monitor_bus-sigterm", daemon=True)
-    finisher.start()
-    finisher.join(None if budget is None else budget + 1.0)  # + the relay's close
-    os.kill(os.getpid(), signal.SIGTERM)

@@ -742,3 +742,117 @@ def test_no_thread_in_a_child_queues_warns_and_recovers(recorder: Recorder) -> N
     assert recorder.events == held.events == []  # the child ran its own copies
     assert own.close(10)
     assert blocky.close(10)
+
+
+def test_unregistering_the_last_handler_delivers_the_open_windows_first(
+    bus: EventBus, recorder: Recorder
+) -> None:
+    """Unregistering a bus's last handler logs each Stat's open window (partial, as exit does)
+    and delivers it to that handler before detaching it; nothing is counted as unhandled."""
+    handle = bus.register_event_handler(recorder)
+    stat = Stat("x", [Aggregation.SUM, Aggregation.COUNT], timedelta(hours=1), bus=bus)
+    stat.add(1.0)
+    stat.add(2.0)
+    assert bus.flush(10)
+    assert recorder.events == []  # the window is still open
+    assert bus.unregister_event_handler(handle, timeout=10) is True
+    assert [(e.name, e.data) for e in recorder.events] == [
+        (STAT_EVENT, {"x.sum": 3.0, "x.count": 2})
+    ]
+    assert stat.count == 0
+    assert bus.stats()["unhandled"] == 0
+
+
+def test_unregistering_one_of_two_handlers_leaves_the_windows_open(
+    bus: EventBus, recorder: Recorder
+) -> None:
+    """Only the last handler's leaving closes the windows: another handler still listens."""
+    first = Recorder()
+    handle = bus.register_event_handler(first)
+    last = bus.register_event_handler(recorder)
+    stat = Stat("x", [Aggregation.COUNT], timedelta(hours=1), bus=bus)
+    stat.add(1.0)
+    assert bus.unregister_event_handler(handle, timeout=10) is True
+    assert first.events == []
+    assert stat.count == 1
+    assert bus.unregister_event_handler(last, timeout=10) is True
+    assert [e.data for e in recorder.events] == [{"x.count": 1}]
+    assert first.events == []
+
+
+def test_what_is_logged_with_no_handler_left_is_counted_and_named_once_at_close(
+    recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Events and Stat windows logged after the last handler left are counted in
+    ``stats()["unhandled"]`` and named in one warning at close, counted after close too."""
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    bus = EventBus(name="deaf")
+    stat = Stat("x", [Aggregation.COUNT], timedelta(hours=1), bus=bus)
+    handle = bus.register_event_handler(recorder)
+    assert bus.unregister_event_handler(handle, timeout=10) is True
+    for i in range(3):
+        bus.log_event(ev(i))
+    bus.log("e", i=3)
+    stat.add(1.0)  # its window is logged by close(), with no handler to take it
+    assert bus.stats()["unhandled"] == 4
+    assert bus.close(10) is True
+    assert bus.stats()["unhandled"] == 5
+    assert [r.getMessage() for r in caplog.records if r.name == "monitor_bus"] == [
+        "EventBus 'deaf': 5 events (Stat windows included) were logged while it had no handler"
+        " and went nowhere: unregister the last handler only once the run is over"
+    ]
+    assert recorder.events == []
+
+
+def test_a_bus_that_never_had_a_handler_counts_but_says_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Logging on a bus nobody ever listened to is torch.monitor's no-op: counted, not warned."""
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    bus = EventBus(name="quiet")
+    stat = Stat("x", [Aggregation.COUNT], timedelta(hours=1), bus=bus)
+    bus.log_event(ev(0))
+    stat.add(1.0)
+    assert bus.close(10) is True
+    assert bus.stats()["unhandled"] == 2
+    assert [r for r in caplog.records if r.name == "monitor_bus"] == []
+
+
+def test_counters_survive_close(caplog: pytest.LogCaptureFixture) -> None:
+    """A closed bus keeps reporting its final counts: queue drops, per-handler drops and
+    errors read the same after close() as before it."""
+    from .conftest import LoopGate
+
+    caplog.set_level(logging.ERROR, logger="monitor_bus")
+    gate = LoopGate()
+    calls: list[int] = []
+    failed = threading.Event()
+
+    def failing(e: Event) -> None:
+        calls.append(1)
+        failed.set()
+        raise OSError("the disk is full")
+
+    bus = EventBus(capacity=10, name="totals")
+    bus.register_event_handler(gate, name="gate")
+    bus.register_event_handler(failing, name="failing")
+    gate.hold(bus)  # the loop is blocked: nothing leaves the queue
+    assert failed.wait(10)  # its backlog is empty: only the queue drops
+    for i in range(100):
+        bus.log_event(ev(i))
+    gate.release.set()
+    assert bus.flush(10)
+    before = bus.stats()
+    assert before["dropped"] == 90
+    assert before["handler_dropped"] == 180
+    assert before["handler_errors"] == len(calls) == 11
+    assert bus.close(10) is True
+    after = bus.stats()
+    assert after == before
+    assert bus.close(10) is True  # idempotent: a second close keeps them too
+    assert bus.stats() == before
+    handlers = [
+        (h["name"], h["logged"], h["delivered"], h["dropped"], h["errors"])
+        for h in after["handlers"]
+    ]
+    assert handlers == [("gate", 101, 11, 90, 0), ("failing", 101, 11, 90, 11)]

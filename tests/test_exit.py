@@ -3,6 +3,7 @@ cleanly, a notebook's crashed cell fails its run. Each test runs a real interpre
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -224,9 +225,9 @@ while True:
 """
 
 
-def _sigterm(tmp_path: Path, handling: str) -> tuple[int, Path, str]:
+def _sigterm(tmp_path: Path, handling: str, code: str = _TRAINING) -> tuple[int, Path, str]:
     out = tmp_path / "events.jsonl"
-    path = _script(tmp_path, _TRAINING)
+    path = _script(tmp_path, code)
     with subprocess.Popen(
         [sys.executable, str(path), str(out), handling],
         stdout=subprocess.PIPE,
@@ -253,6 +254,45 @@ def test_sigterm_ends_the_run_and_delivers_the_queued_tail(tmp_path: Path) -> No
     assert [e.data["i"] for e in events[1:-1]] == list(range(10000))
     assert events[-1].data["status"] == "interrupted"
     assert events[-1].data["exception"] == ""
+
+
+_TRAINING_WITHOUT_RUN = """
+import sys, threading, time
+from datetime import datetime, timedelta
+import monitor_bus as monitor
+
+logged = threading.Event()
+
+def slow(event):
+    logged.wait()  # nothing is taken before the loop has logged all: a tail is queued
+    time.sleep(0.00002)  # then a sink slower than the loop: the tail stays queued at SIGTERM
+
+monitor.register_event_handler(monitor.JsonlEventHandler(sys.argv[1]))
+monitor.register_event_handler(slow)
+steps = monitor.Stat("steps", [monitor.Aggregation.COUNT], timedelta(hours=1))
+for i in range(10000):
+    monitor.log_event(monitor.Event("step", datetime.now(), {"i": i}))
+    steps.add(1.0)
+print("ready", monitor.get_default_bus().stats()["queued"] > 0, flush=True)
+logged.set()
+while True:
+    time.sleep(0.01)  # the training loop
+"""
+
+
+def test_sigterm_without_a_run_delivers_the_queued_tail_and_the_open_windows(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM to a program that registered a handler on the default bus and started no Run:
+    every queued event and the Stat's open window are written, and the process still dies of
+    SIGTERM."""
+    code, out, stderr = _sigterm(tmp_path, "", _TRAINING_WITHOUT_RUN)
+    assert code == -signal.SIGTERM, stderr
+    events = list(monitor_bus.read_jsonl(out))
+    assert [e.name for e in events] == ["step"] * 10000 + [monitor_bus.STAT_EVENT]
+    assert [e.data["i"] for e in events[:-1]] == list(range(10000))
+    assert events[-1].data == {"steps.count": 10000}
+    assert stderr == ""
 
 
 def test_sigterm_handling_can_be_turned_off(tmp_path: Path) -> None:
@@ -390,3 +430,50 @@ def test_a_crashed_notebook_cell_fails_the_run(tmp_path: Path) -> None:
     assert [e.name for e in events] == [RUN_START_EVENT, RUN_END_EVENT]
     assert events[1].data["status"] == "failed"
     assert events[1].data["exception"] == "builtins.ValueError"
+
+
+_TWO_BUSES = """
+import multiprocessing, sys, threading
+from datetime import datetime
+from monitor_bus import Event, EventBus, JsonlEventHandler
+
+healthy = EventBus(name="healthy", exit_timeout=2)  # made first: first in the exit's list
+healthy.register_event_handler(JsonlEventHandler(sys.argv[1]))
+stuck = EventBus(capacity=10, overflow="block", name="stuck", exit_timeout=2)
+entered, never = threading.Event(), threading.Event()
+
+def sink(event):
+    entered.set()
+    never.wait()
+
+stuck.register_event_handler(sink, name="sink")
+
+def child(stuck, healthy):
+    for i in range(500):
+        stuck.log_event(Event("s", datetime.now(), {"i": i}))
+        healthy.log_event(Event("h", datetime.now(), {"i": i}))
+
+if __name__ == "__main__":
+    proc = multiprocessing.get_context("fork").Process(target=child, args=(stuck, healthy))
+    proc.start()
+    proc.join()
+    assert entered.wait(30)
+"""
+
+
+def test_a_stuck_sink_on_one_bus_costs_the_other_buses_nothing_at_exit(tmp_path: Path) -> None:
+    """At exit each bus gets its own exit_timeout: a sink stuck under "block" on one bus (its
+    child's events parked in the relay) no longer holds up the events the same child sent
+    another bus, which all arrive; the stuck bus's losses are counted and named."""
+    out = tmp_path / "healthy.jsonl"
+    proc = _run(_script(tmp_path, _TWO_BUSES), str(out))
+    assert proc.returncode == 0, proc.stderr
+    events = list(monitor_bus.read_jsonl(out))
+    assert [e.data["i"] for e in events] == list(range(500)), proc.stderr
+    assert "'healthy'" not in proc.stderr
+    undelivered = re.search(
+        r"cut off: 'sink' \((\d+) undelivered, 1 in its current call\)", proc.stderr
+    )
+    assert undelivered is not None, proc.stderr
+    dropped = re.findall(r"EventBus 'stuck' .*?(\d+) dropped in all", proc.stderr)
+    assert int(undelivered[1]) + (int(dropped[-1]) if dropped else 0) == 499, proc.stderr

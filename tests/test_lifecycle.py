@@ -169,3 +169,26 @@ def test_multiprocessing_child_delivers_without_flush(method: str, tmp_path: Pat
     proc.join(60)
     assert proc.exitcode == 0
     assert path.read_text().splitlines() == ["work"] * 500 + ["torch.monitor.Stat"]
+
+
+def test_what_is_logged_after_the_last_handler_left_is_named_at_exit() -> None:
+    """A program that unregisters its only handler and goes on logging is told at exit, once,
+    how many events (a Stat window included) went nowhere."""
+    result = run_child(
+        """
+        from datetime import timedelta
+        import monitor_bus as monitor
+        handle = monitor.register_event_handler(lambda event: None)
+        steps = monitor.Stat("steps", [monitor.Aggregation.COUNT], timedelta(hours=1))
+        assert monitor.unregister_event_handler(handle, timeout=10)
+        steps.add(1.0)  # its window is logged at exit, with no handler to take it
+        monitor.log("after", i=1)
+        monitor.log("after", i=2)
+        assert monitor.get_default_bus().stats()["unhandled"] == 2
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == (
+        "EventBus 'default': 3 events (Stat windows included) were logged while it had no "
+        "handler and went nowhere: unregister the last handler only once the run is over\n"
+    )
