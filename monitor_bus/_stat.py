@@ -812,8 +812,9 @@ def merge_moments(a: Moments, b: Moments) -> Moments:
     exact_a = Fraction(shift_a) + Fraction(mean_a)
     exact_b = Fraction(shift_b) + Fraction(mean_b)
     total = (na * exact_a + nb * exact_b) / n
-    squares = na * (Fraction(sd_a) ** 2 + (exact_a - total) ** 2)
-    squares += nb * (Fraction(sd_b) ** 2 + (exact_b - total) ** 2)
+    dev_a, dev_b = Fraction(sd_a), Fraction(sd_b)
+    gap_a, gap_b = exact_a - total, exact_b - total
+    squares = na * (dev_a * dev_a + gap_a * gap_a) + nb * (dev_b * dev_b + gap_b * gap_b)
     return _exact(n, shift_a, total, squares / n)
 
 
@@ -855,7 +856,7 @@ def _exact_moments(values: list[float], shift: float) -> Moments:
     exact = list(map(Fraction, values))
     n = len(exact)
     mean = sum(exact, Fraction(0)) / n
-    return _exact(n, shift, mean, sum((v - mean) ** 2 for v in exact) / n)
+    return _exact(n, shift, mean, sum(((v - mean) * (v - mean) for v in exact), Fraction(0)) / n)
 
 
 def _exact(n: int, shift: float, mean: Fraction, variance: Fraction) -> Moments:
