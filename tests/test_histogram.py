@@ -392,17 +392,15 @@ def test_round_trips_at_the_ends_of_the_index_range(scale: int) -> None:
     """At every scale, buckets at the lowest and the highest index of a float round trip
     through pickle and to_dict; one bucket past either end is refused naming the field."""
     low, high = index_range(scale)
-    ends = one_sample(scale, low).merge(one_sample(scale, high - 1, negative=True))
-    ends = ends.merge(
-        Histogram(
-            scale=scale,
-            positive_offset=high,
-            positive_counts=[1],
-            sum=1.0,
-            min=1.0,
-            max=1.0,
-            max_buckets=3,
-        )
+    ends = Histogram(
+        scale=scale,
+        positive_offset=low,
+        positive_counts=[1],
+        negative_offset=high,
+        negative_counts=[1],
+        sum=0.0,
+        min=-1.0,
+        max=1.0,
     )
     for h in (one_sample(scale, low), one_sample(scale, high, negative=True), ends):
         assert pickle.loads(pickle.dumps(h)) == h
