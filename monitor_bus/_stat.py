@@ -61,8 +61,8 @@ Moments = tuple[int, float, float, float]
 """``(n, shift, mean, sd)`` of some samples: their mean is ``shift + mean`` (``shift`` is a
 sample, so ``mean`` keeps its low digits for samples far from zero; 0.0 for samples spread
 wider than the float range) and ``sd`` is their population standard deviation (a root, not a
-sum of squares, so it is finite for any finite samples). ``mean`` and ``sd`` are NaN once a
-sample is infinite or NaN."""
+sum of squares, so it is finite for any finite samples); NaN once a sample is infinite or
+NaN."""
 _NO_MOMENTS: Moments = (0, 0.0, 0.0, 0.0)
 
 # Samples buffered before they are folded: bounds a window's memory whatever the add rate.
@@ -805,7 +805,7 @@ def merge_moments(a: Moments, b: Moments) -> Moments:
     if mean - mean == 0 and sd - sd == 0:  # both finite: the common case
         return (n, shift_a, mean, sd)
     if not all(map(math.isfinite, (shift_a, mean_a, sd_a, shift_b, mean_b, sd_b))):
-        return (n, shift_a, math.nan, math.nan)  # an infinite or NaN sample
+        return (n, shift_a, mean, math.nan)  # an infinite or NaN sample: its mean stands
     # Finite samples spread near the float range's ends: rare, so exactly.
     from fractions import Fraction
 
@@ -840,7 +840,7 @@ def _chunk_moments(values: list[float], shift: float) -> Moments:
         mean = math.nan
     if mean - mean != 0:  # an infinite or NaN sample, or an offset past the float range
         if not _all_finite(values):
-            return (n, shift, math.nan, math.nan)
+            return (n, shift, mean, math.nan)
         return _exact_moments(values, shift)
     sd = math.dist(offsets, [mean] * n) / math.sqrt(n)
     if sd == math.inf:  # a deviation past the float range, of finite samples
