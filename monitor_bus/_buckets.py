@@ -19,12 +19,22 @@ MAX_SCALE = 20
 """The finest scale, where every Histogram starts (OpenTelemetry's SDK's default)."""
 MIN_SCALE = -10
 """The coarsest scale: every float magnitude fits 3 buckets there."""
+MAX_BUCKETS_LIMIT = 1 << 16
+"""The most ``max_buckets`` may be: a merge's result holds up to that many buckets per sign,
+however few its sides hold."""
 
 # The exact sum is an int counting 2**-1074 (the smallest subnormal float), so every float
 # sample is a whole number of them.
 UNIT_EXP = 1074
 # |exact sum| < 2**63 samples * 2**1024: a bound for decoded exact sums.
 _MAX_EXACT_BITS = UNIT_EXP + 1024 + 64
+
+# The buckets of the float magnitudes at MAX_SCALE: from the smallest subnormal, 2**-1074 (a
+# power of two, so the upper bound of its bucket), to the largest float (its log2 rounds to
+# 1024). OpenTelemetry's rule with subnormals in buckets of their own (its SDK puts them in
+# the lowest normal one); at scale 20 the indices still fit OTLP's sint32 offsets.
+_LOWEST = (-UNIT_EXP << MAX_SCALE) - 1
+_HIGHEST = (1024 << MAX_SCALE) - 1
 
 Buckets = tuple[int, tuple[int, ...]]
 """A sign's buckets: ``(offset, counts)``."""
@@ -167,6 +177,13 @@ def bucket_index(magnitude: float, scale: int) -> int:
     makes it.
     """
     return math.ceil(math.log2(magnitude) * math.ldexp(1.0, scale)) - 1
+
+
+def index_range(scale: int) -> tuple[int, int]:
+    """The lowest and the highest bucket of a float magnitude at ``scale`` (coarsening shifts
+    indices right, so these are the scale-20 ends shifted)."""
+    shift = MAX_SCALE - scale
+    return _LOWEST >> shift, _HIGHEST >> shift
 
 
 def widen(
@@ -322,8 +339,19 @@ def decode_exact(pair: object) -> int:
         raise wrong_type("exact_sum", "a pair of ints (m, e)", pair)
     m, e = pair
     if e < -UNIT_EXP or e + UNIT_EXP + m.bit_length() > _MAX_EXACT_BITS:
-        raise ValueError(f"exact_sum must be m * 2**e within the sums of floats, got {pair}")
+        raise ValueError(
+            "exact_sum must be m * 2**e within the sums of floats, got"
+            f" ({int_text(m)}, {int_text(e)})"
+        )
     return int(m) << int(e + UNIT_EXP)
+
+
+def int_text(value: object) -> str:
+    """An int for a message: a huge one by its size (printing it costs time, and str()
+    refuses one past 4,300 digits)."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an int of {value.bit_length()} bits"
+    return str(value)
 
 
 def same_float(x: float, y: float) -> bool:

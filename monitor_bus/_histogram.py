@@ -26,6 +26,11 @@ Guarantees
   else (not in a bucket, ``sum``, ``min``, ``max`` or ``quantile``). ``+inf`` and ``-inf`` are
   counted in ``count`` and ``inf_count`` / ``neg_inf_count``, are the ``max`` / ``min`` and the
   quantiles that fall on them, and make ``sum`` infinite (NaN with both).
+- Bounds, as OpenTelemetry's: scale from -10 to 20, offsets within the buckets of floats at
+  the scale (subnormals included: ``index_range``), ``max_buckets`` from 3 to 65,536. Every
+  Histogram made from outside (the constructor, ``from_dict``, an unpickled one) is checked
+  against them, a huge offset by comparison alone, so a merge never goes below scale -10 and
+  costs time linear in its sides' buckets and its result's (at most ``max_buckets`` a sign).
 - A Histogram is immutable: ``merge`` returns a new one.
 """
 
@@ -36,6 +41,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ._buckets import (
+    MAX_BUCKETS_LIMIT,
     MAX_SCALE,
     MIN_SCALE,
     Accumulator,
@@ -49,6 +55,8 @@ from ._buckets import (
     estimate,
     fit_shift,
     held_range,
+    index_range,
+    int_text,
     nan_max,
     nan_min,
     observed_sum,
@@ -74,9 +82,13 @@ class Histogram:
     Args:
         scale: the buckets' scale, from -10 to 20.
         zero_count: samples equal to zero.
-        positive_offset: the index of ``positive_counts[0]``.
-        positive_counts: samples per positive bucket, from ``positive_offset`` up.
-        negative_offset: the index of ``negative_counts[0]`` (by magnitude).
+        positive_offset: the index of ``positive_counts[0]``, within the buckets of floats at
+            ``scale`` (from ``-1126170625`` to ``1073741823`` at scale 20, each end shifted
+            right by one a scale lower).
+        positive_counts: samples per positive bucket, from ``positive_offset`` up, none past
+            the bucket of the largest float.
+        negative_offset: the index of ``negative_counts[0]`` (by magnitude), as
+            ``positive_offset``.
         negative_counts: samples per negative bucket, by magnitude from ``negative_offset`` up.
         count: every sample, NaN and infinities included; computed when omitted.
         sum: the sum of the non-NaN samples.
@@ -85,15 +97,16 @@ class Histogram:
         nan_count: NaN samples.
         inf_count: ``+inf`` samples.
         neg_inf_count: ``-inf`` samples.
-        max_buckets: the most buckets per sign, at least 3.
+        max_buckets: the most buckets per sign, from 3 to 65,536.
         exact_sum: the sum of the finite samples exactly, as ``(m, e)`` meaning ``m * 2**e``;
             when omitted, ``sum`` is taken as exact.
 
     Raises:
         TypeError: an argument has the wrong type.
-        ValueError: an argument is out of range or the fields disagree (``count`` is not the
-            total of the counts, ``sum`` is not ``exact_sum`` rounded, ``min`` exceeds
-            ``max``, more buckets than ``max_buckets``).
+        ValueError: an argument is out of range (an offset or a count past the buckets of
+            floats, an int ``sum``, ``min`` or ``max`` past the float range) or the fields
+            disagree (``count`` is not the total of the counts, ``sum`` is not ``exact_sum``
+            rounded, ``min`` exceeds ``max``, more buckets than ``max_buckets``).
 
     Examples:
         >>> h = Histogram.of([1.0, 2.0, 3.0, 4.0])
@@ -155,36 +168,34 @@ class Histogram:
         check_int("scale", scale, MIN_SCALE)
         if scale > MAX_SCALE:
             raise ValueError(f"scale must be at most {MAX_SCALE}, got {scale}")
-        check_int("max_buckets", max_buckets, 3)
+        _check_max_buckets(max_buckets)
         zero = check_int("zero_count", zero_count, 0)
         nan = check_int("nan_count", nan_count, 0)
         inf = check_int("inf_count", inf_count, 0)
         ninf = check_int("neg_inf_count", neg_inf_count, 0)
-        pos = _check_buckets("positive", positive_offset, positive_counts, max_buckets)
-        neg = _check_buckets("negative", negative_offset, negative_counts, max_buckets)
+        pos = _check_buckets("positive", positive_offset, positive_counts, max_buckets, scale)
+        neg = _check_buckets("negative", negative_offset, negative_counts, max_buckets, scale)
         total = zero + nan + inf + ninf + _total(pos) + _total(neg)
         if count is None:
             count = total
         elif check_int("count", count, 0) != total:
             raise ValueError(f"count must be the total of the counts ({total}), got {count}")
-        for name, value in (("sum", sum), ("min", min), ("max", max)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise wrong_type(name, "a float", value)
+        observed = _check_float("sum", sum)
+        low, high = _check_float("min", min), _check_float("max", max)
         if exact_sum is None:
-            if inf or ninf or not math.isfinite(sum):
+            if inf or ninf or not math.isfinite(observed):
                 exact = 0
-                if not (inf or ninf) and sum == sum:
-                    raise ValueError(f"sum is {sum} without infinite samples: give exact_sum")
+                if not (inf or ninf) and observed == observed:
+                    raise ValueError(f"sum is {observed} without infinite samples: give exact_sum")
             else:
-                exact = units(float(sum))
+                exact = units(observed)
         else:
             exact = decode_exact(exact_sum)
         if inf or ninf:
             exact = 0  # not observable once the sum is infinite: one form for equality
-        if not same_float(observed_sum(exact, inf, ninf), float(sum)):
+        if not same_float(observed_sum(exact, inf, ninf), observed):
             raise ValueError(f"sum must be exact_sum rounded ({observed_sum(exact, inf, ninf)})")
         numbers = count - nan
-        low, high = float(min), float(max)
         if not numbers:
             if low == low or high == high:
                 raise ValueError("min and max must be NaN when there are no non-NaN samples")
@@ -225,19 +236,20 @@ class Histogram:
 
         Args:
             values: the samples.
-            max_buckets: the most buckets per sign, at least 3; more coarsens the scale.
+            max_buckets: the most buckets per sign, from 3 to 65,536; more coarsens the scale.
 
         Returns:
             The Histogram of the samples.
 
         Raises:
-            TypeError: ``values`` is not an iterable of real numbers.
-            ValueError: ``max_buckets`` is below 3.
+            TypeError: ``values`` is not an iterable of real numbers a float holds (an int
+                past the float range is refused, as ``Stat.add`` refuses it).
+            ValueError: ``max_buckets`` is not from 3 to 65,536.
         """
-        check_int("max_buckets", max_buckets, 3)
+        _check_max_buckets(max_buckets)
         try:
             samples = list(map(float, values))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise TypeError(f"values must be an iterable of real numbers: {exc}") from None
         accumulator = Accumulator(max_buckets)
         accumulator.add(samples)
@@ -580,9 +592,26 @@ def _merge(a: Histogram, b: Histogram) -> Histogram:
 # -- checks and JSON --
 
 
-def _check_buckets(sign: str, offset: object, counts: object, max_buckets: int) -> Buckets:
-    check_int(f"{sign}_offset", offset, -(2**62))
-    assert isinstance(offset, int)
+def _check_max_buckets(max_buckets: object) -> None:
+    check_int("max_buckets", max_buckets, 3)
+    if not 3 <= max_buckets <= MAX_BUCKETS_LIMIT:  # type: ignore[operator]
+        raise ValueError(
+            f"max_buckets must be from 3 to {MAX_BUCKETS_LIMIT}, got {int_text(max_buckets)}"
+        )
+
+
+def _check_buckets(
+    sign: str, offset: object, counts: object, max_buckets: int, scale: int
+) -> Buckets:
+    # The offset first, by comparison only: a huge one costs nothing more.
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise wrong_type(f"{sign}_offset", "an int", offset)
+    lowest, highest = index_range(scale)
+    if not lowest <= offset <= highest:
+        raise ValueError(
+            f"{sign}_offset must be from {lowest} to {highest} at scale {scale} (the buckets"
+            f" of floats), got {int_text(offset)}"
+        )
     if isinstance(counts, (str, bytes)) or not isinstance(counts, Iterable):
         raise wrong_type(f"{sign}_counts", "a sequence of ints", counts)
     values = tuple(counts)
@@ -594,12 +623,26 @@ def _check_buckets(sign: str, offset: object, counts: object, max_buckets: int) 
     end = len(values)
     while end > start and not values[end - 1]:
         end -= 1
+    if offset + end - 1 > highest:
+        raise ValueError(
+            f"{sign}_counts reach bucket {offset + end - 1}, past {highest}, the highest of"
+            f" floats at scale {scale}"
+        )
     values = values[start:end]
     if len(values) > max_buckets:
         raise ValueError(
             f"{sign}_counts has {len(values)} buckets, more than max_buckets ({max_buckets})"
         )
     return (offset + start if values else 0, values)
+
+
+def _check_float(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise wrong_type(name, "a float", value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past the float range
+        raise ValueError(f"{name} must be within the float range, got {int_text(value)}") from None
 
 
 def _total(buckets: Buckets) -> int:
@@ -618,6 +661,4 @@ def _from_json_float(name: str, value: object) -> float:
         if text not in _NONFINITE:
             raise ValueError(f"{name} must be a float or {{'$float': 'NaN'|'Infinity'|...}}")
         return _NONFINITE[text]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise wrong_type(name, "a float", value)
-    return float(value)
+    return _check_float(name, value)

@@ -47,6 +47,8 @@ from ._histogram import Histogram
 from ._lifecycle import module_lock, process
 
 if TYPE_CHECKING:
+    from fractions import Fraction
+
     from ._bus import EventBus
 
 STAT_EVENT = "torch.monitor.Stat"
@@ -56,9 +58,11 @@ AggregateValue = Union[float, int, Histogram]  # noqa: UP007 - a runtime alias
 """What a window reports per aggregation: a float, COUNT's int or HISTOGRAM's Histogram."""
 
 Moments = tuple[int, float, float, float]
-"""``(n, shift, mean, m2)`` of some samples: their mean is ``shift + mean`` (``shift`` is a
-sample, so ``mean`` keeps its low digits for samples far from zero) and ``m2`` is the sum of
-their squared deviations from it."""
+"""``(n, shift, mean, sd)`` of some samples: their mean is ``shift + mean`` (``shift`` is a
+sample, so ``mean`` keeps its low digits for samples far from zero; 0.0 for samples spread
+wider than the float range) and ``sd`` is their population standard deviation (a root, not a
+sum of squares, so it is finite for any finite samples); NaN once a sample is infinite or
+NaN."""
 _NO_MOMENTS: Moments = (0, 0.0, 0.0, 0.0)
 
 # Samples buffered before they are folded: bounds a window's memory whatever the add rate.
@@ -122,7 +126,8 @@ class Stat:
     P50, P90, P95 and P99 are nearest-rank percentiles of the window's non-NaN values read from
     its ``Histogram`` (within 1% for values spanning up to 32 octaves; see
     ``monitor_bus.Histogram``), HISTOGRAM is that Histogram, and STDDEV the population standard
-    deviation, computed stably (NaN with a NaN or infinite value).
+    deviation, computed stably and to a few roundings for any finite values, huge or tiny
+    (NaN with a NaN or infinite value).
 
     SUM is the float sum in add order (``inf`` once it overflows); MEAN is the mean even then
     (two adds of ``1e308``: SUM ``inf``, MEAN ``1e308``). A NaN among a window's values makes
@@ -776,7 +781,8 @@ class ClosedWindow:
 
 def merge_moments(a: Moments, b: Moments) -> Moments:
     """The moments of two sets of samples together (Chan et al.'s pairwise update): no
-    large sums are subtracted, so samples far from zero (1e9 + noise) keep their precision.
+    large sums are subtracted, so samples far from zero (1e9 + noise) keep their precision,
+    and the deviations are combined as roots (``math.hypot``), so huge ones do not overflow.
 
     Args:
         a: the moments of some samples.
@@ -785,39 +791,87 @@ def merge_moments(a: Moments, b: Moments) -> Moments:
     Returns:
         The moments of both.
     """
-    na, shift_a, mean_a, m2_a = a
-    nb, shift_b, mean_b, m2_b = b
+    na, shift_a, mean_a, sd_a = a
+    nb, shift_b, mean_b, sd_b = b
     if not na:
         return b
     if not nb:
         return a
     n = na + nb
+    wa, wb = na / n, nb / n
     delta = (shift_b - shift_a) + (mean_b - mean_a)  # shifts are close samples: exact
-    return (n, shift_a, mean_a + delta * nb / n, m2_a + m2_b + delta * delta * (na * nb / n))
+    mean = mean_a + delta * wb
+    sd = math.hypot(math.sqrt(wa) * sd_a, math.sqrt(wb) * sd_b, math.sqrt(wa * wb) * delta)
+    if mean - mean == 0 and sd - sd == 0:  # both finite: the common case
+        return (n, shift_a, mean, sd)
+    if not all(map(math.isfinite, (shift_a, mean_a, sd_a, shift_b, mean_b, sd_b))):
+        return (n, shift_a, mean, math.nan)  # an infinite or NaN sample: its mean stands
+    # Finite samples spread near the float range's ends: rare, so exactly.
+    from fractions import Fraction
+
+    exact_a = Fraction(shift_a) + Fraction(mean_a)
+    exact_b = Fraction(shift_b) + Fraction(mean_b)
+    total = (na * exact_a + nb * exact_b) / n
+    dev_a, dev_b = Fraction(sd_a), Fraction(sd_b)
+    gap_a, gap_b = exact_a - total, exact_b - total
+    squares = na * (dev_a * dev_a + gap_a * gap_a) + nb * (dev_b * dev_b + gap_b * gap_b)
+    return _exact(n, shift_a, total, squares / n)
 
 
 def stddev(moments: Moments) -> float:
     """The population standard deviation of samples with these moments (NaN for none, and
     when a sample was NaN or infinite)."""
-    n, _, _, m2 = moments
-    return math.sqrt(m2 / n) if n else math.nan
+    n, _, _, sd = moments
+    return sd if n else math.nan
 
 
 def _chunk_moments(values: list[float], shift: float) -> Moments:
     """The moments of a chunk about ``shift``, with C builtins: the samples' distances from
     ``shift`` (exact for samples within a factor 2 of it), their mean correctly rounded
     (``math.fsum``), then the root of their squared deviations from it (``math.dist``,
-    without overflow or cancellation)."""
+    without overflow or cancellation) over the root of their number."""
     n = len(values)
     offsets = list(map(operator.sub, values, repeat(shift)))
     try:
         mean = math.fsum(offsets) / n
-    except OverflowError:  # an intermediate sum past the float range, of finite samples
-        mean = math.fsum(map(_SCALE.__mul__, offsets)) / n / _SCALE
+    except OverflowError:  # an intermediate sum past the float range
+        mean = _scaled_sum(0.0, offsets) / n / _SCALE
     except ValueError:  # inf - inf
         mean = math.nan
-    deviation = math.dist(offsets, [mean] * n)
-    return (n, shift, mean, deviation * deviation)
+    if mean - mean != 0:  # an infinite or NaN sample, or an offset past the float range
+        if not _all_finite(values):
+            return (n, shift, mean, math.nan)
+        return _exact_moments(values, shift)
+    sd = math.dist(offsets, [mean] * n) / math.sqrt(n)
+    if sd == math.inf:  # a deviation past the float range, of finite samples
+        return _exact_moments(values, shift)
+    return (n, shift, mean, sd)
+
+
+def _exact_moments(values: list[float], shift: float) -> Moments:
+    """The moments of finite samples whose deviations pass the float range (samples near its
+    ends, of both signs), in fractions: rare, so exact rather than fast."""
+    from fractions import Fraction
+
+    exact = list(map(Fraction, values))
+    n = len(exact)
+    mean = sum(exact, Fraction(0)) / n
+    return _exact(n, shift, mean, sum(((v - mean) * (v - mean) for v in exact), Fraction(0)) / n)
+
+
+def _exact(n: int, shift: float, mean: Fraction, variance: Fraction) -> Moments:
+    """Moments from an exact mean and variance: the mean about ``shift`` if a float holds
+    that offset, otherwise about 0.0; the root of the variance to within an ulp."""
+    from fractions import Fraction
+
+    try:
+        offset = float(mean - Fraction(shift))  # a Fraction minus a float is a float
+    except OverflowError:  # the samples span more than the float range
+        shift, offset = 0.0, float(mean)
+    p, q = variance.numerator, variance.denominator
+    # The root of p / q scaled by 2**k to at least 60 bits, by integer square root.
+    k = max(0, (121 - p.bit_length() + q.bit_length()) // 2)
+    return (n, shift, offset, math.ldexp(float(math.isqrt((p << 2 * k) // q)), -k))
 
 
 def _fold_distribution(

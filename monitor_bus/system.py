@@ -23,7 +23,9 @@ Guarantees
 - The rank's GPUs (``gpus="auto"``): with ``LOCAL_RANK`` set, the one device it uses by
   torchrun's convention (``CUDA_VISIBLE_DEVICES``'s entry at ``LOCAL_RANK``, or its only entry);
   without, every visible device. One home for the rule: ``_rank_gpus``. NVML handles are taken
-  once; a reading a device does not support is left out for that device from then on.
+  once; a reading a device does not support is left out for that device from then on. Another
+  NVML error (a GPU lost, a timeout) costs that device's reading of that sample only: it is
+  counted in ``missed``, warned of (rate-limited) and taken again at the next sample.
 - A missing library is one warning (per package and process) naming the package and the
   ``system`` extra, never an exception: without psutil there are no process or host metrics,
   without nvidia-ml-py no GPU metrics (warned only where an NVIDIA device exists, or where
@@ -310,6 +312,9 @@ class _Gpus:
                 logger.warning("monitor_bus.system: no GPU %r through NVML: %s", device, exc)
         # (gpu, metric) pairs the device does not support: not asked again.
         self._unsupported: set[tuple[str, str]] = set()
+        # Readings lost to another NVML error (a GPU lost, a timeout), by "gpu<i>.<metric>".
+        self.missed: dict[str, int] = {}
+        self._throttle = Throttle(LOG_INTERVAL)
 
     def sample(self, now: float) -> list[_Reading]:
         nvml = self._nvml
@@ -322,7 +327,21 @@ class _Gpus:
                     readings.append((f"{gpu}.{metric}", float(read(nvml, handle))))
                 except nvml.NVMLError_NotSupported:
                     self._unsupported.add((gpu, metric))
+                except nvml.NVMLError as exc:
+                    # One device's error costs that reading of this sample only.
+                    self._miss(f"{gpu}.{metric}", exc)
         return readings
+
+    def _miss(self, name: str, exc: Exception) -> None:
+        missed = self.missed[name] = self.missed.get(name, 0) + 1
+        if self._throttle.ready(name):
+            logger.warning(
+                "monitor_bus.system: NVML could not read %s (%s); that reading is left out of"
+                " this sample and taken again at the next (%d missed so far)",
+                name,
+                exc,
+                missed,
+            )
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -356,7 +375,8 @@ class SystemMetrics:
     ``net_sent_bytes_per_s``, ``net_recv_bytes_per_s``; per GPU of this rank, ``gpu<i>.``
     ``utilization_percent``, ``memory_used_bytes``, ``power_watts``, ``temperature_c``
     (``<i>`` is NVML's index of the device). Without psutil or nvidia-ml-py, one warning and
-    the other metrics go on. At most one per bus per process.
+    the other metrics go on; a reading NVML fails is counted in ``missed``. At most one per
+    bus per process.
 
     Thread-safe. A context manager: the ``with`` block's end closes it. Setting
     ``MONITOR_BUS_SYSTEM_INTERVAL`` (or ``configure_default_bus(system_interval=...)``) starts
@@ -479,6 +499,15 @@ class SystemMetrics:
     def metrics(self) -> list[str]:
         """The Stats' names sampled so far (``system.<metric>``)."""
         return sorted(self._stats)
+
+    @property
+    def missed(self) -> dict[str, int]:
+        """GPU readings lost to an NVML error, by Stat name (``system.gpu<i>.<metric>``).
+
+        A reading the device does not support is not counted: it is not asked again.
+        """
+        gpus = self._gpus
+        return {} if gpus is None else {PREFIX + k: n for k, n in sorted(gpus.missed.items())}
 
     @property
     def closed(self) -> bool:

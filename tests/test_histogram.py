@@ -7,6 +7,7 @@ import json
 import math
 import pickle
 import random
+import sys
 from fractions import Fraction
 from typing import Any
 
@@ -264,6 +265,7 @@ def test_constructor_rebuilds_and_checks_fields() -> None:
         ({"sum": math.inf}, ValueError, "exact_sum"),
         ({"sum": 1.0, "exact_sum": (3, -1)}, ValueError, "sum must be exact_sum"),
         ({"exact_sum": (1, 5000)}, ValueError, "exact_sum"),
+        ({"exact_sum": (1 << 20_000, 0)}, ValueError, r"exact_sum .*, got \(an int of 20001 bits"),
         ({"exact_sum": [1, 0]}, TypeError, "exact_sum"),
         ({"nan_count": True}, TypeError, "nan_count"),
     ],
@@ -340,3 +342,140 @@ def test_exact_sum_is_the_rational_sum() -> None:
         m, e = h.exact_sum
         assert Fraction(m) * Fraction(2) ** e == sum(map(Fraction, samples))
         assert h.sum == (math.fsum(samples) if samples is not huge else math.inf)
+
+
+# The smallest and largest float magnitudes (a subnormal, the float maximum).
+TINY = 5e-324
+HUGE = sys.float_info.max
+
+
+def index_range(scale: int) -> tuple[int, int]:
+    """The buckets of the smallest and the largest float magnitude at ``scale``, from the
+    scale-20 buckets ``of`` gives them."""
+    shift = 20 - scale
+    return (
+        Histogram.of([TINY]).positive_offset >> shift,
+        Histogram.of([HUGE]).positive_offset >> shift,
+    )
+
+
+def one_sample(scale: int, offset: int, *, negative: bool = False) -> Histogram:
+    """A Histogram of one sample of 1.0 counted in bucket ``offset`` at ``scale``."""
+    sign = "negative" if negative else "positive"
+    value = -1.0 if negative else 1.0
+    fields = {f"{sign}_offset": offset, f"{sign}_counts": [1]}
+    return Histogram(scale=scale, sum=value, min=value, max=value, **fields)
+
+
+def test_offsets_past_the_floats_are_refused_so_a_merge_keeps_scale_minus_10() -> None:
+    """Buckets past those of any float, whose merge once reached scale -33 (which neither its
+    pickle nor from_dict could rebuild), are refused naming the field; the widest merge of
+    real samples, the smallest float with the largest at 3 buckets, stays at scale -10 and
+    round trips."""
+    with pytest.raises(ValueError, match=r"^positive_offset must be from -2 to 0 at scale -10"):
+        one_sample(-10, 1 << 33)
+    with pytest.raises(ValueError, match=r"^negative_offset must be from -2 to 0 at scale -10"):
+        one_sample(-10, -(1 << 33), negative=True)
+    a = Histogram.of([TINY, -HUGE], max_buckets=3)
+    b = Histogram.of([HUGE, -TINY, 1.0], max_buckets=3)
+    merged = a.merge(b)
+    assert merged == Histogram.of([TINY, -HUGE, HUGE, -TINY, 1.0], max_buckets=3)
+    assert (merged.scale, merged.positive_offset, merged.negative_offset) == (-10, -2, -2)
+    assert merged.positive_counts == (1, 1, 1)  # 1.0 is the upper bound of bucket -1
+    assert merged.negative_counts == (1, 0, 1)
+    assert pickle.loads(pickle.dumps(merged)) == merged
+    assert Histogram.from_dict(json.loads(json.dumps(merged.to_dict()))) == merged
+
+
+@pytest.mark.parametrize("scale", range(-10, 21))
+def test_round_trips_at_the_ends_of_the_index_range(scale: int) -> None:
+    """At every scale, buckets at the lowest and the highest index of a float round trip
+    through pickle and to_dict; one bucket past either end is refused naming the field."""
+    low, high = index_range(scale)
+    ends = Histogram(
+        scale=scale,
+        positive_offset=low,
+        positive_counts=[1],
+        negative_offset=high,
+        negative_counts=[1],
+        sum=0.0,
+        min=-1.0,
+        max=1.0,
+    )
+    for h in (one_sample(scale, low), one_sample(scale, high, negative=True), ends):
+        assert pickle.loads(pickle.dumps(h)) == h
+        assert Histogram.from_dict(json.loads(json.dumps(h.to_dict()))) == h
+    with pytest.raises(ValueError, match=rf"^positive_offset must be from {low} to {high} at"):
+        one_sample(scale, low - 1)
+    with pytest.raises(ValueError, match=rf"^negative_offset must be from {low} to {high} at"):
+        one_sample(scale, high + 1, negative=True)
+    with pytest.raises(ValueError, match=rf"^positive_counts reach bucket {high + 1}, past {high}"):
+        Histogram(
+            scale=scale, positive_offset=high, positive_counts=[1, 1], sum=2.0, min=1.0, max=1.0
+        )
+
+
+class CountedReads:
+    """An iterable of ``n`` counts of 1 that records how many were read."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.read = 0
+
+    def __iter__(self) -> Any:
+        for _ in range(self.n):
+            self.read += 1
+            yield 1
+
+
+def test_a_huge_offset_is_refused_before_any_work() -> None:
+    """A pickled Histogram whose offset is a 33 KB int (merging it once took seconds, in steps
+    quadratic in the offset's digits) is refused naming positive_offset, by its size, without
+    printing it; from_dict refuses it before reading a single count."""
+    huge = 1 << (8 * 33_000)
+    state = {**Histogram.of([1.0] * 2048).to_dict(), "positive_offset": huge}
+    blob = pickle.dumps(_Forged(state))
+    assert len(blob) > 33_000
+    with pytest.raises(ValueError, match=r"^positive_offset must be from .* an int of 264001 bits"):
+        pickle.loads(blob)
+    counts = CountedReads(2048)
+    with pytest.raises(ValueError, match=r"^positive_offset must be from"):
+        Histogram.from_dict({**state, "positive_counts": counts})
+    assert counts.read == 0
+
+
+class _Forged:
+    """Pickles as a Histogram with the given state (as a crafted message would carry)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    def __reduce__(self) -> Any:
+        return (object.__new__, (Histogram,), self.state)
+
+
+def test_max_buckets_is_bounded_so_a_merge_is_linear() -> None:
+    """max_buckets is at most 65,536, so a merge, whose result holds up to max_buckets
+    buckets per sign, is bounded by that (with 2**40 a merge of two one-sample Histograms,
+    the smallest float and the largest, built a tuple of 2 * 10**9 buckets)."""
+    with pytest.raises(ValueError, match=r"^max_buckets must be from 3 to 65536, got 65537"):
+        Histogram.of([1.0], max_buckets=65_537)
+    with pytest.raises(
+        ValueError, match=r"^max_buckets must be from 3 to 65536, got 1099511627776"
+    ):
+        Histogram(max_buckets=1 << 40)
+    widest = Histogram.of([TINY], max_buckets=65_536).merge(
+        Histogram.of([HUGE], max_buckets=65_536)
+    )
+    assert len(widest.positive_counts) <= 65_536
+    assert widest == Histogram.of([TINY, HUGE], max_buckets=65_536)
+
+
+def test_an_int_past_the_float_range_is_a_type_error_naming_values() -> None:
+    """of() with an int too large for a float raises the documented TypeError naming values,
+    as Stat.add does for the same sample."""
+    with pytest.raises(TypeError, match=r"^values must be an iterable of real numbers"):
+        Histogram.of([1.0, 10**400])
+    for field in ("sum", "min", "max"):
+        with pytest.raises(ValueError, match=rf"^{field} must be within the float range"):
+            Histogram(zero_count=1, **{"sum": 0.0, "min": 0.0, "max": 0.0, field: 10**400})

@@ -373,3 +373,84 @@ def test_a_ctrl_c_in_the_distribution_fold_loses_nothing(bus: EventBus, clock: S
         if trace.lines < n:  # the fold ran to its end without reaching line event n
             break
     assert n > 100  # every statement of a fold that coarsens, in both signs, was interrupted
+
+
+CHUNK = _stat._CHUNK
+TOP = sys.float_info.max
+
+
+@pytest.mark.parametrize(
+    "samples",
+    [
+        [1.0, 2.0, -math.inf],
+        [1.0, 2.0, math.inf],
+        [-math.inf, 1.0, 2.0],
+        [math.inf, -math.inf],
+        [math.inf],
+        [1.0, math.nan, 2.0],
+        [math.nan],
+        [1.0] * CHUNK + [2.0, -math.inf],  # in the window's second chunk
+        [-math.inf] + [1.0] * CHUNK,  # in the first, the second finite
+    ],
+    ids=lambda s: f"{len(s)}-samples" if len(s) > 4 else repr(s),
+)
+def test_stddev_is_nan_with_an_infinite_or_nan_sample(
+    samples: list[float], clock: StepClock
+) -> None:
+    """STDDEV is NaN when any sample of the window is infinite or NaN, wherever it falls."""
+    stat = Stat("x", [Aggregation.STDDEV], LONG)
+    for v in samples:
+        stat.add(v)
+    assert math.isnan(close_window(stat, clock)[Aggregation.STDDEV])
+
+
+# Finite samples whose squared deviations pass the float range, or whose spread does, or
+# whose squared deviations underflow.
+EXTREME_SAMPLES = {
+    "1e-200": [1e-200, 3e-200],
+    "subnormal": [5e-324, 1e-323, 0.0],
+    "1e300": [1e300, -1e300, 1.0, 2.0],
+    "1e200-chunks": [1e200 * (i % 7 - 3) for i in range(2 * CHUNK + 3)],
+    "top-both-signs": [TOP, -TOP, TOP / 3, 0.0],
+    "top-spread-over-chunks": [TOP * 0.75] * CHUNK + [-TOP * 0.75] * (CHUNK // 2) + [5e-324],
+    "1e154-many": [1.5e154 * (-1) ** i for i in range(CHUNK + 1)],
+}
+
+
+@pytest.mark.parametrize("samples", EXTREME_SAMPLES.values(), ids=EXTREME_SAMPLES.keys())
+def test_stddev_of_huge_or_tiny_finite_samples_is_exact(
+    samples: list[float], clock: StepClock
+) -> None:
+    """STDDEV of finite samples is the population standard deviation to a few roundings (the
+    exact one, from ``statistics.pstdev``'s fractions) even where their squared deviations
+    or their spread pass the float range (it was ``inf``) or underflow (it was 0)."""
+    stat = Stat("x", [Aggregation.STDDEV], LONG)
+    for v in samples:
+        stat.add(v)
+    got = close_window(stat, clock)[Aggregation.STDDEV]
+    assert math.isclose(got, statistics.pstdev(samples), rel_tol=1e-13)
+
+
+def test_windows_of_huge_samples_merge_to_the_exact_stddev(bus: EventBus, clock: StepClock) -> None:
+    """Two windows' moments (as ranks send them) of huge samples of opposite signs merge to
+    the STDDEV of all their samples, either way round."""
+    closed: list[ClosedWindow] = []
+
+    def tap(window: ClosedWindow) -> bool:
+        closed.append(window)
+        return True
+
+    bus._window_tap = tap
+    stat = Stat("x", [Aggregation.STDDEV], LONG, bus=bus)
+    first = [TOP * 0.9, TOP * 0.8, 1e300]
+    second = [-TOP * 0.9, -1e300, -TOP * 0.5, 3.0]
+    for samples in (first, second):
+        for v in samples:
+            stat.add(v)
+        clock.now += 600
+        stat.get()  # closes the window
+    bus._window_tap = None
+    a, b = closed
+    for merged in (merge_moments(a.moments, b.moments), merge_moments(b.moments, a.moments)):
+        assert merged[0] == 7
+        assert math.isclose(stddev(merged), statistics.pstdev(first + second), rel_tol=1e-13)

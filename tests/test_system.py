@@ -248,6 +248,81 @@ def test_gpus_given_by_index(bus: monitor_bus.EventBus, recorded: Recorder) -> N
     assert data["system.gpu1.power_watts.mean"] == 250.001
 
 
+class FailingNvml(FakeNvml):
+    """nvidia-ml-py's own module with FakeNvml's devices: its error classes, and a reading
+    that raises the error ``failing`` maps (device, call) to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import pynvml
+
+        self.NVMLError = pynvml.NVMLError  # type: ignore[misc]
+        self.NVMLError_NotSupported = pynvml.NVMLError_NotSupported  # type: ignore[misc]
+        self.failing: dict[tuple[int, str], type[Exception]] = {}
+        self.tick = 0  # its square is added to utilization, ten times that to temperature
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:  # noqa: N802
+        error = self.failing.get((handle, "utilization"))
+        if error is not None:
+            raise error()
+        rates = super().nvmlDeviceGetUtilizationRates(handle)
+        rates.gpu += self.tick**2
+        return rates
+
+    def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> int:  # noqa: N802
+        error = self.failing.get((handle, "temperature"))
+        if error is not None:
+            raise error()
+        return super().nvmlDeviceGetTemperature(handle, sensor) + 10 * self.tick**2
+
+
+def test_an_nvml_error_costs_that_reading_of_that_sample_only(
+    bus: monitor_bus.EventBus, recorded: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An NVML error on one device's reading (GPU lost, unknown) loses that reading of that
+    sample only: the other readings and devices go on, it is read again at the next sample,
+    counted in ``missed`` and warned of once per reading and interval, naming it."""
+    require(importlib.util.find_spec("pynvml") is not None, "nvidia-ml-py is not installed")
+    import pynvml
+
+    nvml = FailingNvml()
+    metrics = started(SystemMetrics(NEVER, bus=bus, window=HOUR, gpus=[0, 1], _nvml=nvml))
+    nvml.failing = {
+        (1, "temperature"): pynvml.NVMLError_GpuIsLost,
+        (0, "utilization"): pynvml.NVMLError_Unknown,
+    }
+    for tick in (1, 2):
+        nvml.tick = tick
+        metrics.sample()
+    nvml.failing = {}
+    nvml.tick = 3
+    metrics.sample()
+    assert metrics.close()
+    assert bus.flush(10)
+    data = windows(recorded)
+    # Readings at ticks 0 to 3 hold tick**2 (0, 1, 4, 9): which samples they are in shows.
+    # Device 0 read its temperature at every sample, device 1 at ticks 0 and 3 only.
+    assert data["system.gpu0.temperature_c.mean"] == 60 + 10 * 14 / 4
+    assert (data["system.gpu1.temperature_c.min"], data["system.gpu1.temperature_c.max"]) == (
+        61.0,
+        151.0,
+    )
+    assert data["system.gpu1.temperature_c.mean"] == 106.0
+    # Device 1 read its utilization at every sample, device 0 at ticks 0 and 3 only.
+    assert data["system.gpu1.utilization_percent.mean"] == 51 + 14 / 4
+    assert data["system.gpu0.utilization_percent.mean"] == 50 + 9 / 2
+    assert data["system.gpu0.memory_used_bytes.mean"] == 1 << 30
+    warned = sorted(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+    assert warned == [
+        "monitor_bus.system: NVML could not read gpu0.utilization_percent (Unknown Error);"
+        " that reading is left out of this sample and taken again at the next"
+        " (1 missed so far)",
+        "monitor_bus.system: NVML could not read gpu1.temperature_c (GPU is lost);"
+        " that reading is left out of this sample and taken again at the next"
+        " (1 missed so far)",
+    ]
+
+
 def test_close_is_idempotent_bounded_and_logs_open_windows(
     bus: monitor_bus.EventBus, recorded: Recorder
 ) -> None:
