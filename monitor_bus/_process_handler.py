@@ -8,8 +8,10 @@ Guarantees
 - Bounded: at most ``max_pending`` events are sent and not yet acknowledged by the child.
   Past that the handler thread waits for the child, up to ``timeout`` seconds, then counts the
   events it could not send as dropped (meanwhile the bus's own per-handler backlog bound holds).
-- Counted: the child acknowledges every message with how many events its sink handled and how
-  many calls raised. ``received == handled + dropped + pending + buffered`` (see ``stats()``).
+- Counted: the child acknowledges every message with how many events its sink handled, how
+  many calls raised and how many events the sink lost (a bundled sink's ``_monitor_bus_lost``:
+  a full disk), which count as dropped, not handled.
+  ``received == handled + dropped + pending + buffered`` (see ``stats()``).
 - Flushed: ``flush()`` sends what is buffered and returns once the child has acknowledged
   everything sent (handled it and called its sink's ``flush()``), or after ``timeout`` (then
   the events stay pending, counted). ``bus.flush(t)`` returns True only once the child has
@@ -27,7 +29,10 @@ Guarantees
   (``_monitor_bus_lost``, asked after each batch and when the handler leaves), which moves it
   from its ``delivered`` to its ``dropped`` and reports it: on the bus, ``delivered`` counts
   what the child acknowledged or still holds. A loss found from the caller's thread (a
-  ``bus.flush``) is told at the handler's next batch or when it leaves the bus.
+  ``bus.flush``) is told at the handler's next batch or when it leaves the bus. When it leaves,
+  the child's sink first gives up what it could not write (as on the bus directly), which is
+  told then. The sink's errors in the child count as the handler's errors on the bus
+  (``_monitor_bus_errors``).
 - Exit's warning says why: a child stopped after ``exit_timeout``, or one already gone, with
   its exit code or signal (then at once: no time is spent on it).
 - Never a hang: every wait has a timeout. Frames are written to the Pipe's socket with a
@@ -71,8 +76,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("monitor_bus")
 
-# Messages: parent -> child (kind, seq, slots); child -> parent (kind, ...).
-_BATCH, _FLUSH, _CLOSE = 0, 1, 2
+# Messages: parent -> child (kind, seq, slots); child -> parent (kind, ...). _FINAL: flush, and
+# give up what the sink could not write (the bus lets go of the handler).
+_BATCH, _FLUSH, _CLOSE, _FINAL = 0, 1, 2, 3
 _READY, _FAILED, _ACK = 10, 11, 12
 _CHUNK = 1024  # events per message at most: bounds the size of one pickle
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
@@ -199,7 +205,9 @@ class ProcessHandler:
         self._received = 0  # given to __call__
         self._sent = 0
         self._handled = 0  # acknowledged by the child
+        self._sink_lost = 0  # of those, what the sink lost (in ``_dropped`` too)
         self._errors = 0
+        self._errors_told = 0  # the part of ``_errors`` told to the bus (_monitor_bus_errors)
         self._dropped = 0
         self._reported = 0  # the part of ``_dropped`` already in a warning
         self._told = 0  # the part of ``_dropped`` already told to the bus (_monitor_bus_lost)
@@ -285,7 +293,9 @@ class ProcessHandler:
             slots, self._buffer = self._buffer, []
             return self._send(slots, flush=flush)
 
-    def _send(self, slots: list[Any], *, flush: bool, close: bool = False) -> bool:
+    def _send(
+        self, slots: list[Any], *, flush: bool, close: bool = False, final: bool = False
+    ) -> bool:
         """Send the events of ``slots`` to the child in messages of at most 1024 events, then,
         if ``flush``, wait until the child has acknowledged every message sent so far (its
         sink flushed). The one way events leave this process."""
@@ -295,14 +305,15 @@ class ProcessHandler:
             if self._dead:
                 self._drop(total, self._reason)
                 return False
-            if not total and not close and not (flush and self._dirty):
+            if not total and not (close or final) and not (flush and self._dirty):
                 # Nothing to send: a flush still waits for what an earlier one left pending.
                 return not flush or self._wait(lambda: self._acked >= self._seq, deadline)
             for start in range(0, max(total, 1), self._chunk):
                 chunk = slots[SLOTS * start : SLOTS * (start + self._chunk)]
                 n = count_events(len(chunk))
                 last = start + self._chunk >= total
-                kind = (_CLOSE if close else _FLUSH if flush else _BATCH) if last else _BATCH
+                kind = _CLOSE if close else _FINAL if final else _FLUSH if flush else _BATCH
+                kind = kind if last else _BATCH
                 if not self._make_room(n, deadline):
                     if self._dead:
                         self._drop(total - start, "the child process is gone")
@@ -315,7 +326,7 @@ class ProcessHandler:
                 if not self._write(kind, chunk):
                     self._drop(total - start - n, "the child process is gone")
                     return False
-            if not (flush or close):
+            if not (flush or close or final):
                 return True
             seq = self._seq
             done = self._wait(lambda: self._acked >= seq, deadline)
@@ -378,10 +389,21 @@ class ProcessHandler:
         last asked, all of them events the bus delivered here (fed by one bus, as registered:
         on several, the first to ask is told). ``final`` changes nothing: what the child still
         holds is not lost yet, and ``close()`` counts and reports what it then loses. No lock:
-        one read of the count (``_monitor_bus_wait_done`` may hold the lock meanwhile)."""
+        one read of the count (``_monitor_bus_wait_done`` may hold the lock meanwhile).
+        ``final``: the bus lets go of the handler, so the child's sink gives up what it could
+        not write (its ``_monitor_bus_lost(True)``), which is dropped here then."""
+        if final and not (self._dead or self._closed):
+            self._send([], flush=True, final=True)
         dropped = self._dropped
         lost, self._told = dropped - self._told, dropped
         return lost
+
+    def _monitor_bus_errors(self) -> int:
+        """The bus's question (see ``_handler``): the sink's errors in the child since it last
+        asked (logged here as they arrive)."""
+        errors = self._errors
+        new, self._errors_told = errors - self._errors_told, errors
+        return new
 
     # -- what the child says --
 
@@ -439,8 +461,10 @@ class ProcessHandler:
     def _on_message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == _ACK:
-            _, self._acked, self._handled, errors, reports = message
+            _, self._acked, self._handled, errors, reports, lost = message
             new_errors, self._errors = errors - self._errors, errors
+            new_lost, self._sink_lost = lost - self._sink_lost, lost
+            self._drop(new_lost, "its sink in the child process could not write them")
             if new_errors:
                 for type_name, (count, text) in reports.items():
                     if self._throttle.ready(("error", type_name)):
@@ -583,9 +607,10 @@ class ProcessHandler:
         """A snapshot of the counters.
 
         Keys: ``received`` (events given to the handler), ``sent`` (to the child), ``handled``
-        (acknowledged by the child: its sink was called with them), ``errors`` (sink calls
-        and flushes that raised in the child), ``dropped`` (never reached the sink: not sent
-        in time, lost with the child, or received after it was gone), ``pending`` (sent,
+        (acknowledged by the child: its sink was called with them, and has not lost them),
+        ``errors`` (sink calls and flushes that raised in the child), ``dropped`` (not sent in
+        time, lost with the child, received after it was gone, or lost by the sink: a full
+        disk), ``pending`` (sent,
         not yet acknowledged), ``buffered`` (not sent yet), ``alive`` and ``exitcode`` (of
         the child). ``received == handled + dropped + pending + buffered``.
         """
@@ -594,7 +619,7 @@ class ProcessHandler:
         return {
             "received": self._received,
             "sent": self._sent,
-            "handled": self._handled,
+            "handled": self._handled - self._sink_lost,
             "errors": self._errors,
             "dropped": self._dropped,
             "pending": pending,
@@ -730,9 +755,10 @@ def _serve(conn: Connection, target: Any, build: bool) -> None:
         return
     flush = getattr(sink, "flush", None)
     close = getattr(sink, "close", None)
+    sink_lost = getattr(sink, "_monitor_bus_lost", None)  # what a bundled sink could not write
     parent = multiprocessing.parent_process()
     watch: list[Any] = [conn] if parent is None else [conn, parent.sentinel]
-    handled = errors = 0
+    handled = errors = lost = 0
     reports: dict[str, list[Any]] = {}
 
     def failed() -> None:
@@ -784,7 +810,12 @@ def _serve(conn: Connection, target: Any, build: bool) -> None:
             handled += count_events(len(slots))
             if kind != _BATCH:
                 finish(kind)
-            send(_ACK, seq, handled, errors, {k: tuple(v) for k, v in reports.items()})
+            if callable(sink_lost):
+                try:
+                    lost += sink_lost(kind in (_CLOSE, _FINAL))
+                except BaseException:  # noqa: BLE001 - counted and reported
+                    failed()
+            send(_ACK, seq, handled, errors, {k: tuple(v) for k, v in reports.items()}, lost)
             reports.clear()
             if kind == _CLOSE:
                 return

@@ -676,3 +676,51 @@ def test_a_forked_copy_tells_its_own_bus_only_its_own_drops(closing: Any) -> Non
         assert bus.flush(timeout=60) is False
         (handler,) = bus.stats()["handlers"]
         assert (handler["logged"], handler["delivered"], handler["dropped"]) == (3, 0, 3)
+
+
+def test_what_the_sink_loses_in_the_child_is_dropped_and_its_errors_counted_on_the_bus(
+    tmp_path: Path, closing: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A JSONL sink in the child on a real full disk (a 64 KiB tmpfs): its failed flushes count
+    as the handler's errors on the bus, and what it could not write, given up when the bus lets
+    go of the handler, counts as dropped by that handler (not delivered), with warnings, and in
+    the handler's own stats: delivered == lines in the file, delivered + dropped == logged."""
+    from .full_disk import small_disk
+
+    with small_disk(tmp_path / "disk", 64 * 1024) as disk:
+        (disk / "filler").write_bytes(b"x" * 40 * 1024)  # room for a few hundred lines
+        path = disk / "run.jsonl"
+        remote = jsonl(path)
+        closing(remote)
+        bus = monitor_bus.EventBus(name="disk")
+        bus._linger = 30.0  # one batch, so one flush of the sink: drained at flush
+        handle = bus.register_event_handler(remote, name="jsonl")
+        with caplog.at_level(logging.WARNING, logger="monitor_bus"):
+            for i in range(3000):
+                bus.log_event(event(i))
+            assert bus.flush(30)  # the child acknowledged: the sink keeps what it could not write
+            (kept,) = bus.stats()["handlers"]
+            assert (kept["delivered"], kept["dropped"], kept["errors"]) == (3000, 0, 1)
+            assert bus.close(30)
+            assert remote.close(10)
+        written = path.read_bytes().count(b"\n")
+        assert 0 < written < 1000
+        handler = handle._handler  # its counters as the bus let go of it
+        assert (handler.delivered, handler.dropped, handler.errors) == (written, 3000 - written, 2)
+        assert bus.stats()["handler_errors"] == 2
+        own = remote.stats()
+        assert (own["received"], own["handled"], own["dropped"], own["errors"]) == (
+            3000,
+            written,
+            3000 - written,
+            2,
+        )
+    lost = 3000 - written
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(
+        m.startswith(f"ProcessHandler {remote._name} dropped {lost} events (its sink ")
+        for m in messages
+    )
+    assert any(
+        m.startswith(f"EventBus 'disk': handler 'jsonl' could not write {lost} ") for m in messages
+    )
