@@ -2,8 +2,9 @@
 
 Guarantees
 ----------
-- Threads: ``__call__`` and ``flush()`` run on the bus's handler thread, as for any sync
-  handler; nothing here blocks the thread that logs. ``close()`` and ``stats()`` may be called
+- Threads: ``__call__`` and ``flush()`` run on the handler's own thread, as for any sync
+  handler that is not a bundled sink (a flush waits for this child only, never for the bundled
+  sinks' shared thread); nothing here blocks the thread that logs. ``close()`` and ``stats()`` may be called
   from any thread.
 - Bounded: at most ``max_pending`` events are sent and not yet acknowledged by the child.
   Past that the handler thread waits for the child, up to ``timeout`` seconds, then counts the
@@ -165,8 +166,8 @@ class ProcessHandler:
         >>> monitor.register_event_handler(sink, name="jsonl")  # doctest: +SKIP
     """
 
-    # Shares the bus's runner with the other bundled sinks (``_runner``): one wake-up per batch.
-    _monitor_bus_bundled = True
+    # Not one of the bundled sinks that share the bus's runner (``_runner``): its flush() waits
+    # for the child, and a slow sink beside it must not delay its own work, nor it theirs.
 
     def __init__(
         self,

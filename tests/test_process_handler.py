@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -724,3 +725,45 @@ def test_what_the_sink_loses_in_the_child_is_dropped_and_its_errors_counted_on_t
     assert any(
         m.startswith(f"EventBus 'disk': handler 'jsonl' could not write {lost} ") for m in messages
     )
+
+
+class _StuckWriter:
+    """A TensorBoard writer whose ``add_scalar`` waits for ``gate``, saying it entered."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def add_scalar(self, *args: Any, **kwargs: Any) -> None:
+        self.entered.set()
+        self.gate.wait(process_sinks.NEVER)
+
+
+def test_a_process_handler_waits_for_its_own_child_only_not_a_stuck_sink_beside_it(
+    tmp_path: Path, closing: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With another bundled sink of the bus stuck in a call (and no watchdog to move it), the
+    events delivered to a ProcessHandler still reach its child: unregistering it returns True
+    with all of them written, the stuck sink's call still going on."""
+    from monitor_bus import _runner
+
+    monkeypatch.setattr(_runner, "SINK_BUDGET", 600.0)  # no watchdog within the test
+    writer = _StuckWriter()
+    path = tmp_path / "run.jsonl"
+    remote = jsonl(path)
+    closing(remote)
+    bus = monitor_bus.EventBus(name="beside")
+    try:
+        bus.register_event_handler(monitor_bus.TensorboardEventHandler(writer), name="stuck")
+        handle = bus.register_event_handler(remote, name="remote")
+        bus.log_event(Event(monitor_bus.STAT_EVENT, T0, {"x": 1.0}))
+        assert writer.entered.wait(60)  # the stuck sink's call has started
+        for i in range(10):
+            bus.log_event(event(i))
+        assert bus.unregister_event_handler(handle, timeout=10) is True
+        assert remote.stats()["handled"] == 11
+        assert len(path.read_bytes().splitlines()) == 11
+        assert not writer.gate.is_set()
+    finally:
+        writer.gate.set()
+        assert bus.close(30)
