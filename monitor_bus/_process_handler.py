@@ -19,7 +19,9 @@ Guarantees
   acknowledged every event the bus delivered before the call: past the handler thread's own
   wait it waits on, from the caller's thread, up to ``t``.
 - Exit: ``close(timeout)`` has the child flush and close its sink and exit; past the timeout
-  the child is terminated and what it had not acknowledged counts as dropped. At interpreter
+  the child is terminated (killed if it has not ended a moment later: a stopped process never
+  acts on SIGTERM), so ``close`` returns within its timeout and a fraction of a second, and
+  what it had not acknowledged counts as dropped. At interpreter
   exit a ``multiprocessing`` finalizer does the same within ``exit_timeout``: after the buses
   are closed (so what they deliver at exit reaches the child) and before ``multiprocessing``
   terminates its daemonic children.
@@ -83,6 +85,10 @@ _BATCH, _FLUSH, _CLOSE, _FINAL = 0, 1, 2, 3
 _READY, _FAILED, _ACK = 10, 11, 12
 _CHUNK = 1024  # events per message at most: bounds the size of one pickle
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
+# Seconds a child stopped for not responding gets to end on SIGTERM before SIGKILL; at close,
+# which must keep to its timeout, a moment (a stopped process never acts on SIGTERM).
+_GRACE = 1.0
+_CLOSE_GRACE = 0.2
 # Runs after monitor_bus's own exit finalizer (priority 100), which closes the buses.
 _EXIT_PRIORITY = 10
 
@@ -213,6 +219,7 @@ class ProcessHandler:
         self._reported = 0  # the part of ``_dropped`` already in a warning
         self._told = 0  # the part of ``_dropped`` already told to the bus (_monitor_bus_lost)
         self._stopped = False  # close() stopped a child that had not finished in time
+        self._grace = _GRACE  # seconds a child stopped gets to end on SIGTERM before SIGKILL
         self._seq = 0  # messages sent
         self._acked = 0  # seq of the last message the child acknowledged
         self._dead = False
@@ -324,7 +331,7 @@ class ProcessHandler:
                 if not n and kind == _BATCH:
                     continue
                 self._dirty = kind == _BATCH
-                if not self._write(kind, chunk):
+                if not self._write(kind, chunk, deadline if close else None):
                     self._drop(total - start - n, "the child process is gone")
                     return False
             if not (flush or close or final):
@@ -347,14 +354,19 @@ class ProcessHandler:
         limit = max(self._max_pending - n, 0)
         return self._wait(lambda: self._sent - self._handled <= limit, deadline)
 
-    def _write(self, kind: int, slots: list[Any]) -> bool:
+    def _write(self, kind: int, slots: list[Any], deadline: float | None = None) -> bool:
+        """Write one message, waiting up to ``timeout`` for room (up to ``deadline``, if
+        given: a close's)."""
         self._seq += 1
         n_events = count_events(len(slots))
         payload = pickle.dumps((kind, self._seq, slots), _PROTOCOL)
         n = len(payload)
         header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
         try:
-            self._sock.settimeout(self._timeout)
+            wait = self._timeout
+            if deadline is not None:  # at least a moment: 0 would make the socket non-blocking
+                wait = max(_remaining(deadline) or 0.0, 0.001)
+            self._sock.settimeout(wait)
             self._sock.sendall(header + payload)  # Connection's framing: the child reads it
         except TimeoutError:
             # Part of a frame may be written: the stream is broken, and the child stuck.
@@ -538,7 +550,7 @@ class ProcessHandler:
             self._proc.pid,
             why,
         )
-        _end(self._proc)
+        _end(self._proc, self._grace)
         self._child_gone(lost)
 
     def _drop(self, n: int, why: str) -> None:
@@ -582,7 +594,9 @@ class ProcessHandler:
                 return self._closed_ok
             self._closed = True
             self._finalizer.cancel()
+            # A closing child is stopped at once: close(timeout) keeps to its timeout.
             saved, self._timeout = self._timeout, timeout
+            self._grace = _CLOSE_GRACE
             try:
                 slots, self._buffer = self._buffer, []
                 dropped = self._dropped
@@ -591,11 +605,16 @@ class ProcessHandler:
                 done = self._send(slots, flush=False, close=True) and self._dropped == dropped
             finally:
                 self._timeout = saved
+                self._grace = _GRACE
             if done:
                 self._proc.join(_remaining(deadline))
             if self._proc.is_alive():
                 self._stopped = True
-                self._stop_child(f"it did not finish within {timeout} s", lost=0)
+                self._grace = _CLOSE_GRACE
+                try:
+                    self._stop_child(f"it did not finish within {timeout} s", lost=0)
+                finally:
+                    self._grace = _GRACE
                 done = False
             self._dead = True
             self._sock.close()
@@ -701,10 +720,11 @@ def _exit_status(code: int | None) -> str:
         return f"killed by signal {-code}"
 
 
-def _end(proc: Any) -> None:
-    """Terminate ``proc``, then kill it if it does not go."""
+def _end(proc: Any, grace: float) -> None:
+    """Terminate ``proc``, then kill it if it has not gone within ``grace`` seconds (a stopped
+    process acts on SIGTERM only once continued; SIGKILL ends it at once)."""
     proc.terminate()
-    proc.join(1.0)
+    proc.join(grace)
     if proc.is_alive():
         proc.kill()
         proc.join(1.0)

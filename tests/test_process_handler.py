@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -767,3 +768,49 @@ def test_a_process_handler_waits_for_its_own_child_only_not_a_stuck_sink_beside_
     finally:
         writer.gate.set()
         assert bus.close(30)
+
+
+def close_stopped(remote: ProcessHandler, timeout: float) -> tuple[bool, float]:
+    """Stop (SIGSTOP) the child of ``remote`` after it acknowledged 3 events, give it 2,000
+    more (more than its socket holds), and close it: what close returned, and how long it
+    took."""
+    for i in range(3):
+        remote(event(i))
+    assert remote.flush() is True
+    os.kill(remote.pid, signal.SIGSTOP)
+    big = "x" * 1000
+    for i in range(3, 1000):
+        remote(Event("big", T0, {"i": i, "pad": big}))
+    assert remote.stats()["buffered"] == 997
+    started = time.monotonic()
+    closed = remote.close(timeout)
+    return closed, time.monotonic() - started
+
+
+def test_close_on_a_stopped_child_returns_false_and_counts_what_it_did_not_take(
+    closing: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``close(2)`` on a child stopped by SIGSTOP, with more to send than its socket holds,
+    returns False (no hang: well under a bound of 10 s), the child killed, and every event it
+    had not acknowledged counted as dropped."""
+    remote = jsonl(Path(os.devnull))
+    closing(remote)
+    with caplog.at_level(logging.ERROR, logger="monitor_bus"):
+        closed, took = close_stopped(remote, 2.0)
+    assert closed is False
+    assert took < 10.0
+    stats = remote.stats()
+    assert (stats["received"], stats["handled"], stats["dropped"]) == (1000, 3, 997)
+    assert (stats["pending"], stats["buffered"], stats["alive"]) == (0, 0, False)
+    assert stats["exitcode"] == -signal.SIGKILL
+
+
+@pytest.mark.stress
+def test_close_on_a_stopped_child_returns_within_its_timeout(closing: Any) -> None:
+    """``close(2)`` on a SIGSTOPped child returns within its timeout and a tenth of a second or
+    so (it took 3-4 s: a second given to SIGTERM, which a stopped process never acts on)."""
+    remote = jsonl(Path(os.devnull))
+    closing(remote)
+    closed, took = close_stopped(remote, 2.0)
+    assert closed is False
+    assert took < 2.5
