@@ -4,8 +4,8 @@ Guarantees
 ----------
 - Threads: ``__call__`` and ``flush()`` run on the handler's own thread, as for any sync
   handler that is not a bundled sink (a flush waits for this child only, never for the bundled
-  sinks' shared thread); nothing here blocks the thread that logs. ``close()`` and ``stats()`` may be called
-  from any thread.
+  sinks' shared thread); nothing here blocks the thread that logs. ``close()`` and ``stats()``
+  may be called from any thread.
 - Bounded: at most ``max_pending`` events are sent and not yet acknowledged by the child.
   Past that the handler thread waits for the child, up to ``timeout`` seconds, then counts the
   events it could not send as dropped (meanwhile the bus's own per-handler backlog bound holds).
@@ -21,10 +21,10 @@ Guarantees
 - Exit: ``close(timeout)`` has the child flush and close its sink and exit; past the timeout
   the child is terminated (killed if it has not ended a moment later: a stopped process never
   acts on SIGTERM), so ``close`` returns within its timeout and a fraction of a second, and
-  what it had not acknowledged counts as dropped. At interpreter
-  exit a ``multiprocessing`` finalizer does the same within ``exit_timeout``: after the buses
-  are closed (so what they deliver at exit reaches the child) and before ``multiprocessing``
-  terminates its daemonic children.
+  what it had not acknowledged counts as dropped. At interpreter exit a ``multiprocessing``
+  finalizer does the same within ``exit_timeout``: after the buses are closed (so what they
+  deliver at exit reaches the child) and before ``multiprocessing`` terminates its daemonic
+  children.
 - Crash: a child that exits unasked (a crash, SIGKILL) is seen through its sentinel or the
   connection, logged on the ``monitor_bus`` logger with its exit code, and the events it had
   not acknowledged count as dropped, as does every later event: it is not restarted.
