@@ -21,6 +21,8 @@ Guarantees:
 - A bundled sink that loses events it took (a failed write it can no longer retry) says so
   through ``_monitor_bus_lost``: they move from ``delivered`` to ``dropped`` and are reported
   as such, so ``logged == delivered + dropped + pending`` stays true of what reached the sink.
+  One whose failures raise nowhere here (a sink in a child process) counts them through
+  ``_monitor_bus_errors``, as the handler's errors.
 """
 
 from __future__ import annotations
@@ -171,6 +173,8 @@ class _Handler:
         self.slots_call, self.batch_call = handler_calls(callback)
         lost = getattr(callback, "_monitor_bus_lost", None)
         self.sink_lost: Callable[[bool], int] | None = lost if callable(lost) else None
+        errors = getattr(callback, "_monitor_bus_errors", None)
+        self.sink_errors: Callable[[], int] | None = errors if callable(errors) else None
         self.is_async = is_async_callable(self.batch_call or callback)
         self.bundled = not self.is_async and _runner.is_bundled(callback)
         # A sink that buffers writes exposes flush(); it runs after each delivered batch.
@@ -326,6 +330,7 @@ class _Handler:
         were cut off; and what the sink says it lost (``final``: the handler is leaving, the
         sink gives up on what it still holds)."""
         lost = self._sink_lost(final)
+        self._count_sink_errors()
         with self.cv:
             self.progress = 0
             self.delivered += delivered - lost
@@ -344,6 +349,20 @@ class _Handler:
         except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
             self._failed(exc)
             return 0
+
+    def _count_sink_errors(self) -> None:
+        """Count the errors the sink reports of its own (``_monitor_bus_errors``: a sink in
+        another process, whose calls there do not raise here); it logs them itself."""
+        if self.sink_errors is None:
+            return
+        try:
+            n = self.sink_errors()
+        except BaseException as exc:  # noqa: BLE001 - a handler never kills its runner
+            self._failed(exc)
+            return
+        self.errors += n
+        for _ in range(n):
+            self.bus._count_error()
 
     def cut_off(self, target: int) -> str:
         """Start no further call of the handler (the one in progress may finish): what it has

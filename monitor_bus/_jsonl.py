@@ -42,6 +42,9 @@ DataLoader worker id, or null), which ``read_jsonl`` restores as ``Event.origin`
   handler's error. Lines past that bound, and those it still holds when closed or when a bus
   lets go of it, are lost: counted in ``JsonlEventHandler.dropped`` and, on a bus, as dropped
   by that handler (its stats and its warning say so).
+- An event that cannot be encoded at all (a timestamp whose zone raises) costs no other event
+  of its batch: it is counted in ``JsonlEventHandler.dropped`` (on a bus, as dropped by that
+  handler) and its exception is raised with the batch's others, as an ``ExceptionGroup``.
 """
 
 from __future__ import annotations
@@ -59,14 +62,19 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 from ._event import Event, EventOrigin, from_slots, split_time
 from ._histogram import Histogram
 from ._skipped import SkipReporter
 
+if sys.version_info < (3, 11):  # anyio depends on the backport there
+    from exceptiongroup import ExceptionGroup
+
 if TYPE_CHECKING:
     from types import TracebackType
+
+_T = TypeVar("_T")
 
 #: Lines a handler keeps after a failed write, to write at its next flush; past this (or
 #: ``KEEP_CHARS`` characters in all) the newest are dropped and counted.
@@ -245,31 +253,64 @@ class JsonlEventHandler:
         return self._dropped
 
     def __call__(self, event: Event) -> None:
-        self._add([self._line(event.name, event.timestamp, event.data, event.origin)])
+        self._add_each([event], self._event_line)
 
     def handle_batch(self, events: Iterable[Event]) -> None:
-        """Encode a batch of events; ``flush()`` writes them."""
-        line = self._line
-        self._add([line(e.name, e.timestamp, e.data, e.origin) for e in events])
+        """Encode a batch of events; ``flush()`` writes them. An event that cannot be encoded
+        costs no other: it counts in ``dropped``, and the failures are raised together at the
+        end, as an ``ExceptionGroup``."""
+        events = list(events)
+        try:
+            lines = [self._event_line(e) for e in events]
+        except Exception:  # noqa: BLE001 - found again, one by one
+            self._add_each(events, self._event_line)
+        else:
+            self._add(lines)
+
+    def _event_line(self, e: Event) -> str:
+        return self._line(e.name, e.timestamp, e.data, e.origin)
 
     def _monitor_bus_take_slots(self, slots: list[Any]) -> None:
-        """The bus's call (see ``_handler.handler_calls``): encode a batch as it was queued."""
-        line = self._line
+        """The bus's call (see ``_handler.handler_calls``): encode a batch as it was queued
+        (an event that cannot be encoded costs no other, as in ``handle_batch``)."""
+        line = self._slots_line
         it = iter(slots)
-        self._add(
-            [
-                line(name, ts, data, None)
-                if data.__class__ is dict
-                else line(name, ts, dict(data), data.origin)  # a window, or from a child
-                for name, ts, data in zip(it, it, it, strict=True)
-            ]
-        )
+        try:
+            lines = [line(triple) for triple in zip(it, it, it, strict=True)]
+        except Exception:  # noqa: BLE001 - found again, one by one
+            it = iter(slots)
+            self._add_each(list(zip(it, it, it, strict=True)), line)
+        else:
+            self._add(lines)
 
-    def _add(self, lines: list[str]) -> None:
+    def _slots_line(self, triple: tuple[str, datetime | float, dict[str, Any]]) -> str:
+        name, ts, data = triple
+        if data.__class__ is dict:
+            return self._line(name, ts, data, None)
+        return self._line(name, ts, dict(data), data.origin)  # type: ignore[attr-defined]
+
+    def _add_each(self, items: list[_T], encode: Callable[[_T], str]) -> None:
+        """Add the line of each of ``items`` that ``encode`` can make; the others count as
+        dropped, and their failures are raised together (an ``ExceptionGroup``)."""
+        lines = []
+        errors = []
+        for item in items:
+            try:
+                lines.append(encode(item))
+            except Exception as exc:  # noqa: BLE001 - raised together below
+                errors.append(exc)
+        self._add(lines, len(errors))
+        if errors:
+            raise ExceptionGroup(
+                f"{len(errors)} of {len(items)} events could not be encoded", errors
+            )
+
+    def _add(self, lines: list[str], unencoded: int = 0) -> None:
         with self._lock:
             if self._file.closed:
                 raise ValueError(f"JsonlEventHandler({self._path!r}) is closed")
             self._pending += lines
+            self._dropped += unencoded
 
     def _line(
         self,

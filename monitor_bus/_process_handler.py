@@ -2,24 +2,29 @@
 
 Guarantees
 ----------
-- Threads: ``__call__`` and ``flush()`` run on the bus's handler thread, as for any sync
-  handler; nothing here blocks the thread that logs. ``close()`` and ``stats()`` may be called
-  from any thread.
+- Threads: ``__call__`` and ``flush()`` run on the handler's own thread, as for any sync
+  handler that is not a bundled sink (a flush waits for this child only, never for the bundled
+  sinks' shared thread); nothing here blocks the thread that logs. ``close()`` and ``stats()``
+  may be called from any thread.
 - Bounded: at most ``max_pending`` events are sent and not yet acknowledged by the child.
   Past that the handler thread waits for the child, up to ``timeout`` seconds, then counts the
   events it could not send as dropped (meanwhile the bus's own per-handler backlog bound holds).
-- Counted: the child acknowledges every message with how many events its sink handled and how
-  many calls raised. ``received == handled + dropped + pending + buffered`` (see ``stats()``).
+- Counted: the child acknowledges every message with how many events its sink handled, how
+  many calls raised and how many events the sink lost (a bundled sink's ``_monitor_bus_lost``:
+  a full disk), which count as dropped, not handled.
+  ``received == handled + dropped + pending + buffered`` (see ``stats()``).
 - Flushed: ``flush()`` sends what is buffered and returns once the child has acknowledged
   everything sent (handled it and called its sink's ``flush()``), or after ``timeout`` (then
   the events stay pending, counted). ``bus.flush(t)`` returns True only once the child has
   acknowledged every event the bus delivered before the call: past the handler thread's own
   wait it waits on, from the caller's thread, up to ``t``.
 - Exit: ``close(timeout)`` has the child flush and close its sink and exit; past the timeout
-  the child is terminated and what it had not acknowledged counts as dropped. At interpreter
-  exit a ``multiprocessing`` finalizer does the same within ``exit_timeout``: after the buses
-  are closed (so what they deliver at exit reaches the child) and before ``multiprocessing``
-  terminates its daemonic children.
+  the child is terminated (killed if it has not ended a moment later: a stopped process never
+  acts on SIGTERM), so ``close`` returns within its timeout and a fraction of a second, and
+  what it had not acknowledged counts as dropped. At interpreter exit a ``multiprocessing``
+  finalizer does the same within ``exit_timeout``: after the buses are closed (so what they
+  deliver at exit reaches the child) and before ``multiprocessing`` terminates its daemonic
+  children.
 - Crash: a child that exits unasked (a crash, SIGKILL) is seen through its sentinel or the
   connection, logged on the ``monitor_bus`` logger with its exit code, and the events it had
   not acknowledged count as dropped, as does every later event: it is not restarted.
@@ -27,7 +32,10 @@ Guarantees
   (``_monitor_bus_lost``, asked after each batch and when the handler leaves), which moves it
   from its ``delivered`` to its ``dropped`` and reports it: on the bus, ``delivered`` counts
   what the child acknowledged or still holds. A loss found from the caller's thread (a
-  ``bus.flush``) is told at the handler's next batch or when it leaves the bus.
+  ``bus.flush``) is told at the handler's next batch or when it leaves the bus. When it leaves,
+  the child's sink first gives up what it could not write (as on the bus directly), which is
+  told then. The sink's errors in the child count as the handler's errors on the bus
+  (``_monitor_bus_errors``).
 - Exit's warning says why: a child stopped after ``exit_timeout``, or one already gone, with
   its exit code or signal (then at once: no time is spent on it).
 - Never a hang: every wait has a timeout. Frames are written to the Pipe's socket with a
@@ -71,11 +79,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("monitor_bus")
 
-# Messages: parent -> child (kind, seq, slots); child -> parent (kind, ...).
-_BATCH, _FLUSH, _CLOSE = 0, 1, 2
+# Messages: parent -> child (kind, seq, slots); child -> parent (kind, ...). _FINAL: flush, and
+# give up what the sink could not write (the bus lets go of the handler).
+_BATCH, _FLUSH, _CLOSE, _FINAL = 0, 1, 2, 3
 _READY, _FAILED, _ACK = 10, 11, 12
 _CHUNK = 1024  # events per message at most: bounds the size of one pickle
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
+# Seconds a child stopped for not responding gets to end on SIGTERM before SIGKILL; at close,
+# which must keep to its timeout, a moment (a stopped process never acts on SIGTERM).
+_GRACE = 1.0
+_CLOSE_GRACE = 0.2
 # Runs after monitor_bus's own exit finalizer (priority 100), which closes the buses.
 _EXIT_PRIORITY = 10
 
@@ -159,8 +172,8 @@ class ProcessHandler:
         >>> monitor.register_event_handler(sink, name="jsonl")  # doctest: +SKIP
     """
 
-    # Shares the bus's runner with the other bundled sinks (``_runner``): one wake-up per batch.
-    _monitor_bus_bundled = True
+    # Not one of the bundled sinks that share the bus's runner (``_runner``): its flush() waits
+    # for the child, and a slow sink beside it must not delay its own work, nor it theirs.
 
     def __init__(
         self,
@@ -199,11 +212,14 @@ class ProcessHandler:
         self._received = 0  # given to __call__
         self._sent = 0
         self._handled = 0  # acknowledged by the child
+        self._sink_lost = 0  # of those, what the sink lost (in ``_dropped`` too)
         self._errors = 0
+        self._errors_told = 0  # the part of ``_errors`` told to the bus (_monitor_bus_errors)
         self._dropped = 0
         self._reported = 0  # the part of ``_dropped`` already in a warning
         self._told = 0  # the part of ``_dropped`` already told to the bus (_monitor_bus_lost)
         self._stopped = False  # close() stopped a child that had not finished in time
+        self._grace = _GRACE  # seconds a child stopped gets to end on SIGTERM before SIGKILL
         self._seq = 0  # messages sent
         self._acked = 0  # seq of the last message the child acknowledged
         self._dead = False
@@ -285,7 +301,9 @@ class ProcessHandler:
             slots, self._buffer = self._buffer, []
             return self._send(slots, flush=flush)
 
-    def _send(self, slots: list[Any], *, flush: bool, close: bool = False) -> bool:
+    def _send(
+        self, slots: list[Any], *, flush: bool, close: bool = False, final: bool = False
+    ) -> bool:
         """Send the events of ``slots`` to the child in messages of at most 1024 events, then,
         if ``flush``, wait until the child has acknowledged every message sent so far (its
         sink flushed). The one way events leave this process."""
@@ -295,14 +313,15 @@ class ProcessHandler:
             if self._dead:
                 self._drop(total, self._reason)
                 return False
-            if not total and not close and not (flush and self._dirty):
+            if not total and not (close or final) and not (flush and self._dirty):
                 # Nothing to send: a flush still waits for what an earlier one left pending.
                 return not flush or self._wait(lambda: self._acked >= self._seq, deadline)
             for start in range(0, max(total, 1), self._chunk):
                 chunk = slots[SLOTS * start : SLOTS * (start + self._chunk)]
                 n = count_events(len(chunk))
                 last = start + self._chunk >= total
-                kind = (_CLOSE if close else _FLUSH if flush else _BATCH) if last else _BATCH
+                kind = _CLOSE if close else _FINAL if final else _FLUSH if flush else _BATCH
+                kind = kind if last else _BATCH
                 if not self._make_room(n, deadline):
                     if self._dead:
                         self._drop(total - start, "the child process is gone")
@@ -312,10 +331,10 @@ class ProcessHandler:
                 if not n and kind == _BATCH:
                     continue
                 self._dirty = kind == _BATCH
-                if not self._write(kind, chunk):
+                if not self._write(kind, chunk, deadline if close else None):
                     self._drop(total - start - n, "the child process is gone")
                     return False
-            if not (flush or close):
+            if not (flush or close or final):
                 return True
             seq = self._seq
             done = self._wait(lambda: self._acked >= seq, deadline)
@@ -335,14 +354,19 @@ class ProcessHandler:
         limit = max(self._max_pending - n, 0)
         return self._wait(lambda: self._sent - self._handled <= limit, deadline)
 
-    def _write(self, kind: int, slots: list[Any]) -> bool:
+    def _write(self, kind: int, slots: list[Any], deadline: float | None = None) -> bool:
+        """Write one message, waiting up to ``timeout`` for room (up to ``deadline``, if
+        given: a close's)."""
         self._seq += 1
         n_events = count_events(len(slots))
         payload = pickle.dumps((kind, self._seq, slots), _PROTOCOL)
         n = len(payload)
         header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
         try:
-            self._sock.settimeout(self._timeout)
+            wait = self._timeout
+            if deadline is not None:  # at least a moment: 0 would make the socket non-blocking
+                wait = max(_remaining(deadline) or 0.0, 0.001)
+            self._sock.settimeout(wait)
             self._sock.sendall(header + payload)  # Connection's framing: the child reads it
         except TimeoutError:
             # Part of a frame may be written: the stream is broken, and the child stuck.
@@ -378,10 +402,21 @@ class ProcessHandler:
         last asked, all of them events the bus delivered here (fed by one bus, as registered:
         on several, the first to ask is told). ``final`` changes nothing: what the child still
         holds is not lost yet, and ``close()`` counts and reports what it then loses. No lock:
-        one read of the count (``_monitor_bus_wait_done`` may hold the lock meanwhile)."""
+        one read of the count (``_monitor_bus_wait_done`` may hold the lock meanwhile).
+        ``final``: the bus lets go of the handler, so the child's sink gives up what it could
+        not write (its ``_monitor_bus_lost(True)``), which is dropped here then."""
+        if final and not (self._dead or self._closed):
+            self._send([], flush=True, final=True)
         dropped = self._dropped
         lost, self._told = dropped - self._told, dropped
         return lost
+
+    def _monitor_bus_errors(self) -> int:
+        """The bus's question (see ``_handler``): the sink's errors in the child since it last
+        asked (logged here as they arrive)."""
+        errors = self._errors
+        new, self._errors_told = errors - self._errors_told, errors
+        return new
 
     # -- what the child says --
 
@@ -439,8 +474,10 @@ class ProcessHandler:
     def _on_message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == _ACK:
-            _, self._acked, self._handled, errors, reports = message
+            _, self._acked, self._handled, errors, reports, lost = message
             new_errors, self._errors = errors - self._errors, errors
+            new_lost, self._sink_lost = lost - self._sink_lost, lost
+            self._drop(new_lost, "its sink in the child process could not write them")
             if new_errors:
                 for type_name, (count, text) in reports.items():
                     if self._throttle.ready(("error", type_name)):
@@ -513,7 +550,7 @@ class ProcessHandler:
             self._proc.pid,
             why,
         )
-        _end(self._proc)
+        _end(self._proc, self._grace)
         self._child_gone(lost)
 
     def _drop(self, n: int, why: str) -> None:
@@ -557,7 +594,9 @@ class ProcessHandler:
                 return self._closed_ok
             self._closed = True
             self._finalizer.cancel()
+            # A closing child is stopped at once: close(timeout) keeps to its timeout.
             saved, self._timeout = self._timeout, timeout
+            self._grace = _CLOSE_GRACE
             try:
                 slots, self._buffer = self._buffer, []
                 dropped = self._dropped
@@ -566,11 +605,16 @@ class ProcessHandler:
                 done = self._send(slots, flush=False, close=True) and self._dropped == dropped
             finally:
                 self._timeout = saved
+                self._grace = _GRACE
             if done:
                 self._proc.join(_remaining(deadline))
             if self._proc.is_alive():
                 self._stopped = True
-                self._stop_child(f"it did not finish within {timeout} s", lost=0)
+                self._grace = _CLOSE_GRACE
+                try:
+                    self._stop_child(f"it did not finish within {timeout} s", lost=0)
+                finally:
+                    self._grace = _GRACE
                 done = False
             self._dead = True
             self._sock.close()
@@ -583,9 +627,10 @@ class ProcessHandler:
         """A snapshot of the counters.
 
         Keys: ``received`` (events given to the handler), ``sent`` (to the child), ``handled``
-        (acknowledged by the child: its sink was called with them), ``errors`` (sink calls
-        and flushes that raised in the child), ``dropped`` (never reached the sink: not sent
-        in time, lost with the child, or received after it was gone), ``pending`` (sent,
+        (acknowledged by the child: its sink was called with them, and has not lost them),
+        ``errors`` (sink calls and flushes that raised in the child), ``dropped`` (not sent in
+        time, lost with the child, received after it was gone, or lost by the sink: a full
+        disk), ``pending`` (sent,
         not yet acknowledged), ``buffered`` (not sent yet), ``alive`` and ``exitcode`` (of
         the child). ``received == handled + dropped + pending + buffered``.
         """
@@ -594,7 +639,7 @@ class ProcessHandler:
         return {
             "received": self._received,
             "sent": self._sent,
-            "handled": self._handled,
+            "handled": self._handled - self._sink_lost,
             "errors": self._errors,
             "dropped": self._dropped,
             "pending": pending,
@@ -675,10 +720,11 @@ def _exit_status(code: int | None) -> str:
         return f"killed by signal {-code}"
 
 
-def _end(proc: Any) -> None:
-    """Terminate ``proc``, then kill it if it does not go."""
+def _end(proc: Any, grace: float) -> None:
+    """Terminate ``proc``, then kill it if it has not gone within ``grace`` seconds (a stopped
+    process acts on SIGTERM only once continued; SIGKILL ends it at once)."""
     proc.terminate()
-    proc.join(1.0)
+    proc.join(grace)
     if proc.is_alive():
         proc.kill()
         proc.join(1.0)
@@ -730,9 +776,10 @@ def _serve(conn: Connection, target: Any, build: bool) -> None:
         return
     flush = getattr(sink, "flush", None)
     close = getattr(sink, "close", None)
+    sink_lost = getattr(sink, "_monitor_bus_lost", None)  # what a bundled sink could not write
     parent = multiprocessing.parent_process()
     watch: list[Any] = [conn] if parent is None else [conn, parent.sentinel]
-    handled = errors = 0
+    handled = errors = lost = 0
     reports: dict[str, list[Any]] = {}
 
     def failed() -> None:
@@ -784,7 +831,12 @@ def _serve(conn: Connection, target: Any, build: bool) -> None:
             handled += count_events(len(slots))
             if kind != _BATCH:
                 finish(kind)
-            send(_ACK, seq, handled, errors, {k: tuple(v) for k, v in reports.items()})
+            if callable(sink_lost):
+                try:
+                    lost += sink_lost(kind in (_CLOSE, _FINAL))
+                except BaseException:  # noqa: BLE001 - counted and reported
+                    failed()
+            send(_ACK, seq, handled, errors, {k: tuple(v) for k, v in reports.items()}, lost)
             reports.clear()
             if kind == _CLOSE:
                 return

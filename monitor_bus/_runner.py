@@ -4,8 +4,8 @@ Guarantees:
 
 - A user's sync handler has a runner of its own: one daemon thread, so a slow handler delays
   nobody else.
-- The bundled sinks of a bus (JSONL, TensorBoard, Prometheus, ``ProcessHandler``'s feeder)
-  share one runner: per batch the dispatcher wakes one thread, which serves each sink's inbox
+- The bundled sinks of a bus (JSONL, TensorBoard, Prometheus; not ``ProcessHandler``, whose
+  flush waits for its child) share one runner: per batch the dispatcher wakes one thread, which serves each sink's inbox
   in turn. Each sink keeps its own inbox, counters, ``flush()``, cut-off and errors (see
   ``_handler.py``): one that raises costs the others nothing.
 - Watchdog: a bundled sink whose turn (its calls and its ``flush()``) has lasted

@@ -19,7 +19,8 @@ Guarantees
   not another user's (or another process's) socket at the same path.
 - What a message may hold: bodies are decoded by an unpickler that makes only what the relay's
   messages hold (tuples, dicts and plain values, ``datetime``, ``timedelta``, ``timezone``,
-  and a Stat window's ``Histogram``, whose fields are checked as its constructor checks them);
+  and a Stat window's ``Histogram``, whose fields are checked as its constructor checks them,
+  and which must have them: one made without its state is refused);
   any other global is refused (``pickle.UnpicklingError``), so no body can run code. A decoded
   message must then have exactly the shape and types its kind has (``check``: an index that
   fits the answer, an event's name, timestamp and data as ``Event`` holds them (a window's data
@@ -27,6 +28,8 @@ Guarantees
   (``Refused``) before it touches a bus. A child sends its timestamps in that form
   (``stamp``): a ``ZoneInfo`` by its key, another tzinfo as its fixed offset, a ``datetime``
   subclass as a ``datetime``.
+- A refusal's cost is bounded: its reason shows the start of what the peer sent, made without
+  a full ``repr`` (a few bytes of shared references can hold 2**k values).
 - On a platform without ``SO_PEERCRED`` the key alone decides, on the pid the peer states.
 """
 
@@ -200,7 +203,20 @@ def check(message: Any) -> tuple[Any, ...]:
         key.__class__ is not str or value.__class__ not in values for key, value in data.items()
     ):
         raise Refused(f"it sent a {name} whose data is not str keys to plain values")
+    if kind == WINDOW:
+        for key, value in data.items():
+            if value.__class__ is Histogram and not _whole(value):
+                raise Refused(
+                    f"it sent a {name} whose data[{_show(key)[4:]}] is a Histogram without "
+                    "its state"
+                )
     return kind, index, event, _timestamp(micros, zone), data
+
+
+def _whole(histogram: Histogram) -> bool:
+    """Whether ``histogram`` has its state: a pickle can make one (NEWOBJ) and never give it
+    one (BUILD, whose ``__setstate__`` checks it and sets every field, or none)."""
+    return all(hasattr(histogram, name) for name in Histogram.__slots__)
 
 
 def _timestamp(micros: Any, zone: Any) -> datetime:
@@ -225,12 +241,67 @@ def _timestamp(micros: Any, zone: Any) -> datetime:
 
 
 def _show(value: object) -> str:
-    """A peer's value in a warning: its type and the start of its repr."""
-    try:
+    """A peer's value in a warning: its type and the start of its repr, made in bounded work
+    (``_brief``: a message of shared references can hold 2**k values in a few bytes)."""
+    parts: list[str] = []
+    _brief(value, parts, _SHOWN + 1)
+    text = "".join(parts)
+    return f"{type(value).__name__} {text if len(text) <= _SHOWN else text[:37] + '...'}"
+
+
+_SHOWN = 40  # characters of a value a warning shows
+_REPR = (type(None), bool, float, datetime, timedelta, timezone)  # short, whatever their value
+
+
+def _brief(value: object, parts: list[str], room: int) -> int:
+    """Append the start of ``repr(value)`` to ``parts``, stopping once about ``room``
+    characters are out; returns the room left. Each value visited adds at least one
+    character, so the work is bounded by ``room``, whatever ``value`` holds."""
+    if room <= 0:
+        return room
+    cls = value.__class__
+    if cls is tuple or cls is list or cls is dict:
+        assert isinstance(value, (tuple, list, dict))
+        ends = "()" if cls is tuple else "[]" if cls is list else "{}"
+        parts.append(ends[0])
+        room -= 1
+        for i, item in enumerate(value.items() if isinstance(value, dict) else value):
+            if room <= 0:
+                return room
+            if i:
+                parts.append(", ")
+                room -= 2
+            if isinstance(value, dict):
+                room = _brief(item[0], parts, room)
+                parts.append(": ")
+                room = _brief(item[1], parts, room - 2)
+            else:
+                room = _brief(item, parts, room)
+        if cls is tuple and len(value) == 1:
+            parts.append(",")
+            room -= 1
+        parts.append(ends[1])
+        return room - 1
+    if cls is str or cls is bytes:
+        text = repr(value[:room])  # type: ignore[index]
+    elif cls is int:
+        bits = value.bit_length()  # type: ignore[attr-defined]
+        text = repr(value) if bits <= 4 * _SHOWN else f"<{bits}-bit int>"
+    elif cls in _REPR:
         text = repr(value)
-    except Exception:  # noqa: BLE001 - an int past repr's digits, a tuple nested too deep
-        text = "..."
-    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+    elif cls is Histogram:
+        text = _brief_histogram(value)
+    else:
+        text = f"<{cls.__name__}>"
+    parts.append(text)
+    return room - len(text)
+
+
+def _brief_histogram(value: Any) -> str:
+    try:
+        return repr(value)  # its counts by number: short
+    except AttributeError:  # made without its state
+        return "<Histogram without its state>"
 
 
 _EPOCH = datetime(1970, 1, 1)

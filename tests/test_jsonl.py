@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,9 @@ import monitor_bus
 from monitor_bus import STAT_EVENT, Aggregation, Event, JsonlEventHandler, Stat, _jsonl, read_jsonl
 
 from .conftest import require
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import ExceptionGroup
 
 UTC = timezone.utc
 T0 = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -513,3 +518,61 @@ def test_a_value_of_another_type_goes_to_the_one_default_hook(kind: str) -> None
         pytest.raises(TypeError, match=r"^Object of type Odd is not JSON serializable$"),
     ):
         _jsonl._encode_data({"ok": 1, "odd": Odd()})
+
+
+class _NoOffset(tzinfo):
+    """A zone whose offset cannot be had: an event stamped with it cannot be written."""
+
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        raise ValueError("this zone has no offset")
+
+    def dst(self, dt: datetime | None) -> timedelta:
+        return timedelta(0)
+
+
+def test_an_event_that_cannot_be_encoded_costs_that_event_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a bus, one event of a batch of 400 that cannot be encoded (its timestamp has no
+    offset) is the only one lost: the 399 others are written, the bad one counts as dropped
+    by the sink and on the bus, with one error logged and a warning naming the drop."""
+    path = tmp_path / "run.jsonl"
+    sink = JsonlEventHandler(path)
+    bus = monitor_bus.EventBus(name="encode")
+    bus._linger = 30.0  # one batch: drained at flush
+    bus.register_event_handler(sink, name="jsonl")
+    with caplog.at_level(logging.WARNING, logger="monitor_bus"):
+        for e in unencodable_at(200):
+            bus.log_event(e)
+        assert bus.flush(10)
+        (stats,) = bus.stats()["handlers"]
+        assert bus.close(10)
+    sink.close()
+    assert [e.data["i"] for e in read_jsonl(path)] == [i for i in range(400) if i != 200]
+    assert (stats["delivered"], stats["dropped"], stats["errors"]) == (399, 1, 1)
+    assert (sink.written, sink.dropped) == (399, 1)
+    records = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in records] == [logging.ERROR, logging.WARNING]
+    assert records[0][1].startswith("event handler 'jsonl' raised ValueError (error 1 ")
+    assert records[1][1].startswith("EventBus 'encode': handler 'jsonl' could not write 1 ")
+
+
+def test_handle_batch_writes_the_events_it_can_and_raises_for_the_others(tmp_path: Path) -> None:
+    """``handle_batch`` of 400 events, one of which cannot be encoded, keeps the 399 others for
+    the file and raises the one failure in an ``ExceptionGroup``, counting it as dropped."""
+    sink = JsonlEventHandler(tmp_path / "run.jsonl")
+    with pytest.raises(ExceptionGroup) as raised:
+        sink.handle_batch(unencodable_at(200))
+    assert [type(e) for e in raised.value.exceptions] == [ValueError]
+    sink.close()
+    assert [e.data["i"] for e in read_jsonl(tmp_path / "run.jsonl")] == [
+        i for i in range(400) if i != 200
+    ]
+    assert (sink.written, sink.dropped) == (399, 1)
+
+
+def unencodable_at(bad: int) -> list[Event]:
+    """400 events, the one at ``bad`` stamped in a zone without an offset."""
+    events = [Event("e", T0 + timedelta(seconds=i), {"i": i}) for i in range(400)]
+    events[bad] = Event("bad", datetime(2026, 1, 1, tzinfo=_NoOffset()), {"i": bad})
+    return events

@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -676,3 +678,139 @@ def test_a_forked_copy_tells_its_own_bus_only_its_own_drops(closing: Any) -> Non
         assert bus.flush(timeout=60) is False
         (handler,) = bus.stats()["handlers"]
         assert (handler["logged"], handler["delivered"], handler["dropped"]) == (3, 0, 3)
+
+
+def test_what_the_sink_loses_in_the_child_is_dropped_and_its_errors_counted_on_the_bus(
+    tmp_path: Path, closing: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A JSONL sink in the child on a real full disk (a 64 KiB tmpfs): its failed flushes count
+    as the handler's errors on the bus, and what it could not write, given up when the bus lets
+    go of the handler, counts as dropped by that handler (not delivered), with warnings, and in
+    the handler's own stats: delivered == lines in the file, delivered + dropped == logged."""
+    from .full_disk import small_disk
+
+    with small_disk(tmp_path / "disk", 64 * 1024) as disk:
+        (disk / "filler").write_bytes(b"x" * 40 * 1024)  # room for a few hundred lines
+        path = disk / "run.jsonl"
+        remote = jsonl(path)
+        closing(remote)
+        bus = monitor_bus.EventBus(name="disk")
+        bus._linger = 30.0  # one batch, so one flush of the sink: drained at flush
+        handle = bus.register_event_handler(remote, name="jsonl")
+        with caplog.at_level(logging.WARNING, logger="monitor_bus"):
+            for i in range(3000):
+                bus.log_event(event(i))
+            assert bus.flush(30)  # the child acknowledged: the sink keeps what it could not write
+            (kept,) = bus.stats()["handlers"]
+            assert (kept["delivered"], kept["dropped"], kept["errors"]) == (3000, 0, 1)
+            assert bus.close(30)
+            assert remote.close(10)
+        written = path.read_bytes().count(b"\n")
+        assert 0 < written < 1000
+        handler = handle._handler  # its counters as the bus let go of it
+        assert (handler.delivered, handler.dropped, handler.errors) == (written, 3000 - written, 2)
+        assert bus.stats()["handler_errors"] == 2
+        own = remote.stats()
+        assert (own["received"], own["handled"], own["dropped"], own["errors"]) == (
+            3000,
+            written,
+            3000 - written,
+            2,
+        )
+    lost = 3000 - written
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(
+        m.startswith(f"ProcessHandler {remote._name} dropped {lost} events (its sink ")
+        for m in messages
+    )
+    assert any(
+        m.startswith(f"EventBus 'disk': handler 'jsonl' could not write {lost} ") for m in messages
+    )
+
+
+class _StuckWriter:
+    """A TensorBoard writer whose ``add_scalar`` waits for ``gate``, saying it entered."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def add_scalar(self, *args: Any, **kwargs: Any) -> None:
+        self.entered.set()
+        self.gate.wait(process_sinks.NEVER)
+
+
+def test_a_process_handler_waits_for_its_own_child_only_not_a_stuck_sink_beside_it(
+    tmp_path: Path, closing: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With another bundled sink of the bus stuck in a call (and no watchdog to move it), the
+    events delivered to a ProcessHandler still reach its child: unregistering it returns True
+    with all of them written, the stuck sink's call still going on."""
+    from monitor_bus import _runner
+
+    monkeypatch.setattr(_runner, "SINK_BUDGET", 600.0)  # no watchdog within the test
+    writer = _StuckWriter()
+    path = tmp_path / "run.jsonl"
+    remote = jsonl(path)
+    closing(remote)
+    bus = monitor_bus.EventBus(name="beside")
+    try:
+        bus.register_event_handler(monitor_bus.TensorboardEventHandler(writer), name="stuck")
+        handle = bus.register_event_handler(remote, name="remote")
+        bus.log_event(Event(monitor_bus.STAT_EVENT, T0, {"x": 1.0}))
+        assert writer.entered.wait(60)  # the stuck sink's call has started
+        for i in range(10):
+            bus.log_event(event(i))
+        assert bus.unregister_event_handler(handle, timeout=10) is True
+        assert remote.stats()["handled"] == 11
+        assert len(path.read_bytes().splitlines()) == 11
+        assert not writer.gate.is_set()
+    finally:
+        writer.gate.set()
+        assert bus.close(30)
+
+
+def close_stopped(remote: ProcessHandler, timeout: float) -> tuple[bool, float]:
+    """Stop (SIGSTOP) the child of ``remote`` after it acknowledged 3 events, give it 2,000
+    more (more than its socket holds), and close it: what close returned, and how long it
+    took."""
+    for i in range(3):
+        remote(event(i))
+    assert remote.flush() is True
+    os.kill(remote.pid, signal.SIGSTOP)
+    big = "x" * 1000
+    for i in range(3, 1000):
+        remote(Event("big", T0, {"i": i, "pad": big}))
+    assert remote.stats()["buffered"] == 997
+    started = time.monotonic()
+    closed = remote.close(timeout)
+    return closed, time.monotonic() - started
+
+
+def test_close_on_a_stopped_child_returns_false_and_counts_what_it_did_not_take(
+    closing: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``close(2)`` on a child stopped by SIGSTOP, with more to send than its socket holds,
+    returns False (no hang: well under a bound of 10 s), the child killed, and every event it
+    had not acknowledged counted as dropped."""
+    remote = jsonl(Path(os.devnull))
+    closing(remote)
+    with caplog.at_level(logging.ERROR, logger="monitor_bus"):
+        closed, took = close_stopped(remote, 2.0)
+    assert closed is False
+    assert took < 10.0
+    stats = remote.stats()
+    assert (stats["received"], stats["handled"], stats["dropped"]) == (1000, 3, 997)
+    assert (stats["pending"], stats["buffered"], stats["alive"]) == (0, 0, False)
+    assert stats["exitcode"] == -signal.SIGKILL
+
+
+@pytest.mark.stress
+def test_close_on_a_stopped_child_returns_within_its_timeout(closing: Any) -> None:
+    """``close(2)`` on a SIGSTOPped child returns within its timeout and a tenth of a second or
+    so (it took 3-4 s: a second given to SIGTERM, which a stopped process never acts on)."""
+    remote = jsonl(Path(os.devnull))
+    closing(remote)
+    closed, took = close_stopped(remote, 2.0)
+    assert closed is False
+    assert took < 2.5

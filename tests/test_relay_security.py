@@ -908,3 +908,125 @@ def test_out_of_descriptors_the_relay_does_not_spin(out_of_descriptors: list[str
     cpu, wall = next(line for line in out_of_descriptors if line.startswith("cpu ")).split()[1:]
     assert float(wall) >= 1.0
     assert float(cpu) < 0.1
+
+
+def doubling(levels: int) -> list[object]:
+    """A list holding itself twice over, ``levels`` deep: 2**levels leaves in a pickle of a
+    few bytes per level (pickle writes each shared list once)."""
+    crafted: list[object] = [0]
+    for _ in range(levels):
+        crafted = [crafted, crafted]
+    return crafted
+
+
+def test_describing_a_refused_message_costs_work_bounded_by_its_size() -> None:
+    """The refusal of a message whose full repr is huge (2**18 leaves of shared lists, a
+    pickle of 125 bytes) describes its start without making that repr: a bounded text, and
+    the memory it takes stays a few kilobytes (the repr's was megabytes)."""
+    import tracemalloc
+
+    from monitor_bus import _wire
+
+    body = pickle.dumps(doubling(18), pickle.HIGHEST_PROTOCOL)
+    assert len(body) == 125
+    crafted = _wire.loads(body)
+    tracemalloc.start()
+    try:
+        with pytest.raises(_wire.Refused) as refused:
+            _wire.check(crafted)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(refused.value) == f"it sent list {'[' * 19}0], [0]], [[0], [0..., not a message"
+    assert peak < 64 * 1024
+
+
+def test_a_crafted_message_of_shared_references_is_refused_and_the_relay_goes_on(
+    recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A child's 141-byte frame holding 2**20 leaves of shared lists is refused with a short
+    description, what it sent before arrives, and another child's events still arrive."""
+    bus = target_bus()
+    bus.register_event_handler(recorder)
+    member = Member()
+    crafted = old_frame(doubling(20))  # type: ignore[arg-type]
+    assert len(crafted) == 141
+    chunks = [
+        message(0, member.pid, None),
+        message(1, 1, (1, 1), "target"),
+        message(2, 1, "before", 0, None, {"x": 1}),
+        crafted,
+    ]
+    with caplog.at_level(logging.WARNING, logger="monitor_bus"):
+        member.send(chunks, bus)
+    member.stop()
+    assert [(e.name, e.origin) for e in recorder.events] == [
+        ("before", EventOrigin(member.pid, None))
+    ]
+    records = [r.getMessage() for r in caplog.records if r.name == "monitor_bus"]
+    assert len(records) == 1
+    assert (
+        f"refused process {member.pid}: it sent list {'[' * 21}0], [0]], [[0], ..., not"
+        in records[0]
+    )
+    recorder.events.clear()
+    assert_children_still_arrive(recorder, bus)
+
+
+class _HalfBuilt:
+    """Pickles as a ``Histogram`` made by NEWOBJ, then given ``state`` (BUILD) if any."""
+
+    def __init__(self, *state: object) -> None:
+        self.state = state
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # what pickle checks NEWOBJ's class against
+        return monitor_bus.Histogram
+
+    def __reduce__(self) -> tuple[object, ...]:
+        import copyreg
+
+        return (copyreg.__newobj__, (monitor_bus.Histogram,), *self.state)
+
+
+_GOOD_STATE = monitor_bus.Histogram.of([1.0, 2.0]).to_dict()
+BAD_HISTOGRAMS = [
+    (_HalfBuilt(), "it sent a WINDOW whose data['h'] is a Histogram without its state"),
+    (
+        _HalfBuilt({**_GOOD_STATE, "count": 3}),
+        "its message was refused (ValueError('count must be the total of the counts (2), got 3'",
+    ),
+    (_HalfBuilt([1, 2]), "its message was refused (TypeError('d must be a dict"),
+]
+
+
+@pytest.mark.parametrize(("bad", "why"), BAD_HISTOGRAMS, ids=["no state", "count", "not a dict"])
+def test_a_window_with_a_half_built_or_inconsistent_histogram_is_refused(
+    bad: _HalfBuilt, why: str, recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A child's window whose Histogram was made without its state (NEWOBJ, no BUILD) or with
+    a state its constructor refuses is refused like any bad message, counted in the relay's
+    ``refused``: no handler gets it, what came before arrives."""
+    bus = target_bus()
+    bus.register_event_handler(recorder)
+    listener = monitor_bus._lifecycle.process.listener
+    assert listener is not None
+    refused = listener.refused
+    good = monitor_bus.Histogram.of([3.0])
+    crafted = message(3, 1, "window", 0, None, {"x": 1.0, "h": bad})
+    member = Member()
+    chunks = [
+        message(0, member.pid, None),
+        message(1, 1, (1, 1), "target"),
+        message(3, 1, "window", 0, None, {"h": good}),
+        crafted,
+    ]
+    with caplog.at_level(logging.WARNING, logger="monitor_bus"):
+        member.send(chunks, bus)
+    member.stop()
+    assert [(e.name, e.data) for e in recorder.events] == [("window", {"h": good})]
+    assert listener.refused == refused + 1
+    assert bus.stats()["dropped"] == 0
+    records = [r.getMessage() for r in caplog.records if r.name == "monitor_bus"]
+    assert len(records) == 1
+    assert f"the relay refused process {member.pid}: {why}" in records[0]

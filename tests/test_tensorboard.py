@@ -8,7 +8,7 @@ import math
 import struct
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -708,3 +708,35 @@ def test_a_run_event_from_log_has_its_wall_time_in_tensorboard(
         (datetime.fromtimestamp(clock).timestamp(), 3, 0.5)
     ]
     assert datetime.fromtimestamp(clock).timestamp() == 1767225601.0
+
+
+class _NoOffset(tzinfo):
+    """A zone whose offset cannot be had: an event stamped with it has no wall time."""
+
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        raise ValueError("this zone has no offset")
+
+    def dst(self, dt: datetime | None) -> timedelta:
+        return timedelta(0)
+
+
+def test_a_window_that_cannot_be_written_costs_that_window_only(tmp_path: Path) -> None:
+    """On a bus, one window of a batch of 400 that cannot be written (its timestamp has no
+    offset) is the only one lost: the 399 others reach the event file, the bad one counts as
+    dropped by the sink and on the bus, and as one error."""
+    writer = SummaryWriter(str(tmp_path))
+    sink = TensorboardEventHandler(writer)
+    bus = EventBus(name="encode")
+    bus._linger = 30.0  # one batch: drained at flush
+    bus.register_event_handler(sink, name="tb")
+    for i in range(400):
+        when = datetime(2026, 1, 1, tzinfo=_NoOffset()) if i == 200 else T0
+        bus.log_event(Event(STAT_EVENT, when + timedelta(seconds=i), {"x": float(i)}))
+    assert bus.flush(10)
+    (stats,) = bus.stats()["handlers"]
+    assert bus.close(10)
+    writer.close()
+    assert (stats["delivered"], stats["dropped"], stats["errors"]) == (399, 1, 1)
+    assert sink.dropped == 1
+    got = [value for _, _, value in scalars(load(tmp_path), "x")]
+    assert got == [float(i) for i in range(400) if i != 200]
