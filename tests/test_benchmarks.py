@@ -25,6 +25,28 @@ def _number(cell: str) -> float:
     return float(cell.replace(",", ""))
 
 
+def _quotient_bounds(ours: float, theirs: float, half: float = 0.005) -> tuple[float, float]:
+    """The range of ``a / b`` printed to 0.01 (``half`` either way), for ``a`` and ``b`` read
+    back from cells printed to 0.01 as ``ours`` and ``theirs`` (``theirs`` > 0.01): the
+    quotient is monotonic in each, so its extremes are at the corners, whatever their signs."""
+    corners = [a / b for a in (ours - half, ours + half) for b in (theirs - half, theirs + half)]
+    return min(corners) - half, max(corners) + half
+
+
+def test_the_quotient_bounds_hold_for_every_sign_of_the_added_cost() -> None:
+    """The bounds the training-loop test checks its ratio column against hold for any true
+    added costs, negative ones included (a noisy tiny run makes ours negative): for each pair,
+    formatted as training_loop.py formats them, the printed quotient lies within them."""
+    for ours in range(-300, 301, 7):
+        for theirs in range(11, 400, 13):
+            a, b = ours / 1000 + 0.0003, theirs / 1000 + 0.0004
+            cell_a, cell_b = float(f"{1 + a:.2f}") - 1, float(f"{1 + b:.2f}") - 1
+            if cell_b <= 0.01:
+                continue
+            low, high = _quotient_bounds(cell_a, cell_b)
+            assert low <= float(f"{a / b:.2f}") <= high, (a, b)
+
+
 def test_core_benchmark_writes_the_figures_it_measured(tmp_path: Path) -> None:
     """benchmarks/core.py prints a positive measurement in every row, each ratio is its two
     columns' quotient ("n/a" only for torch.monitor without torch), and --write puts exactly
@@ -261,8 +283,7 @@ def test_training_loop_benchmark_delivers_every_event_and_prints_its_tables(
             # rounding allows.
             ours, theirs = (_number(row[i].removesuffix("x")) - 1 for i in (4, 5))
             if theirs > 0.01:
-                low = (ours - 0.005) / (theirs + 0.005) - 0.005
-                high = (ours + 0.005) / (theirs - 0.005) + 0.005
+                low, high = _quotient_bounds(ours, theirs)
                 assert low <= _number(row[7]) <= high
     assert delivered[0] == [
         "handlers",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -76,8 +77,39 @@ def handler_stats(bus: EventBus) -> dict[str, tuple[int, int, int, int]]:
     }
 
 
-def moved_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if "thread of its own" in r.getMessage()]
+class Said(logging.Handler):
+    """The messages of the ``monitor_bus`` logger holding ``text``, with a wait for them: the
+    watchdog logs on the loop's thread after the move, so a test that has seen the move's
+    threads has not necessarily seen its warning yet."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.WARNING)
+        self.text = text
+        self.messages: list[str] = []
+        self.cv = threading.Condition()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if self.text in message:
+            with self.cv:
+                self.messages.append(message)
+                self.cv.notify_all()
+
+    def wait_for(self, n: int, timeout: float = 10.0) -> list[str]:
+        """The messages once there are ``n`` (fewer if ``timeout`` passed first)."""
+        with self.cv:
+            self.cv.wait_for(lambda: len(self.messages) >= n, timeout)
+            return list(self.messages)
+
+
+@pytest.fixture
+def moved() -> Iterator[Said]:
+    """The watchdog's warnings that it moved a sink, as they are logged."""
+    said = Said("thread of its own")
+    logger = logging.getLogger("monitor_bus")
+    logger.addHandler(said)
+    yield said
+    logger.removeHandler(said)
 
 
 def runner_threads() -> list[str]:
@@ -165,12 +197,11 @@ def _watch_message(message: str, bus: str, sink: str, budget: float, tail: str) 
 
 
 def test_the_watchdog_moves_a_stuck_sink_and_the_others_go_on(
-    tmp_path: Path, budget: float, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, budget: float, moved: Said
 ) -> None:
     """A bundled sink held in its call past the budget gets the thread it is stuck on; the
     sinks behind it get a new shared thread and deliver while it is still held, and a
     warning names it and the time."""
-    caplog.set_level(logging.WARNING, logger="monitor_bus")
     held = Held()
     after = Counting()
     bus = EventBus(name="wd")
@@ -191,7 +222,7 @@ def test_the_watchdog_moves_a_stuck_sink_and_the_others_go_on(
     assert stuck._handler.thread is shared
     assert shared is not None
     assert shared.name == "monitor_bus-handler-held"
-    (message,) = moved_warnings(caplog)
+    (message,) = moved.wait_for(1)
     assert _watch_message(message, "wd", "held", budget, ", the other sinks on a new one") >= 0.1
     held.release.set()
     assert bus.flush(10)
