@@ -11,6 +11,11 @@ Guarantees:
 - Watchdog: a bundled sink whose turn (its calls and its ``flush()``) has lasted
   ``SINK_BUDGET`` seconds is moved off the shared runner: the thread stuck in it becomes the
   sink's own, a new shared runner takes the others, and a warning names the sink and the time.
+  The sink keeps that thread for good, healthy again or not: one that overran once (a slow
+  mount, a stalled remote) tends to again, and back on the shared runner it would hold the
+  others up to ``SINK_BUDGET`` each time, with a warning each time; apart it costs one thread
+  and its wake-up per batch, as a user's handler does. A failure to start the new shared
+  runner is logged as an error and the move is tried again at the next check.
   Until then the sinks behind it wait: a bundled sink may be late by up to ``SINK_BUDGET``
   (plus the loop's reaction) because of another, so a ``flush`` or ``close`` whose timeout is
   shorter than that may find it unsettled. The dispatcher's loop runs the watchdog while the

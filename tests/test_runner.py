@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -300,3 +301,204 @@ def test_a_bundled_sink_settles_only_after_its_flush(monkeypatch: pytest.MonkeyP
         sink.release.set()
         assert bus.flush(10)
         assert bus._handlers[0].settled == 3
+
+
+class Returning(Held):
+    """A ``Held`` that says when its first call has returned."""
+
+    _monitor_bus_bundled = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.returned = threading.Event()
+
+    def __call__(self, event: Event) -> None:
+        super().__call__(event)
+        self.returned.set()
+
+
+def move_starts(held: Held, monkeypatch: pytest.MonkeyPatch, before: Callable[[], None]) -> None:
+    """Have ``before()`` run as the watchdog starts a move's new shared thread (on the bus's
+    loop, holding the stuck runner's lock, once ``held`` is stuck), then the real start."""
+    real = _runner.Runner.start
+
+    def start(self: _runner.Runner) -> None:
+        if held.entered.is_set():
+            before()
+        real(self)
+
+    monkeypatch.setattr(_runner.Runner, "start", start)
+
+
+def test_a_sink_returning_as_it_is_moved_is_moved_and_loses_nothing(
+    budget: float, moved: Said, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stuck sink's call returns while the watchdog moves it (its runner waits for the
+    move to end before going on): the move completes, each sink gets every event once, in
+    order, and the moved sink keeps the thread it was on."""
+    held = Returning()
+    after = Counting()
+    bus = EventBus(name="race")
+
+    def release_and_wait() -> None:
+        held.release.set()
+        assert held.returned.wait(10)
+
+    move_starts(held, monkeypatch, release_and_wait)
+    stuck = bus.register_event_handler(held, name="held")
+    other = bus.register_event_handler(after, name="after")
+    shared = stuck._handler.thread
+    bus.log("step", i=0)
+    assert held.entered.wait(10)
+    for i in range(1, 5):
+        bus.log("step", i=i)
+    (message,) = moved.wait_for(1)
+    assert _watch_message(message, "race", "held", budget, ", the other sinks on a new one") >= 0.1
+    assert bus.flush(10)
+    assert held.got == [0, 1, 2, 3, 4]
+    assert [e.data["i"] for e in after.events] == [0, 1, 2, 3, 4]
+    assert handler_stats(bus) == {"held": (5, 0, 0, 0), "after": (5, 0, 0, 0)}
+    assert stuck._handler.thread is shared
+    assert shared is not None
+    assert shared.name == "monitor_bus-handler-held"
+    assert after.threads == {other._handler.thread} != {shared}
+    assert bus.close(10)
+
+
+def test_a_thread_that_fails_to_start_during_a_move_is_said_and_tried_again(
+    budget: float, moved: Said, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No thread can start when the watchdog moves a stuck sink: an error says so, nothing
+    moves, and the next check (one budget later) moves it; the others then deliver while it
+    is still stuck."""
+    failed = Said("no thread to move the other sinks to")
+    logging.getLogger("monitor_bus").addHandler(failed)
+    held = Held()
+    after = Counting()
+    bus = EventBus(name="nothread")
+    attempts: list[bool] = []  # each move's start: whether the stuck thread was renamed yet
+
+    def fail_once() -> None:
+        assert bus._handlers[0].thread is not None
+        attempts.append(bus._handlers[0].thread.name == "monitor_bus-handler-held")
+        if len(attempts) == 1:
+            raise RuntimeError("can't start new thread")
+
+    try:
+        move_starts(held, monkeypatch, fail_once)
+        stuck = bus.register_event_handler(held, name="held")
+        other = bus.register_event_handler(after, name="after")
+        shared = stuck._handler.thread
+        bus.log("step", i=0)
+        assert held.entered.wait(10)
+        bus.log("step", i=1)
+        assert after.wait_for(2)  # while "held" is still in its first call
+        assert failed.wait_for(1) == [
+            "EventBus 'nothread': sink 'held' has run for "
+            f"{_took(failed.messages[0])} s in one batch; no thread to move the other sinks "
+            "to (can't start new thread)"
+        ]
+        (message,) = moved.wait_for(1)
+        assert _watch_message(message, "nothread", "held", budget, ", the other sinks on a new one")
+        assert attempts == [False, False]  # the first failed start moved nothing
+        assert other._handler.thread is not shared
+        assert stuck._handler.thread is shared
+        held.release.set()
+        assert bus.flush(10)
+        assert handler_stats(bus) == {"held": (2, 0, 0, 0), "after": (2, 0, 0, 0)}
+        assert bus.close(10)
+    finally:
+        logging.getLogger("monitor_bus").removeHandler(failed)
+        held.release.set()
+
+
+def _took(message: str) -> str:
+    """The time a watchdog message reports, as printed."""
+    match = re.search(r"has run for (\d+\.\d) s", message)
+    assert match is not None, message
+    return match.group(1)
+
+
+def test_the_watchdog_goes_quiet_once_the_shared_thread_has_ended(
+    budget: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the last bundled sink leaves and the shared thread ends, the watchdog forgets it
+    at its next look and then waits for a batch of bundled sinks: later batches to a user
+    handler wake it no more, and no timer runs it."""
+    user = Recorder()
+    bus = EventBus(name="quiet")
+    calls: list[tuple[float | None, bool]] = []  # each look: what it returned, sinks forgotten
+    looked = threading.Condition()
+    real = _runner.Runner.watch
+
+    def watch(self: _runner.Runner, dispatcher: Any) -> float | None:
+        result = real(self, dispatcher)
+        if dispatcher.bus is bus:
+            with looked:
+                calls.append((result, dispatcher.sinks is None))
+                looked.notify_all()
+        return result
+
+    monkeypatch.setattr(_runner.Runner, "watch", watch)
+    dispatcher = bus._dispatcher
+    bus.register_event_handler(user, name="user")  # batches go on without a bundled sink
+    sink = bus.register_event_handler(Counting(), name="sink")
+    shared = sink._handler.thread
+    assert shared is not None
+    bus.log("step", i=0)
+    assert bus.flush(10)
+    assert bus.unregister_event_handler(sink, timeout=10)
+    shared.join(10)
+    assert not shared.is_alive()
+    bus.log("step", i=1)  # wakes the watchdog, unless a timer of its does first
+    assert bus.flush(10)
+    with looked:
+        assert looked.wait_for(lambda: calls and calls[-1] == (None, True), 10)
+    dispatcher.in_loop(lambda: None)  # the watchdog has gone back to waiting meanwhile
+    seen = len(calls)
+    for i in range(2, 6):
+        bus.log("step", i=i)
+        assert bus.flush(10)
+        dispatcher.in_loop(lambda: None)
+    assert len(calls) == seen
+    assert dispatcher.in_loop(lambda: dispatcher._sinks_busy is not None)  # not on a timer
+    assert [e.data["i"] for e in user.events] == list(range(6))
+    assert bus.close(10)
+
+
+def test_a_moved_sink_keeps_its_own_thread_once_healthy_again(budget: float, moved: Said) -> None:
+    """A sink moved once stays on its own thread for good (it overran once, and would hold
+    the others up again): later batches, healthy, run it there and the others on the new
+    shared thread, which a sink registered later joins; nothing is moved again."""
+    held = Held()
+    after = Counting()
+    bus = EventBus(name="apart")
+    stuck = bus.register_event_handler(held, name="held")
+    other = bus.register_event_handler(after, name="after")
+    bus.log("step", i=0)
+    assert held.entered.wait(10)
+    bus.log("step", i=1)
+    assert after.wait_for(2)  # moved: "after" is served while "held" is still stuck
+    held.release.set()
+    assert bus.flush(10)
+    own, shared = stuck._handler.thread, other._handler.thread
+    assert own is not None
+    assert shared is not None
+    for i in range(2, 12):
+        bus.log("step", i=i)
+        assert bus.flush(10)
+    third = Counting()
+    late = bus.register_event_handler(third, name="third")
+    bus.log("step", i=12)
+    assert bus.flush(10)
+    assert stuck._handler.thread is own
+    assert own.name == "monitor_bus-handler-held"
+    assert own.is_alive()
+    assert other._handler.thread is shared
+    assert late._handler.thread is shared
+    assert shared.name == "monitor_bus-sinks-apart"
+    assert after.threads == third.threads == {shared}
+    assert held.got == list(range(13))
+    assert [e.data["i"] for e in after.events] == list(range(13))
+    assert len(moved.messages) == 1
+    assert bus.close(10)
