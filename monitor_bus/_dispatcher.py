@@ -19,7 +19,8 @@ Guarantees
   coming. The linger is the bus's, doubled after each batch under ``BURST`` events up to
   ``LINGER_MAX``; while it is grown a producer ends it once ``BURST`` events are queued, so a
   burst of ``BURST`` events or more is never held past the bus's linger (a smaller one may
-  wait the grown linger). ``flush`` and ``close`` never wait for it.
+  wait the grown linger). ``flush``, ``close`` and Stat windows never wait for it: a queued
+  window ends the linger (``window_queued``).
 - Stat windows: at each boundary of each window size, the timer closes the windows that are
   due, so a stalled producer still reports.
 - Failure: a dispatcher whose loop ends with an exception is logged at CRITICAL and replaced
@@ -131,6 +132,9 @@ class Dispatcher:
         self._wakeup: anyio.Event | None = None
         self._hurried: anyio.Event | None = None  # ends a linger early
         self._hurrying = False
+        # A Stat window was queued since the distributor last drained: it does not linger.
+        self._window_queued = False
+        bus._queue.on_window = self.window_queued
         self._linger = 0.0  # the linger in use (``_grow_linger``)
         self._timers_changed: anyio.Event | None = None
         self._stopped: anyio.Event | None = None
@@ -211,6 +215,22 @@ class Dispatcher:
         elif not self._hurrying:
             self._hurrying = True  # one call per linger, however many producers
             self.call_soon(self._set_hurried)
+
+    def window_queued(self) -> None:
+        """A Stat window was queued (any thread, the loop's timer included): hand it over
+        without waiting out the linger. Windows are few (one per Stat and window), so this
+        costs a wake-up of the loop per window at most."""
+        self._window_queued = True  # seen before the distributor lingers
+        if self.bus._idle:
+            self.wake()
+        elif not self._hurrying:  # end a linger under way, once per linger
+            self._hurrying = True
+            loop = self.loop
+            if loop is not None:
+                # Thread-safe even on the loop's thread: a window may be logged by a finalizer
+                # or a signal handler that interrupted the loop.
+                with contextlib.suppress(RuntimeError):  # the loop has closed
+                    loop.call_soon_threadsafe(self._set_hurried, context=self.loop_context)
 
     def _set_hurried(self) -> None:
         if self._hurried is not None:
@@ -576,6 +596,9 @@ class Dispatcher:
         bus = self.bus
         queue = bus._queue.slots
         while True:
+            # Reset before the drain: a window queued from here on either is in it, or keeps
+            # the linger below from starting, or ends it (``window_queued``).
+            self._window_queued = False
             moved = len(queue)
             if not self._drain():
                 # "block": every handler's backlog is full; wait until one makes progress.
@@ -605,7 +628,7 @@ class Dispatcher:
             # Checked after the reset: a producer that crowds the queue from now on hurries
             # this linger; one that did before is seen here.
             linger = self._grow_linger(moved)
-            if len(queue) < bus._queue.crowded:
+            if len(queue) < bus._queue.crowded and not self._window_queued:
                 with anyio.move_on_after(linger):
                     await self._hurried.wait()
 

@@ -29,6 +29,8 @@ Protocol
   read waits in ``parked`` (in order, at most what it read from each child in one round) and
   the relay reads no more from that child; removing from the head calls ``on_room`` while
   anything is parked, and so does ``close`` (parked events then count as dropped).
+- A Stat window does not wait for the dispatcher's linger: ``put_window`` calls ``on_window``
+  (the dispatcher's ``window_queued``), which ends the linger or wakes the idle dispatcher.
 - Stat windows are never dropped under any policy: their data is a ``WindowData``, queued past
   the limit (at most one event per Stat per window) and skipped by eviction. Memory still has
   a bound: at most ``WINDOW_ALLOWANCE`` windows past the limit, in the queue and in each
@@ -234,6 +236,8 @@ class EventQueue:
         self.parked: deque[tuple[_Item, Any, bool]] = deque()
         # Wakes the relay when room appears (or the queue closes) while events are parked.
         self.on_room: Callable[[], None] | None = None
+        # Called once a Stat window is queued: the dispatcher hands it over without lingering.
+        self.on_window: Callable[[], None] | None = None
 
     def __len__(self) -> int:
         """Events queued."""
@@ -282,6 +286,9 @@ class EventQueue:
             self.slots.extend(window)
         else:
             self._drop(window)
+        on_window = self.on_window
+        if on_window is not None:
+            on_window()
 
     def _drop(self, item: _Item) -> None:
         with self.space:

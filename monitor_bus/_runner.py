@@ -11,6 +11,12 @@ Guarantees:
 - Watchdog: a bundled sink whose turn (its calls and its ``flush()``) has lasted
   ``SINK_BUDGET`` seconds is moved off the shared runner: the thread stuck in it becomes the
   sink's own, a new shared runner takes the others, and a warning names the sink and the time.
+  The sink keeps that thread for good, healthy again or not: one that overran once (a slow
+  mount, a stalled remote) tends to again, and back on the shared runner it would hold the
+  others up to ``SINK_BUDGET`` each time, with a warning each time; apart it costs one thread
+  and its wake-up per batch, as a user's handler does. A failure to start the new shared
+  runner is logged as an error (at most once per 10 s) and the move is tried again at each
+  next check.
   Until then the sinks behind it wait: a bundled sink may be late by up to ``SINK_BUDGET``
   (plus the loop's reaction) because of another, so a ``flush`` or ``close`` whose timeout is
   shorter than that may find it unsettled. The dispatcher's loop runs the watchdog while the
@@ -26,6 +32,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ._lifecycle import process
+from ._ratelimit import Throttle
 
 if TYPE_CHECKING:
     from ._dispatcher import Dispatcher
@@ -82,6 +89,7 @@ class Runner:
         self.serving: _Handler | None = None  # whose turn it is, since ``since`` (monotonic)
         self.since = 0.0
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.no_thread = Throttle()  # the watchdog's error when no thread starts for a move
 
     def start(self) -> None:
         """Start the thread (before any handler is added: a failure leaves none behind)."""
@@ -180,6 +188,8 @@ class Runner:
                 dispatcher.sinks = shared
                 self.thread.name = f"monitor_bus-handler-{stuck.name}"
         if others and failed is not None:  # tried again at the next check
+            if not self.no_thread.ready():
+                return budget
             logger.error(
                 "EventBus %r: sink %r has run for %.1f s in one batch; no thread to move the "
                 "other sinks to (%s)",

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import pytest
 
-from monitor_bus import Event, EventBus, _dispatcher
+from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Stat, _dispatcher
 from monitor_bus._queue import SLOTS
 
-from .conftest import Recorder
+from .conftest import Recorder, StepClock
 
 
 def test_the_linger_doubles_after_small_batches_up_to_its_cap_and_a_burst_resets_it() -> None:
@@ -50,6 +51,33 @@ def test_a_burst_ends_a_grown_linger(monkeypatch: pytest.MonkeyPatch) -> None:
         bus.log("step", i=i)
     assert recorder.wait_for(n, timeout=10)
     assert [e.data["i"] for e in recorder.events] == list(range(n))
+    assert bus.close(10)
+
+
+@pytest.mark.parametrize("idle", [True, False], ids=["idle", "lingering"])
+def test_a_window_closed_by_stat_add_does_not_wait_for_a_grown_linger(
+    monkeypatch: pytest.MonkeyPatch, clock: StepClock, idle: bool
+) -> None:
+    """A linger grown to a minute (the cap raised for the test): a Stat window that
+    ``Stat.add`` closes is handed over at once, whether the dispatcher was idle or in the
+    minute's linger that an event logged before woke it into (flush() delivers that event
+    and leaves the linger running)."""
+    monkeypatch.setattr(_dispatcher, "LINGER_MAX", 60.0)
+    recorder = Recorder()
+    bus = EventBus(name="window")
+    bus.register_event_handler(recorder, name="rec")
+    stat = Stat("s", [Aggregation.COUNT], timedelta(seconds=1), bus=bus)
+    stat.add(1.0)
+    bus._dispatcher._linger = 30.0  # as if small batches had grown it: the next is 60 s
+    before = []
+    if not idle:
+        bus.log("step", i=0)
+        assert bus.flush(10)
+        before = [("step", {"i": 0})]
+    clock.now += 1.0
+    stat.add(2.0)  # closes the window of the first add
+    assert recorder.wait_for(len(before) + 1, timeout=10)
+    assert [(e.name, e.data) for e in recorder.events] == [*before, (STAT_EVENT, {"s.count": 1})]
     assert bus.close(10)
 
 

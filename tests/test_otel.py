@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import gzip
 import math
+import os
+import select
+import signal
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -742,3 +745,44 @@ def test_a_real_stat_window_becomes_an_exponential_histogram(bus: EventBus) -> N
     names = {m.name for m in reader.get_metrics_data().resource_metrics[0].scope_metrics[0].metrics}
     assert names == {"lat.p50", "lat.p99", "lat.stddev", "lat.histogram"}
     provider.shutdown()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_waits_for_the_lock_a_parent_thread_held(otel: InMemory) -> None:
+    """children="own": a parent thread is making an instrument, holding the handler's lock, at
+    the fork; the child's copy of the handler makes its gauge and its bus flushes (the lock
+    used to stay held for ever)."""
+    bus = EventBus(name="otel-fork", children="own")
+    bus.register_event_handler(otel.handler)
+    entered, release = threading.Event(), threading.Event()
+
+    def blocking(name: str) -> None:
+        entered.set()
+        release.wait(60)
+
+    holder = threading.Thread(target=otel.handler._make_instrument, args=("held", {}, blocking))
+    holder.start()
+    read, write = os.pipe()
+    try:
+        assert entered.wait(10)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                bus.log_event(Event(STAT_EVENT, T0, {"child.mean": 1.5}))
+                os.write(write, repr((bus.flush(10), otel.gauges())).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        ready = select.select([read], [], [], 30)[0]
+        answer = os.read(read, 1000).decode() if ready else "(no answer)"
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(read)
+        release.set()
+        holder.join(10)
+    assert (answer, os.waitstatus_to_exitcode(status)) == ("(True, {'child.mean': 1.5})", 0)
+    assert bus.close(10)

@@ -5,20 +5,25 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import select
 import shutil
+import signal
 import socket
 import subprocess
 import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Histogram, Stat
+from monitor_bus._event import from_slots
 
 from .conftest import IN_CI, WINDOW_SAMPLES, distribution_window, real_window, require
 
@@ -539,3 +544,83 @@ def test_a_real_stat_window_becomes_a_histogram(bus: EventBus) -> None:
     got = scrape(prom)
     check_le_buckets(got["monitor_bus_lat_histogram_bucket"], WINDOW_SAMPLES[0], MAX_LE_BUCKETS)
     assert {"monitor_bus_lat_p50", "monitor_bus_lat_p99", "monitor_bus_lat_stddev"} < set(got)
+
+
+def _in_forked_child(child: Callable[[], str], timeout: float = 30) -> tuple[str, int]:
+    """``os.fork`` a child that runs ``child()`` and writes its answer to a pipe; return the
+    answer ("(no answer)" if none came within ``timeout``: the child is killed) and its exit
+    code."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read)
+            os.write(write, child().encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    try:
+        ready = select.select([read], [], [], timeout)[0]
+        answer = os.read(read, 1000).decode() if ready else "(no answer)"
+    finally:
+        if answer == "(no answer)":
+            os.kill(pid, signal.SIGKILL)
+        os.close(read)
+    _, status = os.waitpid(pid, 0)
+    return answer, os.waitstatus_to_exitcode(status)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("held_in", ["making a gauge", "adding a histogram"])
+def test_a_forked_child_never_waits_for_a_lock_a_parent_thread_held(held_in: str) -> None:
+    """children="own": a parent thread is inside the handler holding its lock at the fork
+    (making a metric, or adding a window's histogram); the child's copy of the handler sets a
+    new gauge and a histogram, and its bus flushes (the lock used to stay held for ever)."""
+    prom = PrometheusEventHandler()
+    bus = EventBus(name="prom-fork", children="own")
+    bus.register_event_handler(prom)
+    bus.log_event(from_slots(STAT_EVENT, T0, {"lat.histogram": Histogram.of([1.0])}))
+    assert bus.flush(10)
+    entered, release = threading.Event(), threading.Event()
+    parent = os.getpid()
+
+    class Held(Histogram):
+        """A window's histogram whose buckets are read slowly, in the parent only."""
+
+        def buckets(self) -> list[tuple[float, float, int]]:
+            if os.getpid() == parent:
+                entered.set()
+                release.wait(60)
+            return super().buckets()
+
+    def blocking(name: str, help_text: str) -> None:
+        entered.set()
+        release.wait(60)
+
+    if held_in == "making a gauge":
+        holder = threading.Thread(target=prom._make_metric, args=("held", {}, blocking))
+    else:
+        held = Held.__new__(Held)
+        held.__setstate__(Histogram.of([2.0]).__getstate__())
+        holder = threading.Thread(target=prom._histograms["lat.histogram"].add, args=(held,))
+    holder.start()
+    try:
+        assert entered.wait(10)
+
+        def child() -> str:
+            data = {"child.mean": 1.5, "lat.histogram": Histogram.of([3.0])}
+            bus.log_event(from_slots(STAT_EVENT, T0, data))
+            flushed = bus.flush(10)
+            get = prom.registry.get_sample_value
+            return repr(
+                (flushed, get("monitor_bus_child_mean"), get("monitor_bus_lat_histogram_count"))
+            )
+
+        answer = _in_forked_child(child)
+    finally:
+        release.set()
+        holder.join(10)
+    assert answer == ("(True, 1.5, 2)", 0)
+    assert bus.close(10)

@@ -229,17 +229,20 @@ def test_windows_past_the_allowance_are_dropped_and_counted(
         release.wait()
         got.append(event)
 
+    gate = Gate()  # holds the loop: a window ends the linger, and nothing is drained
     bus = EventBus(capacity=2, name="allowance")
     try:
         bus.register_event_handler(stuck, name="stuck")
+        bus.register_event_handler(gate, name="gate")
         stats = window_stats(bus, 10)
-        bus.log_event(Event("e", TS, {"i": 0}))
+        gate.hold(bus)
         assert entered.wait(10)  # in flight: the backlog is empty
         for stat in stats:
             stat.add(1.0)  # one window each
+        gate.release.set()
         release.set()
         assert bus.flush(10)
-        (h,) = bus.stats()["handlers"]
+        h, _ = bus.stats()["handlers"]
         assert (h["delivered"], h["dropped"]) == (1 + 2 + 3, 10 - 5)
         assert split(got)[1] == [f"w{k}.count" for k in range(5)]
     finally:

@@ -823,11 +823,16 @@ def test_fuzz_an_authenticated_child_never_fails_the_relay_runs_code_or_forges_a
 # A listener with no descriptor left (a real RLIMIT_NOFILE) while a child connects: the
 # relay's CPU over a second of that, its warnings, then what arrives once descriptors free.
 OUT_OF_DESCRIPTORS = """
-    import logging, os, resource, threading, time
+    import logging, os, resource, threading, time, types
     import multiprocessing as mp
     from datetime import datetime
     import monitor_bus
+    from monitor_bus import _ratelimit
     from monitor_bus._lifecycle import process
+
+    # The warnings' rate limit reads a clock that stands still: "once" does not rest on 10 s
+    # outlasting the time with no descriptor, however slow the machine.
+    _ratelimit.time = types.SimpleNamespace(monotonic=lambda: 0.0)
 
     warned = threading.Event()
 

@@ -65,6 +65,7 @@ from .._check import check_timeout
 from .._event import Event
 from .._handler import call_each
 from .._histogram import Histogram
+from .._lifecycle import module_lock
 from .._skipped import INT64_MAX, INT64_MIN, SkipReporter, is_utf8
 from .._stat import STAT_EVENT
 
@@ -75,6 +76,10 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
 
 logger = logging.getLogger("monitor_bus")
+
+# Guards the handlers' instrument making (one handler may serve several buses). Module-level
+# so that a forked child gets a new one: a thread of the parent may hold it at the fork.
+_lock = module_lock(__name__, "_lock")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # The API's instrument-name rule: a letter, then up to 254 of [-_./a-zA-Z0-9].
@@ -236,7 +241,6 @@ class OpenTelemetryEventHandler:
         self._names: dict[str, str] = {}  # instrument name -> the key that owns it
         self._no_name: dict[str, str] = {}  # key without an instrument -> why
         self._skips = SkipReporter("OpenTelemetryEventHandler")
-        self._lock = threading.Lock()
         #: Values skipped because OTLP cannot carry them: in Stat events strings, ints outside
         #: int64 and non-finite floats; in log records ints outside int64 and non-UTF-8 strings.
         self.skipped_values = 0
@@ -307,7 +311,7 @@ class OpenTelemetryEventHandler:
     ) -> Any:
         """The instrument of ``key`` in ``instruments``, made by ``create`` (a gauge or a
         histogram) on first use; None if ``key`` cannot have one (``_no_name`` says why)."""
-        with self._lock:  # one handler object may serve several buses
+        with _lock:  # one handler object may serve several buses
             if key in instruments:
                 return instruments[key]
             name = _instrument_name(key)

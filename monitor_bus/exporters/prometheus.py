@@ -39,11 +39,17 @@ from typing import TYPE_CHECKING, Any
 from .._event import Event
 from .._handler import call_each
 from .._histogram import Histogram
+from .._lifecycle import module_lock
 from .._skipped import SkipReporter, float64_or_why, is_utf8
 from .._stat import STAT_EVENT
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+# Guards the handlers' metric making and the histograms' windows (one handler may serve
+# several buses). Module-level so that a forked child gets a new one: a thread of the parent
+# (another bus's sinks, a scrape) may hold it at the fork.
+_lock = module_lock(__name__, "_lock")
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -134,7 +140,6 @@ class PrometheusEventHandler:
         self._names: dict[str, str] = {}  # metric name -> the key that owns it
         self._taken: dict[str, str] = {}  # skipped key -> why its name is taken
         self._skips = SkipReporter("PrometheusEventHandler")
-        self._lock = threading.Lock()
         #: Values skipped because a gauge cannot hold them: strings, ints beyond float64.
         self.skipped_values = 0
         #: Values skipped because their key's metric name was taken.
@@ -212,7 +217,7 @@ class PrometheusEventHandler:
         """The metric of ``key`` in ``metrics``, made on first use by ``create(name, help)``
         (a ``ValueError`` if the registry has the name); None if its name is taken
         (``_taken`` says why)."""
-        with self._lock:  # one handler object may serve several buses
+        with _lock:  # one handler object may serve several buses
             if key in metrics:
                 return metrics[key]
             name = metric_name(self.namespace, key)
@@ -261,11 +266,10 @@ class _HistogramCollector:
         self._name = name
         self._help = help_text
         self._labels = labels
-        self._lock = threading.Lock()
         self._bounds = LeBounds()
 
     def add(self, histogram: Histogram) -> None:
-        with self._lock:
+        with _lock:
             self._bounds.add(histogram)
 
     def describe(self) -> list[Any]:
