@@ -969,3 +969,55 @@ def test_a_failed_receive_does_not_end_dst_s_receiving_but_three_in_a_row_do(
         assert messages[-1] == (
             "merge_stats_across_ranks: rank 0: receive failed 3 times in a row; it receives no more"
         )
+NAN = math.nan
+
+
+@pytest.mark.parametrize(
+    "per_rank",
+    [[[1.0, NAN, 3.0]], [[NAN], [1.0], [3.0]], [[1.0], [2.0, NAN], [3.0]], [[1.0], [3.0], [NAN]]],
+    ids=["one rank", "first of three", "second of three", "last of three"],
+)
+def test_a_nan_max_or_min_of_any_rank_makes_the_merged_one_nan(per_rank: list[list[float]]) -> None:
+    """A rank's window with a NaN sample has MAX and MIN NaN (as the Stat reports them); merged over one rank or several, whichever rank holds it, the merged MAX and MIN are NaN too."""
+    aggs = [monitor.Aggregation.COUNT, monitor.Aggregation.MAX, monitor.Aggregation.MIN]
+    with monitor.EventBus() as bus:
+        merge = merge_on(bus, 0, len(per_rank))
+        index = math.floor(merge._now() / 10.0) - 1
+        records = closed_records("step", aggs, per_rank, index)
+        assert [math.isnan(r[6]) and math.isnan(r[7]) for r in records] == [
+            any(map(math.isnan, values)) for values in per_rank
+        ]
+        for rank, record in enumerate(records):
+            merge._take(rank, wire(record))
+        merge._mark = dict.fromkeys(merge._mark, math.inf)
+        [data] = logged(merge, bus)
+    assert data["step.count"] == sum(map(len, per_rank))
+    assert math.isnan(data["step.max"])
+    assert math.isnan(data["step.min"])
+
+
+@pytest.mark.parametrize("path", ["local", "late after close", "late after merge"])
+def test_a_nan_max_or_min_logged_outside_the_merge_stays_nan(path: str) -> None:
+    """A window with MAX and MIN NaN that a rank logs itself (dst gone), or that dst logs on its own as late (after its close, or after its window was merged), keeps them NaN."""
+    aggs = [monitor.Aggregation.MAX, monitor.Aggregation.MIN]
+    seen: list[monitor.Event] = []
+    with monitor.EventBus() as bus:
+        bus.register_event_handler(seen.append)
+        merge = merge_on(bus, 0 if path != "local" else 1, 2)
+        index = math.floor(merge._now() / 10.0) - 1
+        first, nan = closed_records("step", aggs, [[1.0], [2.0, NAN]], index)
+        if path == "local":
+            merge._log_local([wire(nan)])
+        elif path == "late after close":
+            merge._log_late(1, {"windows": [wire(nan)]})
+        else:
+            merge._take(0, first)
+            merge._mark[0] = math.inf
+            merge._lost.add(1)
+            merge_due(merge)
+            merge._take(1, wire(nan))
+            merge_due(merge)
+        bus.flush()
+    [data] = [e.data for e in seen if "step.late" in e.data or "step.rank" in e.data]
+    assert math.isnan(data["step.max"])
+    assert math.isnan(data["step.min"])

@@ -38,7 +38,8 @@ Guarantees
   every rank it has heard from, lost or not; a rank whose goodbye did not come is named
   (warning, ``unfinished_ranks``) and what it still sends is logged on its own, counted in
   ``late``, for as long as ``dst``'s process lives.
-- Exact and once (either shape): counts and sums add, max of maxes, min of mins, mean is sum
+- Exact and once (either shape): counts and sums add, max of maxes, min of mins (NaN if any
+  rank's is, as a Stat's MAX and MIN over its samples; here, locally and late), mean is sum
   over count, value is the one of the rank whose window closed last (on a tie, the higher
   rank); STDDEV from the ranks' moments (Chan et al.'s pairwise update: in the two-level
   shape in another order, so equal to rounding), the percentiles read from, and HISTOGRAM
@@ -237,8 +238,11 @@ class _Bucket:
             self.parts[rank] = (count, total)
         self.count += count
         self.total += total
-        self.high = max(self.high, high)
-        self.low = min(self.low, low)
+        # A NaN MAX or MIN of any rank's makes the merged one NaN, as a Stat's over samples.
+        if high > self.high or math.isnan(high):
+            self.high = high
+        if low < self.low or math.isnan(low):
+            self.low = low
         if (closed, rank) > self.last:
             self.last, self.value = (closed, rank), value
         moments, histogram = record[10:12]
@@ -1118,7 +1122,7 @@ def merge_stats_across_ranks(
     of the merge, never the caller's. ``dst`` logs one ``"torch.monitor.Stat"`` event per
     (Stat name, window) with the usual keys (``"loss.mean"``) plus ``"<name>.ranks"``, the
     number of ranks that contributed. COUNT and SUM add up, MAX and MIN are the max of maxes
-    and min of mins, MEAN is SUM / COUNT, VALUE is the one of the rank whose window closed
+    and min of mins (NaN if any rank's is), MEAN is SUM / COUNT, VALUE is the one of the rank whose window closed
     last (on a tie, the higher rank). The event's timestamp is when that window closed.
     Stats merge by name, aggregations and window size (Stats of one name with other
     aggregations make events of their own).
