@@ -1021,3 +1021,58 @@ def test_a_nan_max_or_min_logged_outside_the_merge_stays_nan(path: str) -> None:
     [data] = [e.data for e in seen if "step.late" in e.data or "step.rank" in e.data]
     assert math.isnan(data["step.max"])
     assert math.isnan(data["step.min"])
+
+
+def merge_means(merge: Any, windows: list[dict[int, float]]) -> None:
+    """dst merges one past window of Stat "step_time" (MEAN) per item: rank -> its one sample."""
+    for number, means in enumerate(windows):
+        index = math.floor(merge._now() / 10.0) - 20 + number
+        records = closed_records(
+            "step_time", [monitor.Aggregation.MEAN], [[m] for m in means.values()], index
+        )
+        for rank, record in zip(means, records, strict=True):
+            merge._take(rank, record)
+        merge._mark = dict.fromkeys(merge._mark, math.inf)
+        merge_due(merge)
+
+
+def test_of_two_ranks_one_3_9_times_slower_is_named_at_a_factor_of_2() -> None:
+    """Two ranks: each is compared with the other's mean (not a median that holds itself), so rank 1 at 3.9 times rank 0's step is named at a factor of 2.0 after straggler_windows windows, ratio 3.9."""
+    seen: list[monitor.Event] = []
+    with monitor.EventBus() as bus:
+        bus.register_event_handler(seen.append)
+        merge = merge_on(bus, 0, 2, stragglers={"step_time": 2.0}, straggler_windows=3)
+        merge_means(merge, [{0: 1.0, 1: 3.9}] * 4)
+        bus.flush()
+    assert [e.data for e in seen if e.name == "monitor_bus.straggler"] == [
+        {"stat": "step_time", "rank": 1, "ratio": 3.9, "windows": 3, "host": "", "recovered": False}
+    ]
+    assert merge.straggling == {("step_time", 1)}
+
+
+def test_a_straggler_does_not_flap_as_ranks_die_and_recovers_once_back() -> None:
+    """Four ranks, rank 3 four times slower: named once; ranks 1 then 2 die (their windows stop), and rank 3, still four times the others, is not called recovered; back at their pace, it recovers once."""
+    seen: list[monitor.Event] = []
+    with monitor.EventBus() as bus:
+        bus.register_event_handler(seen.append)
+        merge = merge_on(bus, 0, 4, stragglers={"step_time": 2.0}, straggler_windows=2)
+        all_four = {0: 1.0, 1: 1.0, 2: 1.0, 3: 4.0}
+        merge_means(
+            merge,
+            [all_four] * 2
+            + [{0: 1.0, 2: 1.0, 3: 4.0}] * 2
+            + [{0: 1.0, 3: 4.0}] * 2
+            + [{0: 1.0, 3: 1.0}],
+        )
+        bus.flush()
+    assert [e.data for e in seen if e.name == "monitor_bus.straggler"] == [
+        {
+            "stat": "step_time",
+            "rank": 3,
+            "ratio": 4.0,
+            "windows": 2,
+            "host": "",
+            "recovered": False,
+        },
+        {"stat": "step_time", "rank": 3, "ratio": 1.0, "windows": 6, "host": "", "recovered": True},
+    ]

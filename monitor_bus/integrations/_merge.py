@@ -55,12 +55,13 @@ Guarantees
   contributed (NaN means left out) and ``<name>.slowest_rank``, the rank of the highest
   mean (on a tie, the lower rank). ``hosts[rank]`` names its host.
 - Stragglers (dst only): a rank whose window mean of a watched Stat exceeds the median of the
-  ranks' means by its factor for ``straggler_windows`` merged windows in a row is named once
-  by a ``STRAGGLER_EVENT`` (and a warning, rate-limited per Stat), and once more with
-  ``recovered: True`` in its first merged window back under the factor. A Stat without MEAN
-  or SUM gives each rank's mean from its Histogram's sum or its moments; one with neither
-  (only VALUE, COUNT, MAX, MIN) is warned about and names nobody. Windows it has no
-  samples in, and late windows, leave its count as it was.
+  other ranks' means (never its own: two ranks compare with each other) by its factor for
+  ``straggler_windows`` merged windows in a row is named once by a ``STRAGGLER_EVENT`` (and
+  a warning, rate-limited per Stat), and once more with ``recovered: True`` in its first
+  merged window back under the factor. A Stat without MEAN or SUM gives each rank's mean
+  from its Histogram's sum or its moments; one with neither (only VALUE, COUNT, MAX, MIN)
+  is warned about and names nobody. Windows it has no samples in (or no other rank has),
+  and late windows, leave its count as it was.
 - Windows line up: the bus's windows are moved to wall-clock multiples of their size
   (``bus._clock_offset``); a rank whose clock is off by ``d`` puts its samples ``d`` late.
 - Fork: in a forked child (a DataLoader worker) the tap declines, so the child's windows take
@@ -101,7 +102,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("monitor_bus")
 
 #: The name of the event ``dst`` logs when it names a straggler, or one recovers: data
-#: ``stat``, ``rank``, ``ratio`` (the rank's window mean over the ranks' median), ``windows``
+#: ``stat``, ``rank``, ``ratio`` (the rank's window mean over the median of the other ranks' means), ``windows``
 #: (how many merged windows in a row it was over), ``host`` and ``recovered``.
 STRAGGLER_EVENT = "monitor_bus.straggler"
 
@@ -936,13 +937,16 @@ class RankMerge:
                     ", ".join(_AGG_NAMES[agg].upper() for agg in aggs),
                 )
             return
-        if not means:
-            return
-        median = statistics.median(means.values())
-        if not median > 0:  # no ratio to speak of
-            return
+        # Each rank against the median of the others' means: one that held its own mean
+        # would hide a slow rank among two, and move as ranks die.
+        ordered = sorted((mean, rank) for rank, mean in means.items())
+        place = {rank: i for i, (_, rank) in enumerate(ordered)}
+        values = [mean for mean, _ in ordered]
         factor = self.stragglers[name]
         for rank, mean in sorted(means.items()):
+            median = _median_without(values, place[rank])
+            if not median > 0:  # no other rank, or no ratio to speak of: its count stays
+                continue
             key = (name, rank)
             ratio = mean / median
             if ratio > factor:
@@ -971,8 +975,8 @@ class RankMerge:
         self.bus.log_event(Event(STRAGGLER_EVENT, stamp, data))
         if self._throttle.ready(("straggler", name, recovered)):
             logger.warning(
-                "merge_stats_across_ranks: rank %d (%s) %s: its %r mean is %.2f times the ranks' "
-                "median (%d merged windows%s)",
+                "merge_stats_across_ranks: rank %d (%s) %s: its %r mean is %.2f times the other "
+                "ranks' median (%d merged windows%s)",
                 rank,
                 host,
                 "has recovered" if recovered else "is a straggler",
@@ -1078,6 +1082,19 @@ def _means(bucket: _Bucket) -> dict[int, float]:
     return means
 
 
+def _median_without(ordered: list[float], place: int) -> float:
+    """The median of ``ordered`` (sorted) without its item at ``place``; NaN if none is left."""
+    n = len(ordered) - 1
+    if n < 1:
+        return math.nan
+    half = n // 2
+
+    def at(i: int) -> float:
+        return ordered[i + (i >= place)]
+
+    return at(half) if n % 2 else (at(half - 1) + at(half)) / 2
+
+
 def _spread(name: str, means: dict[int, float]) -> dict[str, float | int]:
     """The spread keys of a merged window: the ranks' means' min, median, max, slowest."""
     if not means:
@@ -1134,7 +1151,7 @@ def merge_stats_across_ranks(
     highest mean; on a tie, the lower rank); ``RankMerge.hosts`` names each rank's host.
 
     ``stragglers`` maps Stat names to a factor: ``dst`` names a rank whose window mean of that
-    Stat exceeds the median of the ranks' means by the factor for ``straggler_windows`` merged
+    Stat exceeds the median of the other ranks' means by the factor for ``straggler_windows`` merged
     windows in a row, once, by a ``STRAGGLER_EVENT`` (``"monitor_bus.straggler"``: ``stat``,
     ``rank``, ``ratio``, ``windows``, ``host``, ``recovered``) and a rate-limited warning, and
     once more (``recovered`` True) when it falls back under the factor. A Stat without MEAN
