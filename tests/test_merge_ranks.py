@@ -969,6 +969,8 @@ def test_a_failed_receive_does_not_end_dst_s_receiving_but_three_in_a_row_do(
         assert messages[-1] == (
             "merge_stats_across_ranks: rank 0: receive failed 3 times in a row; it receives no more"
         )
+
+
 NAN = math.nan
 
 
@@ -1076,3 +1078,78 @@ def test_a_straggler_does_not_flap_as_ranks_die_and_recovers_once_back() -> None
         },
         {"stat": "step_time", "rank": 3, "ratio": 1.0, "windows": 6, "host": "", "recovered": True},
     ]
+
+
+class _Sends(_World):
+    """A world whose sends complete at once, keeping each frame's bytes as its peer gets them."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        super().__init__(rank, size)
+        self.frames: list[bytes] = []
+
+    def isend(self, tensor: Any, dst: int, group: None, tag: int) -> Any:
+        self.frames.append(tensor.numpy().tobytes())
+
+        class Work:
+            def wait(self, timeout: object) -> bool:
+                return True
+
+        return Work()
+
+
+def test_a_host_record_too_long_to_fit_beside_the_leader_s_word_is_sent_whole() -> None:
+    """Every length of host record in the band where it fits a frame on its own but not beside the leader's mark and word on its host: the leader sends it whole, uncoarsened, every frame within FRAME bytes, the last with the mark and the word, and it goes on sending to dst."""
+    require(torchrun_available(), "torch with torch.distributed is not installed")
+    from monitor_bus.integrations._merge import RankMerge
+
+    index = math.floor(time.time() / 10.0) - 1
+    [record] = closed_records("x", [monitor.Aggregation.MEAN], [[2.0]], index)
+    leader = merge_on(monitor.EventBus(), 2, 4, upstream=ROUTES)
+    leader._mark = dict.fromkeys(leader._mark, math.inf)
+    [host_record] = host_records(leader, {2: record})
+    base = len(json.dumps(host_record)) - len("x")
+    mark = index * 10.0 + 0.123456789
+    word = json.dumps({"lost": [], "done": []}, separators=(",", ":"))
+    # A frame: its length (4 bytes), then the envelope around the windows' JSON.
+    alone = 4 + len('{"mark":null,"bye":false,"windows":[]}')
+    beside = 4 + len(f'{{"mark":{json.dumps(mark)},"bye":false,"windows":[],"host":{word}}}')
+    band = range(FRAME - beside + 1, FRAME - alone + 1)
+    for length in band:
+        wide = [f"x{'x' * (length - base - 1)}", *host_record[1:]]
+        assert len(json.dumps(wide)) == length
+        world = _Sends(2, 4)
+        leader = RankMerge(monitor.EventBus(), world, None, 0, 5.0, False, upstream=ROUTES)
+        leader._send([wide], mark, bye=False, host=word)
+        assert all(len(frame) == FRAME for frame in world.frames)
+        messages = [decode(frame) for frame in world.frames]
+        assert [w for m in messages for w in m["windows"]] == [wide]
+        assert (messages[-1]["mark"], messages[-1]["host"]) == (mark, json.loads(word))
+        assert (leader._dst_gone, leader.sent, leader.local, leader.unsent) == (False, 1, 0, 0)
+
+
+def test_a_frame_that_cannot_be_encoded_costs_its_windows_only_and_not_dst(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A leader's word on its host too long for any frame: the window goes in a frame of its own, the word's frame is warned about, and the leader goes on sending to dst (an encoding error is not taken for dst being gone)."""
+    require(torchrun_available(), "torch with torch.distributed is not installed")
+    from monitor_bus.integrations._merge import RankMerge
+
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    index = math.floor(time.time() / 10.0) - 1
+    [record] = closed_records("step", [monitor.Aggregation.SUM], [[2.0]], index)
+    word = json.dumps({"lost": list(range(4000)), "done": []}, separators=(",", ":"))
+    seen: list[monitor.Event] = []
+    with monitor.EventBus() as bus:
+        bus.register_event_handler(seen.append)
+        world = _Sends(2, 4)
+        leader = RankMerge(bus, world, None, 0, 5.0, False, upstream=ROUTES)
+        leader._send([record], 1.0, bye=False, host=word)
+        leader._send([], 2.0, bye=False)
+        bus.flush()
+    assert [decode(frame) for frame in world.frames] == [
+        {"mark": None, "bye": False, "windows": [wire(record)]},
+        {"mark": 2.0, "bye": False, "windows": []},
+    ]
+    assert seen == []
+    assert (leader._dst_gone, leader.sent, leader.unsent, leader.local) == (False, 1, 0, 0)
+    assert any("could not encode a frame" in r.getMessage() for r in caplog.records)

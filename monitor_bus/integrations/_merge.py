@@ -46,7 +46,10 @@ Guarantees
   is, the ranks' Histograms merged (``Histogram.merge``: exact). Each
   window of each rank is merged once; one arriving after its window was merged is logged on
   its own, marked ``"<name>.late"``, counted in ``late``.
-- Every sample travels: a window too large for a frame (``FRAME_BYTES``) goes with its
+- Every sample travels: every frame is within ``FRAME_BYTES`` (the mark and a leader's word
+  on its host go in a frame of their own when they do not fit beside the windows; a frame
+  that cannot be encoded costs its own windows, logged and counted in ``unsent``, never
+  upstream). A window too large for a frame goes with its
   Histogram coarsened a scale at a time until it fits (each scale doubles the percentiles'
   error bound), warned per Stat (rate-limited); one that cannot fit even so (a Stat name about
   a frame long) is logged by its rank, marked ``"<name>.rank"``, counted in ``unsent``.
@@ -109,8 +112,10 @@ STRAGGLER_EVENT = "monitor_bus.straggler"
 # Every message is one frame of this many bytes: a 4-byte length, then JSON. One fixed size
 # lets dst take a frame from any rank with a single receive (gloo needs sizes to match).
 _FRAME = FRAME_BYTES = 16384
-# A frame's room for windows: less its length and the envelope (mark, bye).
-_ROOM = _FRAME - 4 - 64
+# The most JSON a window may be: a frame less its length and the envelope of a frame that
+# carries no mark (``RankMerge._encode``'s); the mark and a leader's word go in a frame of
+# their own when they do not fit beside the windows.
+_ROOM = _FRAME - 4 - len('{"mark":null,"bye":false,"windows":[]}')
 _TAG = 7301
 # How often a rank says how far its clock is, when it has nothing else to send.
 _HEARTBEAT = 1.0
@@ -510,9 +515,12 @@ class RankMerge:
                 self._log_local(sent)
                 continue
             try:
-                work = self._dist.isend(
-                    self._tensor(frame), dst=self.upstream, group=self._group, tag=_TAG
-                )
+                tensor = self._tensor(frame)
+            except Exception:  # this frame's fault, not upstream's: its windows only
+                self._log_unframed(sent)
+                continue
+            try:
+                work = self._dist.isend(tensor, dst=self.upstream, group=self._group, tag=_TAG)
                 work.wait(timeout=timedelta(seconds=self.timeout))
             except Exception as exc:
                 self._dst_gone = True
@@ -536,24 +544,28 @@ class RankMerge:
     def _frames(
         self, records: list[_Record], mark: float, bye: bool, host: str = ""
     ) -> list[tuple[bytes, list[_Record]]]:
-        """The frames carrying ``records``; only the last one says how far this rank is (and
-        carries ``host``, a JSON object, out of the room for windows)."""
+        """The frames carrying ``records``, each within ``_FRAME`` bytes (but for a ``host``
+        longer than a frame); only the last one says how far this rank is and carries
+        ``host``, a JSON object, on its own if they do not fit beside the windows."""
         frames: list[tuple[bytes, list[_Record]]] = []
         batch: list[str] = []
         batch_records: list[_Record] = []
-        size = 0
-        room = _ROOM - len(host) - 9  # ',"host":' and its value
+        size = 0  # the batch's JSON: its windows and the commas between them
         for record in records:
             text = self._fitted(record)
             if text is None:
                 self._log_unsent(record)
                 continue
-            if size + len(text) + 1 > room:  # ASCII: json.dumps escapes the rest
+            # ASCII (json.dumps escapes the rest): a character is a byte.
+            if batch and size + 1 + len(text) > _ROOM:
                 frames.append((self._encode(batch, None, False), batch_records))
                 batch, batch_records, size = [], [], 0
+            size += len(text) + (1 if batch else 0)
             batch.append(text)
             batch_records.append(record)
-            size += len(text) + 1
+        if batch and len(self._encode([], mark, bye, host)) + size > _FRAME:
+            frames.append((self._encode(batch, None, False), batch_records))
+            batch, batch_records = [], []
         frames.append((self._encode(batch, mark, bye, host), batch_records))
         return frames
 
@@ -561,14 +573,14 @@ class RankMerge:
         """The record's JSON, within a frame: its Histogram coarsened (``Histogram.merge``'s
         own coarsening, a scale at a time) until it fits; None if even that does not do."""
         text = json.dumps(record)
-        if len(text) + 1 <= _ROOM:
+        if len(text) <= _ROOM:
             return text
         original = record[11]
         if original is None:
             return None
         histogram = Histogram.from_dict(original)
         start = histogram.scale
-        while len(text) + 1 > _ROOM:
+        while len(text) > _ROOM:
             widest = max(len(histogram.positive_counts), len(histogram.negative_counts))
             if widest <= 3:  # as coarse as a Histogram gets: logged here at full resolution
                 record[11] = original
@@ -609,6 +621,23 @@ class RankMerge:
             )
         self._log_own(record)
 
+    def _log_unframed(self, records: list[_Record]) -> None:
+        """Records whose frame could not be made (a leader's word on its host longer than a
+        frame): logged here, counted in ``unsent``, warned; upstream is not given up."""
+        windows = sum(map(_windows_in, records))
+        self.unsent += windows
+        if self._throttle.ready("unframed"):
+            logger.exception(
+                "merge_stats_across_ranks: rank %d could not encode a frame; it logs the %d "
+                "window(s) it held itself, marked %r (%d unsent in all)",
+                self.rank,
+                windows,
+                "<name>.rank",
+                self.unsent,
+            )
+        for record in records:
+            self._log_own(record)
+
     @staticmethod
     def _encode(batch: list[str], mark: float | None, bye: bool, host: str = "") -> bytes:
         windows = ",".join(batch)
@@ -620,6 +649,8 @@ class RankMerge:
     def _tensor(self, frame: bytes) -> Any:
         import torch
 
+        if len(frame) > _FRAME:
+            raise ValueError(f"a frame of {len(frame)} bytes, over {_FRAME}")
         buf = torch.zeros(_FRAME, dtype=torch.uint8)
         buf[: len(frame)] = torch.frombuffer(bytearray(frame), dtype=torch.uint8)
         return buf
