@@ -287,10 +287,10 @@ def test_the_torchrun_example_merges_every_rank_s_samples(tmp_path: Path) -> Non
     assert any(line.endswith(" from 3 ranks") for line in lines[:-1])
 
 
-def test_a_hung_dst_is_given_up_after_timeout_and_nothing_is_delivered_twice(
+def test_a_hung_dst_is_given_up_at_close_and_nothing_is_delivered_twice(
     tmp_path: Path,
 ) -> None:
-    """With dst stopped past the timeout, ranks 1 and 2 log their unsent windows locally; once dst resumes, it merged exactly the windows they count as sent."""
+    """With dst stopped until after their close, ranks 1 and 2 give it up at their close's deadline and log their unsent windows locally; once dst resumes, it merged exactly the windows they count as sent."""
     proc = run_job(tmp_path, str(tmp_path), "dst_hangs")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [load(tmp_path, r) for r in range(3)]
@@ -307,17 +307,21 @@ def test_a_hung_dst_is_given_up_after_timeout_and_nothing_is_delivered_twice(
     assert results[0]["lost"] == [1, 2]
 
 
-def test_a_starved_rank_named_lost_rejoins_and_dst_waits_for_its_last_windows(
+def test_a_starved_host_leader_and_its_rank_rejoin_and_every_window_reaches_dst(
     tmp_path: Path,
 ) -> None:
-    """Rank 2 stopped past the timeout is named lost, rejoins when resumed, and dst's close waits for its goodbye: every sample of every rank reaches dst, in a merged window or one logged on its own (late), and the windows merged without it count as missing."""
-    proc = run_job(tmp_path, str(tmp_path), "starved")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "rank 2 silent for" in proc.stderr
-    assert "rank 2 is heard from again" in proc.stderr
-    results = [load(tmp_path, r) for r in range(3)]
-    assert [r["finished"] for r in results] == [True, True, True]
+    """Two nodes of 2 ranks; the second node's leader (rank 2) stopped past the timeout and resumed while dst closes: dst names it lost and takes it back, rank 3 holds its windows while its leader takes none (warned) and sends them once it runs again, none logged locally; every close returns True and dst names no rank lost or unfinished: every sample of every rank reaches dst, in a merged window or one logged on its own (late), and the windows merged without the leader's host count as missing."""
+    outputs = run_nodes(tmp_path, "starved")
+    dst_err, node_err = outputs[0][1], outputs[1][1]
+    assert "rank 2 silent for" in dst_err
+    assert "rank 2 is heard from again" in dst_err
+    assert "rank 3: its host's leader rank 2 has taken no message for" in node_err
+    results = [load(tmp_path, r) for r in range(4)]
+    assert [r["upstream"] for r in results] == [0, 0, 0, 2]
+    assert [r["finished"] for r in results] == [True] * 4
     assert (results[0]["lost"], results[0]["unfinished"]) == ([], [])
+    assert (results[2]["lost"], results[2]["unfinished"]) == ([], [])
+    assert [r["counters"]["local"] for r in results] == [0] * 4
     merged = events(tmp_path, 0)
     added = [v for result in results for v in result["added"]["loss"]]
     assert sum(d["loss.count"] for d in merged if "loss.count" in d) == len(added)
@@ -330,8 +334,11 @@ def test_a_starved_rank_named_lost_rejoins_and_dst_waits_for_its_last_windows(
     assert late
     assert all(not any(k.endswith(".rank_p50") for k in d) for d in late)
     assert counters["merged"] == len(merged) - len(late)
-    assert counters["received"] == len(results[1]["closed"]) + len(results[2]["closed"])
-    assert results[2]["counters"]["sent"] == len(results[2]["closed"])
+    assert counters["received"] == sum(len(results[r]["closed"]) for r in (1, 2, 3))
+    assert [results[r]["counters"]["sent"] for r in (1, 2, 3)] == [
+        len(results[r]["closed"]) for r in (1, 2, 3)
+    ]
+    assert results[2]["counters"]["relayed"] == len(results[3]["closed"])
 
 
 def free_port() -> int:

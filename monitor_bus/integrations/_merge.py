@@ -24,10 +24,16 @@ Guarantees
   timeout passed), naming those done; ``dst`` waits for the others. A dead leader is a dead
   ``dst`` to its host's ranks (they log their windows, counted in ``local``) and, to ``dst``, a
   silent rank whose whole host is lost; what it held unsent is lost with it, and the windows
-  merged without its host count in ``missing``.
-- Bounded: a send waits at most ``timeout``; past it (or on an error, as gloo reports at once
-  when ``dst`` died) ``dst`` is gone for good and the rank logs its own windows locally,
-  marked ``"<name>.rank"`` and counted in ``local``. ``dst`` merges a window once every rank
+  merged without its host count in ``missing``. A stopped leader is waited for by its
+  host's ranks (below) and is, to ``dst``, a lost rank with its host until it speaks again.
+- Bounded: a send that fails (gloo reports at once a peer that died) makes its upstream
+  (``dst`` or the leader) gone for good: the rank logs its own windows locally, marked
+  ``"<name>.rank"`` and counted in ``local``. One not taken for ``timeout`` (upstream stopped
+  or starved) is warned about and waited for, the rank's windows held in its queue
+  meanwhile (memory grows with the stall): a timed-out gloo wait would close the rank's
+  group for good, so the rank rejoins once upstream runs again. Only ``close()`` gives it
+  up, at its deadline (half its timeout), cancelling the send, and the rank logs what it
+  held locally (counted in ``local``). ``dst`` merges a window once every rank
   it still expects has said it is past the window's end, or ``timeout`` after the end; a rank
   silent for ``timeout`` is lost (warned, rate-limited) and no longer waited for, and every
   window merged before it said it was past the window counts in ``missing``.
@@ -78,6 +84,7 @@ Guarantees
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import math
@@ -521,14 +528,14 @@ class RankMerge:
                 continue
             try:
                 work = self._dist.isend(tensor, dst=self.upstream, group=self._group, tag=_TAG)
-                work.wait(timeout=timedelta(seconds=self.timeout))
+                self._wait_sent(work)
             except Exception as exc:
                 self._dst_gone = True
                 logger.warning(
                     "merge_stats_across_ranks: rank %d cannot reach %s rank %d (%s); from now "
                     "on it logs its own Stat windows, marked %r",
                     self.rank,
-                    "dst" if self.upstream == self.dst else "its host's leader",
+                    self._upstream_name,
                     self.upstream,
                     str(exc).splitlines()[0][:200],
                     "<name>.rank",
@@ -540,6 +547,66 @@ class RankMerge:
                 self.sent += own
                 self.relayed += _windows_in(record) - own
             self.frames += 1
+
+    def _wait_sent(self, work: Any) -> None:
+        """Wait until upstream takes a send. One that takes nothing for ``timeout`` (stopped,
+        starved) is warned about and waited for, this rank's windows held meanwhile: a
+        timed-out gloo wait closes every pair of the rank's group, so it could never rejoin.
+        Only ``close()`` gives it up, at its deadline, cancelling the send (that same timed
+        wait), so that what the rank logs itself never reaches upstream too.
+
+        Raises:
+            Exception: the send failed (gloo reports a dead peer at once) or was given up.
+        """
+        done = threading.Event()
+        failed: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                work.wait(timeout=_FOREVER)
+            except Exception as exc:  # raised on the sending thread
+                failed.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=wait, name="monitor_bus-merge-send", daemon=True).start()
+        started = time.monotonic()
+        stalled = given_up = False
+        while not done.wait(_MIN_TICK * 5):
+            waited = time.monotonic() - started
+            if not stalled and waited >= self.timeout:
+                stalled = True
+                logger.warning(
+                    "merge_stats_across_ranks: rank %d: %s rank %d has taken no message for "
+                    "%.1f s (stopped or starved?); it holds its windows until it does, or its "
+                    "close() gives it up",
+                    self.rank,
+                    self._upstream_name,
+                    self.upstream,
+                    waited,
+                )
+            if self._closing.is_set() and time.monotonic() >= self._close_deadline:
+                # gloo's own timeout closes the group's pairs: the send is never delivered.
+                with contextlib.suppress(Exception):
+                    work.wait(timeout=timedelta(milliseconds=1))
+                given_up = done.wait(self.timeout) and bool(failed)
+                if given_up or not done.is_set():
+                    raise TimeoutError(f"it took no message for {waited:.1f} s; given up at close")
+        if failed:
+            raise failed[0]
+        if stalled:
+            logger.warning(
+                "merge_stats_across_ranks: rank %d: %s rank %d takes messages again (after "
+                "%.1f s); the rank sends on",
+                self.rank,
+                self._upstream_name,
+                self.upstream,
+                time.monotonic() - started,
+            )
+
+    @property
+    def _upstream_name(self) -> str:
+        return "dst" if self.upstream == self.dst else "its host's leader"
 
     def _frames(
         self, records: list[_Record], mark: float, bye: bool, host: str = ""
@@ -1200,7 +1267,9 @@ def merge_stats_across_ranks(
     that dies or hangs costs only what it had not sent: ``dst`` waits ``timeout`` past a
     window's end at most, merges the window among the ranks that reported it and logs a
     warning naming the others. If ``dst`` is gone, each rank logs its own windows with
-    ``"<name>.rank"`` (its rank) added, and counts them in ``local``. A rank named lost
+    ``"<name>.rank"`` (its rank) added, and counts them in ``local``; one stopped or starved
+    (taking no message for ``timeout``) is warned about and waited for, each rank holding its
+    windows until it runs again or the rank's ``close()`` gives it up. A rank named lost
     may only be starved of CPU: when it speaks again it rejoins, and ``dst``'s ``close()``
     waits (within its timeout) for every rank it has heard from; windows that come after
     theirs was merged are logged on their own, marked ``"<name>.late": True``, and counted in
@@ -1210,9 +1279,10 @@ def merge_stats_across_ranks(
     Args:
         bus: the bus whose Stats are merged; the default bus if omitted.
         dst: the rank that logs the merged windows.
-        timeout: seconds any wait of the exchange may take: a send, how long past a window's
+        timeout: seconds any wait of the exchange may take: how long past a window's
             end dst waits for a rank, how long a rank may stay silent before dst stops
-            waiting for it, and ``close()``'s default.
+            waiting for it (or a send untaken before it is warned about), and
+            ``close()``'s default.
         keep_local: also log each rank's own windows on its bus, as without the merge.
         spread: add the spread across ranks to each merged window of a Stat with MEAN.
         stragglers: Stat name -> factor (a number above 1) for naming straggling ranks.
