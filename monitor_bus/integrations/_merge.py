@@ -571,30 +571,32 @@ class RankMerge:
 
         threading.Thread(target=wait, name="monitor_bus-merge-send", daemon=True).start()
         started = time.monotonic()
-        stalled = given_up = False
+        stalled = warned = False
         while not done.wait(_MIN_TICK * 5):
             waited = time.monotonic() - started
             if not stalled and waited >= self.timeout:
                 stalled = True
-                logger.warning(
-                    "merge_stats_across_ranks: rank %d: %s rank %d has taken no message for "
-                    "%.1f s (stopped or starved?); it holds its windows until it does, or its "
-                    "close() gives it up",
-                    self.rank,
-                    self._upstream_name,
-                    self.upstream,
-                    waited,
-                )
+                # Rate-limited: on an overloaded host a send may often wait that long.
+                warned = self._throttle.ready("stalled")
+                if warned:
+                    logger.warning(
+                        "merge_stats_across_ranks: rank %d: %s rank %d has taken no message "
+                        "for %.1f s (stopped or starved?); it holds its windows until it does, "
+                        "or its close() gives it up",
+                        self.rank,
+                        self._upstream_name,
+                        self.upstream,
+                        waited,
+                    )
             if self._closing.is_set() and time.monotonic() >= self._close_deadline:
                 # gloo's own timeout closes the group's pairs: the send is never delivered.
                 with contextlib.suppress(Exception):
                     work.wait(timeout=timedelta(milliseconds=1))
-                given_up = done.wait(self.timeout) and bool(failed)
-                if given_up or not done.is_set():
+                if not done.wait(self.timeout) or failed:
                     raise TimeoutError(f"it took no message for {waited:.1f} s; given up at close")
         if failed:
             raise failed[0]
-        if stalled:
+        if warned:
             logger.warning(
                 "merge_stats_across_ranks: rank %d: %s rank %d takes messages again (after "
                 "%.1f s); the rank sends on",
