@@ -4,7 +4,7 @@ Every rank times its steps into a ``step_time`` Stat, as it would anyway. Merged
 (``merge_stats_across_ranks``), each window also says how the ranks' means spread
 (``step_time.rank_min`` / ``rank_p50`` / ``rank_max``) and which rank was slowest
 (``step_time.slowest_rank``); with ``stragglers={"step_time": 1.5}`` rank 0 names a rank
-whose mean stays over 1.5 times the ranks' median for 3 windows in a row, once, and once
+whose mean stays over 1.5 times the other ranks' median for 3 windows in a row, once, and once
 more when it has recovered. Here the last rank is made slow on purpose for 1.5 s.
 
 Run:  torchrun --nproc_per_node=3 examples/find_slow_rank.py

@@ -8,8 +8,9 @@ every window its Stats closed (seen through the bus's window tap) and the merge'
 ``OUT_DIR/rank<r>.json``. Scenarios: ``normal``; ``at_exit`` (no rank calls close()); ``peer_dies`` (rank 2 ends with ``os._exit(0)``
 halfway: a zero exit, as a non-zero one makes torchrun stop every rank); ``dst_dies`` (rank 0
 does); ``dst_hangs`` (rank 0 stops itself halfway with SIGSTOP; rank 1 resumes it after its
-close()); ``starved`` (rank 2 stops itself halfway with SIGSTOP; rank 1 resumes it once dst
-named it lost, after the others' steps, so dst is closing by then); ``straggler`` (run as two
+close()); ``starved`` (run as two torchrun "nodes" of 2 ranks: rank 2, the second node's leader,
+stops itself halfway with SIGSTOP; rank 1 resumes it once dst named it lost, after the others'
+steps, so dst and rank 3 are closing by then); ``straggler`` (run as two
 torchrun "nodes" of 2 ranks, so in the two-level shape: the last rank's ``step_time`` is 3
 times the others' for a while, then back; rank 0 also writes TensorBoard to ``OUT_DIR/tb``);
 ``leader_dies`` (two nodes of 2 ranks: rank 2, the second node's leader, ends with
@@ -161,8 +162,8 @@ def main() -> None:
         return
     # The last window is open: close() merges it.
     started = time.monotonic()
-    # dst_hangs: the sends waiting on the stopped dst time out within the merge's 2 s.
-    finished = merge.close(timeout={"dst_hangs": 10.0, "starved": 20.0}.get(scenario))
+    # dst_hangs: a rank gives the stopped dst up at its close's deadline, half of 4 s.
+    finished = merge.close(timeout={"dst_hangs": 4.0, "starved": 20.0}.get(scenario))
     took = time.monotonic() - started
     assert bus.close(timeout=10)
     if scenario == "starved" and rank == 1:

@@ -287,10 +287,10 @@ def test_the_torchrun_example_merges_every_rank_s_samples(tmp_path: Path) -> Non
     assert any(line.endswith(" from 3 ranks") for line in lines[:-1])
 
 
-def test_a_hung_dst_is_given_up_after_timeout_and_nothing_is_delivered_twice(
+def test_a_hung_dst_is_given_up_at_close_and_nothing_is_delivered_twice(
     tmp_path: Path,
 ) -> None:
-    """With dst stopped past the timeout, ranks 1 and 2 log their unsent windows locally; once dst resumes, it merged exactly the windows they count as sent."""
+    """With dst stopped until after their close, ranks 1 and 2 give it up at their close's deadline and log their unsent windows locally; once dst resumes, it merged exactly the windows they count as sent."""
     proc = run_job(tmp_path, str(tmp_path), "dst_hangs")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [load(tmp_path, r) for r in range(3)]
@@ -307,17 +307,21 @@ def test_a_hung_dst_is_given_up_after_timeout_and_nothing_is_delivered_twice(
     assert results[0]["lost"] == [1, 2]
 
 
-def test_a_starved_rank_named_lost_rejoins_and_dst_waits_for_its_last_windows(
+def test_a_starved_host_leader_and_its_rank_rejoin_and_every_window_reaches_dst(
     tmp_path: Path,
 ) -> None:
-    """Rank 2 stopped past the timeout is named lost, rejoins when resumed, and dst's close waits for its goodbye: every sample of every rank reaches dst, in a merged window or one logged on its own (late), and the windows merged without it count as missing."""
-    proc = run_job(tmp_path, str(tmp_path), "starved")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "rank 2 silent for" in proc.stderr
-    assert "rank 2 is heard from again" in proc.stderr
-    results = [load(tmp_path, r) for r in range(3)]
-    assert [r["finished"] for r in results] == [True, True, True]
+    """Two nodes of 2 ranks; the second node's leader (rank 2) stopped past the timeout and resumed while dst closes: dst names it lost and takes it back, rank 3 holds its windows while its leader takes none (warned) and sends them once it runs again, none logged locally; every close returns True and dst names no rank lost or unfinished: every sample of every rank reaches dst, in a merged window or one logged on its own (late), and the windows merged without the leader's host count as missing."""
+    outputs = run_nodes(tmp_path, "starved")
+    dst_err, node_err = outputs[0][1], outputs[1][1]
+    assert "rank 2 silent for" in dst_err
+    assert "rank 2 is heard from again" in dst_err
+    assert "rank 3: its host's leader rank 2 has taken no message for" in node_err
+    results = [load(tmp_path, r) for r in range(4)]
+    assert [r["upstream"] for r in results] == [0, 0, 0, 2]
+    assert [r["finished"] for r in results] == [True] * 4
     assert (results[0]["lost"], results[0]["unfinished"]) == ([], [])
+    assert (results[2]["lost"], results[2]["unfinished"]) == ([], [])
+    assert [r["counters"]["local"] for r in results] == [0] * 4
     merged = events(tmp_path, 0)
     added = [v for result in results for v in result["added"]["loss"]]
     assert sum(d["loss.count"] for d in merged if "loss.count" in d) == len(added)
@@ -330,8 +334,11 @@ def test_a_starved_rank_named_lost_rejoins_and_dst_waits_for_its_last_windows(
     assert late
     assert all(not any(k.endswith(".rank_p50") for k in d) for d in late)
     assert counters["merged"] == len(merged) - len(late)
-    assert counters["received"] == len(results[1]["closed"]) + len(results[2]["closed"])
-    assert results[2]["counters"]["sent"] == len(results[2]["closed"])
+    assert counters["received"] == sum(len(results[r]["closed"]) for r in (1, 2, 3))
+    assert [results[r]["counters"]["sent"] for r in (1, 2, 3)] == [
+        len(results[r]["closed"]) for r in (1, 2, 3)
+    ]
+    assert results[2]["counters"]["relayed"] == len(results[3]["closed"])
 
 
 def free_port() -> int:
@@ -969,3 +976,187 @@ def test_a_failed_receive_does_not_end_dst_s_receiving_but_three_in_a_row_do(
         assert messages[-1] == (
             "merge_stats_across_ranks: rank 0: receive failed 3 times in a row; it receives no more"
         )
+
+
+NAN = math.nan
+
+
+@pytest.mark.parametrize(
+    "per_rank",
+    [[[1.0, NAN, 3.0]], [[NAN], [1.0], [3.0]], [[1.0], [2.0, NAN], [3.0]], [[1.0], [3.0], [NAN]]],
+    ids=["one rank", "first of three", "second of three", "last of three"],
+)
+def test_a_nan_max_or_min_of_any_rank_makes_the_merged_one_nan(per_rank: list[list[float]]) -> None:
+    """A rank's window with a NaN sample has MAX and MIN NaN (as the Stat reports them); merged over one rank or several, whichever rank holds it, the merged MAX and MIN are NaN too."""
+    aggs = [monitor.Aggregation.COUNT, monitor.Aggregation.MAX, monitor.Aggregation.MIN]
+    with monitor.EventBus() as bus:
+        merge = merge_on(bus, 0, len(per_rank))
+        index = math.floor(merge._now() / 10.0) - 1
+        records = closed_records("step", aggs, per_rank, index)
+        assert [math.isnan(r[6]) and math.isnan(r[7]) for r in records] == [
+            any(map(math.isnan, values)) for values in per_rank
+        ]
+        for rank, record in enumerate(records):
+            merge._take(rank, wire(record))
+        merge._mark = dict.fromkeys(merge._mark, math.inf)
+        [data] = logged(merge, bus)
+    assert data["step.count"] == sum(map(len, per_rank))
+    assert math.isnan(data["step.max"])
+    assert math.isnan(data["step.min"])
+
+
+@pytest.mark.parametrize("path", ["local", "late after close", "late after merge"])
+def test_a_nan_max_or_min_logged_outside_the_merge_stays_nan(path: str) -> None:
+    """A window with MAX and MIN NaN that a rank logs itself (dst gone), or that dst logs on its own as late (after its close, or after its window was merged), keeps them NaN."""
+    aggs = [monitor.Aggregation.MAX, monitor.Aggregation.MIN]
+    seen: list[monitor.Event] = []
+    with monitor.EventBus() as bus:
+        bus.register_event_handler(seen.append)
+        merge = merge_on(bus, 0 if path != "local" else 1, 2)
+        index = math.floor(merge._now() / 10.0) - 1
+        first, nan = closed_records("step", aggs, [[1.0], [2.0, NAN]], index)
+        if path == "local":
+            merge._log_local([wire(nan)])
+        elif path == "late after close":
+            merge._log_late(1, {"windows": [wire(nan)]})
+        else:
+            merge._take(0, first)
+            merge._mark[0] = math.inf
+            merge._lost.add(1)
+            merge_due(merge)
+            merge._take(1, wire(nan))
+            merge_due(merge)
+        bus.flush()
+    [data] = [e.data for e in seen if "step.late" in e.data or "step.rank" in e.data]
+    assert math.isnan(data["step.max"])
+    assert math.isnan(data["step.min"])
+
+
+def merge_means(merge: Any, windows: list[dict[int, float]]) -> None:
+    """dst merges one past window of Stat "step_time" (MEAN) per item: rank -> its one sample."""
+    for number, means in enumerate(windows):
+        index = math.floor(merge._now() / 10.0) - 20 + number
+        records = closed_records(
+            "step_time", [monitor.Aggregation.MEAN], [[m] for m in means.values()], index
+        )
+        for rank, record in zip(means, records, strict=True):
+            merge._take(rank, record)
+        merge._mark = dict.fromkeys(merge._mark, math.inf)
+        merge_due(merge)
+
+
+def test_of_two_ranks_one_3_9_times_slower_is_named_at_a_factor_of_2() -> None:
+    """Two ranks: each is compared with the other's mean (not a median that holds itself), so rank 1 at 3.9 times rank 0's step is named at a factor of 2.0 after straggler_windows windows, ratio 3.9."""
+    seen: list[monitor.Event] = []
+    with monitor.EventBus() as bus:
+        bus.register_event_handler(seen.append)
+        merge = merge_on(bus, 0, 2, stragglers={"step_time": 2.0}, straggler_windows=3)
+        merge_means(merge, [{0: 1.0, 1: 3.9}] * 4)
+        bus.flush()
+    assert [e.data for e in seen if e.name == "monitor_bus.straggler"] == [
+        {"stat": "step_time", "rank": 1, "ratio": 3.9, "windows": 3, "host": "", "recovered": False}
+    ]
+    assert merge.straggling == {("step_time", 1)}
+
+
+def test_a_straggler_does_not_flap_as_ranks_die_and_recovers_once_back() -> None:
+    """Four ranks, rank 3 four times slower: named once; ranks 1 then 2 die (their windows stop), and rank 3, still four times the others, is not called recovered; back at their pace, it recovers once."""
+    seen: list[monitor.Event] = []
+    with monitor.EventBus() as bus:
+        bus.register_event_handler(seen.append)
+        merge = merge_on(bus, 0, 4, stragglers={"step_time": 2.0}, straggler_windows=2)
+        all_four = {0: 1.0, 1: 1.0, 2: 1.0, 3: 4.0}
+        merge_means(
+            merge,
+            [all_four] * 2
+            + [{0: 1.0, 2: 1.0, 3: 4.0}] * 2
+            + [{0: 1.0, 3: 4.0}] * 2
+            + [{0: 1.0, 3: 1.0}],
+        )
+        bus.flush()
+    assert [e.data for e in seen if e.name == "monitor_bus.straggler"] == [
+        {
+            "stat": "step_time",
+            "rank": 3,
+            "ratio": 4.0,
+            "windows": 2,
+            "host": "",
+            "recovered": False,
+        },
+        {"stat": "step_time", "rank": 3, "ratio": 1.0, "windows": 6, "host": "", "recovered": True},
+    ]
+
+
+class _Sends(_World):
+    """A world whose sends complete at once, keeping each frame's bytes as its peer gets them."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        super().__init__(rank, size)
+        self.frames: list[bytes] = []
+
+    def isend(self, tensor: Any, dst: int, group: None, tag: int) -> Any:
+        self.frames.append(tensor.numpy().tobytes())
+
+        class Work:
+            def wait(self, timeout: object) -> bool:
+                return True
+
+        return Work()
+
+
+def test_a_host_record_too_long_to_fit_beside_the_leader_s_word_is_sent_whole() -> None:
+    """Every length of host record in the band where it fits a frame on its own but not beside the leader's mark and word on its host: the leader sends it whole, uncoarsened, every frame within FRAME bytes, the last with the mark and the word, and it goes on sending to dst."""
+    require(torchrun_available(), "torch with torch.distributed is not installed")
+    from monitor_bus.integrations._merge import RankMerge
+
+    index = math.floor(time.time() / 10.0) - 1
+    [record] = closed_records("x", [monitor.Aggregation.MEAN], [[2.0]], index)
+    leader = merge_on(monitor.EventBus(), 2, 4, upstream=ROUTES)
+    leader._mark = dict.fromkeys(leader._mark, math.inf)
+    [host_record] = host_records(leader, {2: record})
+    base = len(json.dumps(host_record)) - len("x")
+    mark = index * 10.0 + 0.123456789
+    word = json.dumps({"lost": [], "done": []}, separators=(",", ":"))
+    # A frame: its length (4 bytes), then the envelope around the windows' JSON.
+    alone = 4 + len('{"mark":null,"bye":false,"windows":[]}')
+    beside = 4 + len(f'{{"mark":{json.dumps(mark)},"bye":false,"windows":[],"host":{word}}}')
+    band = range(FRAME - beside + 1, FRAME - alone + 1)
+    for length in band:
+        wide = [f"x{'x' * (length - base - 1)}", *host_record[1:]]
+        assert len(json.dumps(wide)) == length
+        world = _Sends(2, 4)
+        leader = RankMerge(monitor.EventBus(), world, None, 0, 5.0, False, upstream=ROUTES)
+        leader._send([wide], mark, bye=False, host=word)
+        assert all(len(frame) == FRAME for frame in world.frames)
+        messages = [decode(frame) for frame in world.frames]
+        assert [w for m in messages for w in m["windows"]] == [wide]
+        assert (messages[-1]["mark"], messages[-1]["host"]) == (mark, json.loads(word))
+        assert (leader._dst_gone, leader.sent, leader.local, leader.unsent) == (False, 1, 0, 0)
+
+
+def test_a_frame_that_cannot_be_encoded_costs_its_windows_only_and_not_dst(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A leader's word on its host too long for any frame: the window goes in a frame of its own, the word's frame is warned about, and the leader goes on sending to dst (an encoding error is not taken for dst being gone)."""
+    require(torchrun_available(), "torch with torch.distributed is not installed")
+    from monitor_bus.integrations._merge import RankMerge
+
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    index = math.floor(time.time() / 10.0) - 1
+    [record] = closed_records("step", [monitor.Aggregation.SUM], [[2.0]], index)
+    word = json.dumps({"lost": list(range(4000)), "done": []}, separators=(",", ":"))
+    seen: list[monitor.Event] = []
+    with monitor.EventBus() as bus:
+        bus.register_event_handler(seen.append)
+        world = _Sends(2, 4)
+        leader = RankMerge(bus, world, None, 0, 5.0, False, upstream=ROUTES)
+        leader._send([record], 1.0, bye=False, host=word)
+        leader._send([], 2.0, bye=False)
+        bus.flush()
+    assert [decode(frame) for frame in world.frames] == [
+        {"mark": None, "bye": False, "windows": [wire(record)]},
+        {"mark": 2.0, "bye": False, "windows": []},
+    ]
+    assert seen == []
+    assert (leader._dst_gone, leader.sent, leader.unsent, leader.local) == (False, 1, 0, 0)
+    assert any("could not encode a frame" in r.getMessage() for r in caplog.records)

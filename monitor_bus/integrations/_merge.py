@@ -24,10 +24,16 @@ Guarantees
   timeout passed), naming those done; ``dst`` waits for the others. A dead leader is a dead
   ``dst`` to its host's ranks (they log their windows, counted in ``local``) and, to ``dst``, a
   silent rank whose whole host is lost; what it held unsent is lost with it, and the windows
-  merged without its host count in ``missing``.
-- Bounded: a send waits at most ``timeout``; past it (or on an error, as gloo reports at once
-  when ``dst`` died) ``dst`` is gone for good and the rank logs its own windows locally,
-  marked ``"<name>.rank"`` and counted in ``local``. ``dst`` merges a window once every rank
+  merged without its host count in ``missing``. A stopped leader is waited for by its
+  host's ranks (below) and is, to ``dst``, a lost rank with its host until it speaks again.
+- Bounded: a send that fails (gloo reports at once a peer that died) makes its upstream
+  (``dst`` or the leader) gone for good: the rank logs its own windows locally, marked
+  ``"<name>.rank"`` and counted in ``local``. One not taken for ``timeout`` (upstream stopped
+  or starved) is warned about and waited for, the rank's windows held in its queue
+  meanwhile (memory grows with the stall): a timed-out gloo wait would close the rank's
+  group for good, so the rank rejoins once upstream runs again. Only ``close()`` gives it
+  up, at its deadline (half its timeout), cancelling the send, and the rank logs what it
+  held locally (counted in ``local``). ``dst`` merges a window once every rank
   it still expects has said it is past the window's end, or ``timeout`` after the end; a rank
   silent for ``timeout`` is lost (warned, rate-limited) and no longer waited for, and every
   window merged before it said it was past the window counts in ``missing``.
@@ -38,14 +44,18 @@ Guarantees
   every rank it has heard from, lost or not; a rank whose goodbye did not come is named
   (warning, ``unfinished_ranks``) and what it still sends is logged on its own, counted in
   ``late``, for as long as ``dst``'s process lives.
-- Exact and once (either shape): counts and sums add, max of maxes, min of mins, mean is sum
+- Exact and once (either shape): counts and sums add, max of maxes, min of mins (NaN if any
+  rank's is, as a Stat's MAX and MIN over its samples; here, locally and late), mean is sum
   over count, value is the one of the rank whose window closed last (on a tie, the higher
   rank); STDDEV from the ranks' moments (Chan et al.'s pairwise update: in the two-level
   shape in another order, so equal to rounding), the percentiles read from, and HISTOGRAM
   is, the ranks' Histograms merged (``Histogram.merge``: exact). Each
   window of each rank is merged once; one arriving after its window was merged is logged on
   its own, marked ``"<name>.late"``, counted in ``late``.
-- Every sample travels: a window too large for a frame (``FRAME_BYTES``) goes with its
+- Every sample travels: every frame is within ``FRAME_BYTES`` (the mark and a leader's word
+  on its host go in a frame of their own when they do not fit beside the windows; a frame
+  that cannot be encoded costs its own windows, logged and counted in ``unsent``, never
+  upstream). A window too large for a frame goes with its
   Histogram coarsened a scale at a time until it fits (each scale doubles the percentiles'
   error bound), warned per Stat (rate-limited); one that cannot fit even so (a Stat name about
   a frame long) is logged by its rank, marked ``"<name>.rank"``, counted in ``unsent``.
@@ -54,12 +64,13 @@ Guarantees
   contributed (NaN means left out) and ``<name>.slowest_rank``, the rank of the highest
   mean (on a tie, the lower rank). ``hosts[rank]`` names its host.
 - Stragglers (dst only): a rank whose window mean of a watched Stat exceeds the median of the
-  ranks' means by its factor for ``straggler_windows`` merged windows in a row is named once
-  by a ``STRAGGLER_EVENT`` (and a warning, rate-limited per Stat), and once more with
-  ``recovered: True`` in its first merged window back under the factor. A Stat without MEAN
-  or SUM gives each rank's mean from its Histogram's sum or its moments; one with neither
-  (only VALUE, COUNT, MAX, MIN) is warned about and names nobody. Windows it has no
-  samples in, and late windows, leave its count as it was.
+  other ranks' means (never its own: two ranks compare with each other) by its factor for
+  ``straggler_windows`` merged windows in a row is named once by a ``STRAGGLER_EVENT`` (and
+  a warning, rate-limited per Stat), and once more with ``recovered: True`` in its first
+  merged window back under the factor. A Stat without MEAN or SUM gives each rank's mean
+  from its Histogram's sum or its moments; one with neither (only VALUE, COUNT, MAX, MIN)
+  is warned about and names nobody. Windows it has no samples in (or no other rank has),
+  and late windows, leave its count as it was.
 - Windows line up: the bus's windows are moved to wall-clock multiples of their size
   (``bus._clock_offset``); a rank whose clock is off by ``d`` puts its samples ``d`` late.
 - Fork: in a forked child (a DataLoader worker) the tap declines, so the child's windows take
@@ -73,6 +84,7 @@ Guarantees
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import math
@@ -100,15 +112,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger("monitor_bus")
 
 #: The name of the event ``dst`` logs when it names a straggler, or one recovers: data
-#: ``stat``, ``rank``, ``ratio`` (the rank's window mean over the ranks' median), ``windows``
+#: ``stat``, ``rank``, ``ratio`` (the rank's window mean over the median of the other ranks' means), ``windows``
 #: (how many merged windows in a row it was over), ``host`` and ``recovered``.
 STRAGGLER_EVENT = "monitor_bus.straggler"
 
 # Every message is one frame of this many bytes: a 4-byte length, then JSON. One fixed size
 # lets dst take a frame from any rank with a single receive (gloo needs sizes to match).
 _FRAME = FRAME_BYTES = 16384
-# A frame's room for windows: less its length and the envelope (mark, bye).
-_ROOM = _FRAME - 4 - 64
+# The most JSON a window may be: a frame less its length and the envelope of a frame that
+# carries no mark (``RankMerge._encode``'s); the mark and a leader's word go in a frame of
+# their own when they do not fit beside the windows.
+_ROOM = _FRAME - 4 - len('{"mark":null,"bye":false,"windows":[]}')
 _TAG = 7301
 # How often a rank says how far its clock is, when it has nothing else to send.
 _HEARTBEAT = 1.0
@@ -237,8 +251,11 @@ class _Bucket:
             self.parts[rank] = (count, total)
         self.count += count
         self.total += total
-        self.high = max(self.high, high)
-        self.low = min(self.low, low)
+        # A NaN MAX or MIN of any rank's makes the merged one NaN, as a Stat's over samples.
+        if high > self.high or math.isnan(high):
+            self.high = high
+        if low < self.low or math.isnan(low):
+            self.low = low
         if (closed, rank) > self.last:
             self.last, self.value = (closed, rank), value
         moments, histogram = record[10:12]
@@ -505,17 +522,20 @@ class RankMerge:
                 self._log_local(sent)
                 continue
             try:
-                work = self._dist.isend(
-                    self._tensor(frame), dst=self.upstream, group=self._group, tag=_TAG
-                )
-                work.wait(timeout=timedelta(seconds=self.timeout))
+                tensor = self._tensor(frame)
+            except Exception:  # this frame's fault, not upstream's: its windows only
+                self._log_unframed(sent)
+                continue
+            try:
+                work = self._dist.isend(tensor, dst=self.upstream, group=self._group, tag=_TAG)
+                self._wait_sent(work)
             except Exception as exc:
                 self._dst_gone = True
                 logger.warning(
                     "merge_stats_across_ranks: rank %d cannot reach %s rank %d (%s); from now "
                     "on it logs its own Stat windows, marked %r",
                     self.rank,
-                    "dst" if self.upstream == self.dst else "its host's leader",
+                    self._upstream_name,
                     self.upstream,
                     str(exc).splitlines()[0][:200],
                     "<name>.rank",
@@ -528,27 +548,93 @@ class RankMerge:
                 self.relayed += _windows_in(record) - own
             self.frames += 1
 
+    def _wait_sent(self, work: Any) -> None:
+        """Wait until upstream takes a send. One that takes nothing for ``timeout`` (stopped,
+        starved) is warned about and waited for, this rank's windows held meanwhile: a
+        timed-out gloo wait closes every pair of the rank's group, so it could never rejoin.
+        Only ``close()`` gives it up, at its deadline, cancelling the send (that same timed
+        wait), so that what the rank logs itself never reaches upstream too.
+
+        Raises:
+            Exception: the send failed (gloo reports a dead peer at once) or was given up.
+        """
+        done = threading.Event()
+        failed: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                work.wait(timeout=_FOREVER)
+            except Exception as exc:  # raised on the sending thread
+                failed.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=wait, name="monitor_bus-merge-send", daemon=True).start()
+        started = time.monotonic()
+        stalled = warned = False
+        while not done.wait(_MIN_TICK * 5):
+            waited = time.monotonic() - started
+            if not stalled and waited >= self.timeout:
+                stalled = True
+                # Rate-limited: on an overloaded host a send may often wait that long.
+                warned = self._throttle.ready("stalled")
+                if warned:
+                    logger.warning(
+                        "merge_stats_across_ranks: rank %d: %s rank %d has taken no message "
+                        "for %.1f s (stopped or starved?); it holds its windows until it does, "
+                        "or its close() gives it up",
+                        self.rank,
+                        self._upstream_name,
+                        self.upstream,
+                        waited,
+                    )
+            if self._closing.is_set() and time.monotonic() >= self._close_deadline:
+                # gloo's own timeout closes the group's pairs: the send is never delivered.
+                with contextlib.suppress(Exception):
+                    work.wait(timeout=timedelta(milliseconds=1))
+                if not done.wait(self.timeout) or failed:
+                    raise TimeoutError(f"it took no message for {waited:.1f} s; given up at close")
+        if failed:
+            raise failed[0]
+        if warned:
+            logger.warning(
+                "merge_stats_across_ranks: rank %d: %s rank %d takes messages again (after "
+                "%.1f s); the rank sends on",
+                self.rank,
+                self._upstream_name,
+                self.upstream,
+                time.monotonic() - started,
+            )
+
+    @property
+    def _upstream_name(self) -> str:
+        return "dst" if self.upstream == self.dst else "its host's leader"
+
     def _frames(
         self, records: list[_Record], mark: float, bye: bool, host: str = ""
     ) -> list[tuple[bytes, list[_Record]]]:
-        """The frames carrying ``records``; only the last one says how far this rank is (and
-        carries ``host``, a JSON object, out of the room for windows)."""
+        """The frames carrying ``records``, each within ``_FRAME`` bytes (but for a ``host``
+        longer than a frame); only the last one says how far this rank is and carries
+        ``host``, a JSON object, on its own if they do not fit beside the windows."""
         frames: list[tuple[bytes, list[_Record]]] = []
         batch: list[str] = []
         batch_records: list[_Record] = []
-        size = 0
-        room = _ROOM - len(host) - 9  # ',"host":' and its value
+        size = 0  # the batch's JSON: its windows and the commas between them
         for record in records:
             text = self._fitted(record)
             if text is None:
                 self._log_unsent(record)
                 continue
-            if size + len(text) + 1 > room:  # ASCII: json.dumps escapes the rest
+            # ASCII (json.dumps escapes the rest): a character is a byte.
+            if batch and size + 1 + len(text) > _ROOM:
                 frames.append((self._encode(batch, None, False), batch_records))
                 batch, batch_records, size = [], [], 0
+            size += len(text) + (1 if batch else 0)
             batch.append(text)
             batch_records.append(record)
-            size += len(text) + 1
+        if batch and len(self._encode([], mark, bye, host)) + size > _FRAME:
+            frames.append((self._encode(batch, None, False), batch_records))
+            batch, batch_records = [], []
         frames.append((self._encode(batch, mark, bye, host), batch_records))
         return frames
 
@@ -556,14 +642,14 @@ class RankMerge:
         """The record's JSON, within a frame: its Histogram coarsened (``Histogram.merge``'s
         own coarsening, a scale at a time) until it fits; None if even that does not do."""
         text = json.dumps(record)
-        if len(text) + 1 <= _ROOM:
+        if len(text) <= _ROOM:
             return text
         original = record[11]
         if original is None:
             return None
         histogram = Histogram.from_dict(original)
         start = histogram.scale
-        while len(text) + 1 > _ROOM:
+        while len(text) > _ROOM:
             widest = max(len(histogram.positive_counts), len(histogram.negative_counts))
             if widest <= 3:  # as coarse as a Histogram gets: logged here at full resolution
                 record[11] = original
@@ -604,6 +690,23 @@ class RankMerge:
             )
         self._log_own(record)
 
+    def _log_unframed(self, records: list[_Record]) -> None:
+        """Records whose frame could not be made (a leader's word on its host longer than a
+        frame): logged here, counted in ``unsent``, warned; upstream is not given up."""
+        windows = sum(map(_windows_in, records))
+        self.unsent += windows
+        if self._throttle.ready("unframed"):
+            logger.exception(
+                "merge_stats_across_ranks: rank %d could not encode a frame; it logs the %d "
+                "window(s) it held itself, marked %r (%d unsent in all)",
+                self.rank,
+                windows,
+                "<name>.rank",
+                self.unsent,
+            )
+        for record in records:
+            self._log_own(record)
+
     @staticmethod
     def _encode(batch: list[str], mark: float | None, bye: bool, host: str = "") -> bytes:
         windows = ",".join(batch)
@@ -615,6 +718,8 @@ class RankMerge:
     def _tensor(self, frame: bytes) -> Any:
         import torch
 
+        if len(frame) > _FRAME:
+            raise ValueError(f"a frame of {len(frame)} bytes, over {_FRAME}")
         buf = torch.zeros(_FRAME, dtype=torch.uint8)
         buf[: len(frame)] = torch.frombuffer(bytearray(frame), dtype=torch.uint8)
         return buf
@@ -932,13 +1037,16 @@ class RankMerge:
                     ", ".join(_AGG_NAMES[agg].upper() for agg in aggs),
                 )
             return
-        if not means:
-            return
-        median = statistics.median(means.values())
-        if not median > 0:  # no ratio to speak of
-            return
+        # Each rank against the median of the others' means: one that held its own mean
+        # would hide a slow rank among two, and move as ranks die.
+        ordered = sorted((mean, rank) for rank, mean in means.items())
+        place = {rank: i for i, (_, rank) in enumerate(ordered)}
+        values = [mean for mean, _ in ordered]
         factor = self.stragglers[name]
         for rank, mean in sorted(means.items()):
+            median = _median_without(values, place[rank])
+            if not median > 0:  # no other rank, or no ratio to speak of: its count stays
+                continue
             key = (name, rank)
             ratio = mean / median
             if ratio > factor:
@@ -967,8 +1075,8 @@ class RankMerge:
         self.bus.log_event(Event(STRAGGLER_EVENT, stamp, data))
         if self._throttle.ready(("straggler", name, recovered)):
             logger.warning(
-                "merge_stats_across_ranks: rank %d (%s) %s: its %r mean is %.2f times the ranks' "
-                "median (%d merged windows%s)",
+                "merge_stats_across_ranks: rank %d (%s) %s: its %r mean is %.2f times the other "
+                "ranks' median (%d merged windows%s)",
                 rank,
                 host,
                 "has recovered" if recovered else "is a straggler",
@@ -1074,6 +1182,19 @@ def _means(bucket: _Bucket) -> dict[int, float]:
     return means
 
 
+def _median_without(ordered: list[float], place: int) -> float:
+    """The median of ``ordered`` (sorted) without its item at ``place``; NaN if none is left."""
+    n = len(ordered) - 1
+    if n < 1:
+        return math.nan
+    half = n // 2
+
+    def at(i: int) -> float:
+        return ordered[i + (i >= place)]
+
+    return at(half) if n % 2 else (at(half - 1) + at(half)) / 2
+
+
 def _spread(name: str, means: dict[int, float]) -> dict[str, float | int]:
     """The spread keys of a merged window: the ranks' means' min, median, max, slowest."""
     if not means:
@@ -1118,7 +1239,7 @@ def merge_stats_across_ranks(
     of the merge, never the caller's. ``dst`` logs one ``"torch.monitor.Stat"`` event per
     (Stat name, window) with the usual keys (``"loss.mean"``) plus ``"<name>.ranks"``, the
     number of ranks that contributed. COUNT and SUM add up, MAX and MIN are the max of maxes
-    and min of mins, MEAN is SUM / COUNT, VALUE is the one of the rank whose window closed
+    and min of mins (NaN if any rank's is), MEAN is SUM / COUNT, VALUE is the one of the rank whose window closed
     last (on a tie, the higher rank). The event's timestamp is when that window closed.
     Stats merge by name, aggregations and window size (Stats of one name with other
     aggregations make events of their own).
@@ -1130,7 +1251,7 @@ def merge_stats_across_ranks(
     highest mean; on a tie, the lower rank); ``RankMerge.hosts`` names each rank's host.
 
     ``stragglers`` maps Stat names to a factor: ``dst`` names a rank whose window mean of that
-    Stat exceeds the median of the ranks' means by the factor for ``straggler_windows`` merged
+    Stat exceeds the median of the other ranks' means by the factor for ``straggler_windows`` merged
     windows in a row, once, by a ``STRAGGLER_EVENT`` (``"monitor_bus.straggler"``: ``stat``,
     ``rank``, ``ratio``, ``windows``, ``host``, ``recovered``) and a rate-limited warning, and
     once more (``recovered`` True) when it falls back under the factor. A Stat without MEAN
@@ -1148,7 +1269,9 @@ def merge_stats_across_ranks(
     that dies or hangs costs only what it had not sent: ``dst`` waits ``timeout`` past a
     window's end at most, merges the window among the ranks that reported it and logs a
     warning naming the others. If ``dst`` is gone, each rank logs its own windows with
-    ``"<name>.rank"`` (its rank) added, and counts them in ``local``. A rank named lost
+    ``"<name>.rank"`` (its rank) added, and counts them in ``local``; one stopped or starved
+    (taking no message for ``timeout``) is warned about and waited for, each rank holding its
+    windows until it runs again or the rank's ``close()`` gives it up. A rank named lost
     may only be starved of CPU: when it speaks again it rejoins, and ``dst``'s ``close()``
     waits (within its timeout) for every rank it has heard from; windows that come after
     theirs was merged are logged on their own, marked ``"<name>.late": True``, and counted in
@@ -1158,9 +1281,10 @@ def merge_stats_across_ranks(
     Args:
         bus: the bus whose Stats are merged; the default bus if omitted.
         dst: the rank that logs the merged windows.
-        timeout: seconds any wait of the exchange may take: a send, how long past a window's
+        timeout: seconds any wait of the exchange may take: how long past a window's
             end dst waits for a rank, how long a rank may stay silent before dst stops
-            waiting for it, and ``close()``'s default.
+            waiting for it (or a send untaken before it is warned about), and
+            ``close()``'s default.
         keep_local: also log each rank's own windows on its bus, as without the merge.
         spread: add the spread across ranks to each merged window of a Stat with MEAN.
         stragglers: Stat name -> factor (a number above 1) for naming straggling ranks.
