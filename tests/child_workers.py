@@ -143,3 +143,19 @@ def log_fast(n: int) -> int:
     for i in range(n):
         monitor_bus.log("fast", i=i, loss=0.5, tag="child")
     return os.getpid()
+
+
+class HoldsAStat:
+    """A map-style dataset whose Stat "held" (COUNT, an hour's window) is made in its
+    constructor, in the parent, and added to by every item it loads."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.stat = Stat("held", [Aggregation.COUNT], timedelta(hours=1))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        self.stat.add(1)
+        return i

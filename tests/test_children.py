@@ -577,3 +577,28 @@ def test_a_childs_events_do_not_cut_the_parents_linger_short(
     assert monitor_bus.flush(10)
     assert [e.data["i"] for e in by_name(recorder.events, "child")] == list(range(10))
     assert hurries == []
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_a_stat_made_in_a_datasets_constructor_reports_from_the_workers(
+    context: str, recorder: Recorder
+) -> None:
+    """A Dataset holding a Stat crosses to spawn and forkserver workers (the Stat's definition
+    is pickled): each worker's copy logs through the worker's default bus, and the parent
+    gets every sample added in ``__getitem__``, none of the parent's own."""
+    require(importlib.util.find_spec("torch") is not None, "torch is not installed")
+    import torch.utils.data
+
+    monitor_bus.register_event_handler(recorder)
+    dataset = child_workers.HoldsAStat(16)
+    dataset.stat.add(1)  # the parent's own sample: it stays (and is logged) here
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=2, num_workers=2, multiprocessing_context=context, timeout=60
+    )
+    assert sorted(int(i) for batch in loader for i in batch) == list(range(16))
+    del loader  # the workers end normally, sending their windows
+    assert monitor_bus.get_default_bus().close(10)  # and logs the parent's open window
+    windows = by_name(recorder.events, STAT_EVENT)
+    from_workers = [(w.origin.worker, w.data) for w in windows if w.origin is not None]
+    assert sorted(from_workers) == [(0, {"held.count": 8}), (1, {"held.count": 8})]
+    assert [w.data for w in windows if w.origin is None] == [{"held.count": 1}]
