@@ -20,8 +20,10 @@ Guarantees
   ``multiprocessing`` clears them), in this order: a listening process first waits for its
   live non-daemonic ``multiprocessing`` children (which report to it) to end, up to the
   longest ``exit_timeout`` of its buses; then the open ``Run``s end, every Stat's open window
-  is logged, every bus is closed within its ``exit_timeout``, and the relay is closed. The
-  order does not depend on when ``multiprocessing`` was imported. (Why not simply run after
+  is logged, every bus is closed within its ``exit_timeout`` (first asking its live children,
+  daemonic ones such as DataLoader workers included, for their open windows: ``_relay.py``),
+  and the relay is closed. The order does not depend on when ``multiprocessing`` was imported
+  (a child's connection registers the finalizer too). (Why not simply run after
   ``multiprocessing``'s own join: it terminates the daemonic children first, ``ProcessHandler``
   sinks among them, which the buses still deliver to, and its join has no bound.) A child still
   running after that wait finds its parent's buses closed: what it logs then is counted as
@@ -114,7 +116,10 @@ class _Process:
         with self.default_lock:
             if self.listener is None:
                 try:
-                    self.listener = Listener(self.route)
+                    # A child connecting has this process's exit run before multiprocessing
+                    # terminates its daemonic children (DataLoader workers): they are asked
+                    # for their windows first.
+                    self.listener = Listener(self.route, self.hook_multiprocessing)
                 except OSError:
                     logger.exception(
                         "monitor_bus: cannot listen for child processes; a forked child runs "
@@ -145,6 +150,8 @@ class _Process:
 
     def at_exit(self, *, wait_for_children: bool = True) -> None:
         """End the process's part: runs, Stats, buses, then the relay (see the guarantees)."""
+        if self.listener is not None:
+            self.listener.exiting = True  # children asked for their windows are told why
         if wait_for_children:
             self.join_children()
         from ._run import end_open_runs  # _run depends on this module, not the reverse

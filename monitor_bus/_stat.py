@@ -426,6 +426,10 @@ class Stat:
             self._bus._dispatcher.call_soon(self._read_pending)
         if fold_soon:  # not under the lock: on the dispatcher's thread this runs it now
             self._bus._dispatcher.call_soon(self._fold_distributions_soon)
+        uplink = self._bus._uplink
+        if first and uplink is not None and not self._bus._relay_index:
+            # Known to the parent from now: it asks for the open windows before it closes.
+            uplink.announce(self._bus)
         if first and self._bus._dispatcher.loop is None:
             # Stopped: a forked child's, which nothing else starts for a Stat it inherited.
             self._bus._dispatcher.start_for_stats()
