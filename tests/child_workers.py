@@ -188,12 +188,12 @@ class HoldsAStat:
 _alive: list[object] = []
 
 
-def workers_alive_at_exit(context: str, path: str, n: int) -> None:
+def workers_alive_at_exit(context: str, path: str, n: int, workers: int) -> None:
     """Register a JSONL sink at ``path``, run two epochs of a loader of persistent workers
     (Stat "persistent") and take every batch of a loader whose iterator is kept (Stat "kept",
     no StopIteration: its workers wait for more), then return: both loaders' workers are
-    alive as this process exits. The bus's thread starts before torch (and multiprocessing)
-    is first imported."""
+    alive as this process exits. Each loader has ``workers`` workers. The bus's thread starts
+    before torch (and multiprocessing) is first imported."""
     monitor_bus.register_event_handler(monitor_bus.JsonlEventHandler(path))
     monitor_bus.log("started")
     assert monitor_bus.flush(10)
@@ -202,7 +202,7 @@ def workers_alive_at_exit(context: str, path: str, n: int) -> None:
     persistent = torch.utils.data.DataLoader(
         AddsOnly(n, "persistent"),
         batch_size=2,
-        num_workers=2,
+        num_workers=workers,
         multiprocessing_context=context,
         persistent_workers=True,
         timeout=60,
@@ -212,7 +212,7 @@ def workers_alive_at_exit(context: str, path: str, n: int) -> None:
     kept = torch.utils.data.DataLoader(
         AddsOnly(n, "kept"),
         batch_size=2,
-        num_workers=2,
+        num_workers=workers,
         multiprocessing_context=context,
         timeout=60,
     )

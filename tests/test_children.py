@@ -589,9 +589,10 @@ def _windows_in(path: Path) -> Counter[str]:
     return counted
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+# Spawned workers each import torch afresh (seconds on a busy machine): one per loader.
+@pytest.mark.parametrize(("context", "workers"), [("fork", 2), ("spawn", 1)])
 def test_dataloader_workers_alive_at_exit_send_their_open_windows(
-    context: str, tmp_path: Path
+    context: str, workers: int, tmp_path: Path
 ) -> None:
     """Persistent workers and the workers of a kept iterator, alive (idle) when the parent
     exits normally, are asked for their open windows before the parent's bus closes (and
@@ -603,7 +604,7 @@ def test_dataloader_workers_alive_at_exit_send_their_open_windows(
     result = _run_child(
         f"""
         from tests import child_workers
-        child_workers.workers_alive_at_exit({context!r}, {str(path)!r}, {n})
+        child_workers.workers_alive_at_exit({context!r}, {str(path)!r}, {n}, {workers})
         """
     )
     assert result.returncode == 0, result.stderr
