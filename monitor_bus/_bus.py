@@ -263,8 +263,9 @@ class EventBus:
 
     def _put(self, item: _Item) -> None:
         """Send ``item`` to the parent process (a child's) and queue it for the handlers."""
-        if self._uplink is not None:  # a child process: to the parent, before returning
-            self._uplink.send(self, item, window=False)
+        uplink = self._uplink  # read once: the relay may unset it meanwhile
+        if uplink is not None:  # a child process: to the parent, before returning
+            uplink.send(self, item, window=False)
         if not self._handlers:
             if self._uplink is None:  # sent to no one: counted
                 self._unhandled += 1
@@ -307,8 +308,9 @@ class EventBus:
     def _log_window(self, item: _Item) -> None:
         """``log_event`` for Stat windows: never blocks (the timer runs on the loop) and never
         drops, whatever the policy: a window may summarize millions of samples."""
-        if self._uplink is not None:
-            self._uplink.send(self, item, window=True)
+        uplink = self._uplink  # read once: the relay may unset it meanwhile
+        if uplink is not None:
+            uplink.send(self, item, window=True)
         if not self._handlers:
             if self._uplink is None:  # sent to no one: counted
                 self._unhandled += 1
@@ -591,17 +593,21 @@ class EventBus:
             raise RuntimeError("aflush() cannot be called from inside an event handler")
         return await anyio.to_thread.run_sync(self.flush, timeout, abandon_on_cancel=True)
 
-    def _sweep_children(self, timeout: float | None) -> bool:
-        """Queue what child processes had sent when this was called (False: timed out)."""
+    def _sweep_children(self, timeout: float | None, *, windows: bool = False) -> bool:
+        """Queue what child processes had sent when this was called, and with ``windows``
+        (closing) their open Stat windows of this bus too (False: timed out)."""
         listener = process.listener
         if listener is None or not self._handlers:
             return True
-        return listener.sweep(timeout)
+        return listener.collect_windows(self, timeout) if windows else listener.sweep(timeout)
 
     def close(self, timeout: float | None = None) -> bool:
         """Log the open windows of this bus's Stats, deliver what is queued, detach every
         handler and stop the dispatcher thread.
 
+        Live child processes that report to this bus (DataLoader workers, say) are asked for
+        their Stats' open windows first, within half of ``timeout``; one that has not sent
+        them by then is named in a warning, and what it sends later is counted as dropped.
         Idempotent; later ``log_event`` calls are no-ops and registration raises. Handlers
         that have not finished within ``timeout`` are cut off: what they did not get is
         counted as dropped for them and named in a warning. From the call on, what child
@@ -612,20 +618,22 @@ class EventBus:
             timeout: seconds to wait; None or ``math.inf`` waits as long as it takes.
 
         Returns:
-            True if everything was delivered and every thread stopped within ``timeout``.
+            True if everything was delivered (the children's windows included) and every
+            thread stopped within ``timeout``.
         """
         timeout = check_timeout("timeout", timeout)
         if in_bus_thread():
             raise RuntimeError("close() cannot be called from inside an event handler")
         deadline = _deadline(timeout)
         dispatcher = self._dispatcher
+        collected = True  # the children's open windows of this bus
         if not self._closed:
             self._begin_closing()
             for stat in self._stats():
                 stat._close()
             # At most half the time: a sweep that cannot settle (a stuck sink under "block")
-            # must leave time to detach the handlers.
-            self._sweep_children(None if timeout is None else timeout / 2)
+            # must leave time to detach the handlers. The children's open windows too.
+            collected = self._sweep_children(None if timeout is None else timeout / 2, windows=True)
             dispatcher.ensure_running()
             self._say_unhandled()
         with dispatcher.lock:
@@ -682,7 +690,7 @@ class EventBus:
                     timeout,
                 )
             return False
-        return all(settled) and all(stopped) and not dispatcher.broken
+        return all(settled) and all(stopped) and not dispatcher.broken and collected
 
     def __enter__(self) -> EventBus:
         return self

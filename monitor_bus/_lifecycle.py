@@ -21,14 +21,16 @@ Guarantees
   live non-daemonic ``multiprocessing`` children (which report to it) to end, up to the
   longest ``exit_timeout`` of its buses; then the open ``Run``s end, every Stat's open window
   is logged, every bus is closed, all at once (each on a thread of its own, so a stuck handler
-  on one costs the others nothing), each within its own ``exit_timeout``, and the relay is
-  closed. A closing bus queues what children send past its capacity rather than have the
-  relay hold it (``EventBus._begin_closing``), so what the same child sent another bus
-  follows. The order does not depend on when ``multiprocessing`` was imported. (Why not
-  simply run after ``multiprocessing``'s own join: it terminates the daemonic children first,
-  ``ProcessHandler`` sinks among them, which the buses still deliver to, and its join has no
-  bound.) A child still running after that wait finds its parent's buses closed: what it
-  logs then is counted as dropped in the child and reported there.
+  on one costs the others nothing), each within its own ``exit_timeout`` (first asking its live
+  children, daemonic ones such as DataLoader workers included, for their open windows:
+  ``_relay.py``), and the relay is closed. A closing bus queues what children send past its
+  capacity rather than have the relay hold it (``EventBus._begin_closing``), so what the same
+  child sent another bus follows. The order does not depend on when ``multiprocessing`` was
+  imported (a child's connection registers the finalizer too). (Why not simply run after
+  ``multiprocessing``'s own join: it terminates the daemonic children first, ``ProcessHandler``
+  sinks among them, which the buses still deliver to, and its join has no bound.) A child
+  still running after that wait finds its parent's buses closed: what it logs then is counted
+  as dropped in the child and reported there.
 - SIGTERM: ``handle_sigterm`` (called by ``Run.start`` and by the default bus's handler
   registration) installs the one handler, only from the main thread of a process that is not
   a child of a family, and only over Python's default disposition. On SIGTERM it puts the
@@ -127,7 +129,10 @@ class _Process:
         with self.default_lock:
             if self.listener is None:
                 try:
-                    self.listener = Listener(self.route)
+                    # A child connecting has this process's exit run before multiprocessing
+                    # terminates its daemonic children (DataLoader workers): they are asked
+                    # for their windows first.
+                    self.listener = Listener(self.route, self.hook_multiprocessing)
                 except OSError:
                     logger.exception(
                         "monitor_bus: cannot listen for child processes; a forked child runs "
@@ -159,6 +164,8 @@ class _Process:
     def at_exit(self, *, wait_for_children: bool = True, run_status: str = "success") -> None:
         """End the process's part: runs (with ``run_status``), Stats, buses, then the relay
         (see the guarantees)."""
+        if self.listener is not None:
+            self.listener.exiting = True  # children asked for their windows are told why
         if wait_for_children:
             self.join_children()
         from ._run import end_open_runs  # _run depends on this module, not the reverse

@@ -35,6 +35,15 @@ Guarantees
   parent is exiting), the answer says so: the child counts that bus's events as dropped, those
   it sent before reading the answer included, and reports them (it reads a late answer as it
   exits).
+- Open windows at the parent's close: a child announces a bus with its first message, or as
+  soon as a Stat of it holds a sample. Before the parent's bus closes (``close()``, and so at
+  exit), the parent asks each child that announced it for its open windows (``CLOSING``); a
+  thread of the child, which reads the parent's messages as they come, closes that bus's
+  Stats' windows, sends them and then says so (``SENT``). The parent waits for every answer
+  (or the child's end) within half the close's timeout, and names in a warning the children
+  that did not answer (what they send later is counted as dropped there). From then on the
+  child counts what it logs on that bus as dropped and says why: the parent closed its bus,
+  or is exiting; "the parent process is gone" only when it is.
 - Never a hang: the socket is non-blocking. When its buffer is full (the parent is not reading
   fast enough) the bus's overflow policy decides: ``"block"`` waits up to ``block_timeout``
   for room, the others drop the event and count it; a Stat window waits up to the bus's
@@ -62,7 +71,8 @@ Guarantees
 - What a killed child loses: SIGTERM or SIGKILL loses its Stats' open windows and an event
   it was writing at that instant (the parent warns of a torn message), nothing it logged
   before. A child that ends normally (a ``Pool`` or DataLoader worker included) first sends
-  its open windows.
+  its open windows, and so does one still alive when its parent closes its bus or exits
+  (persistent DataLoader workers, a kept iterator's), before ``multiprocessing`` terminates it.
 """
 
 from __future__ import annotations
@@ -90,12 +100,15 @@ from ._event import EventOrigin
 from ._ratelimit import Throttle
 from ._wire import BUS as _BUS
 from ._wire import CLOSED as _CLOSED
+from ._wire import CLOSING as _CLOSING
 from ._wire import DROPPED as _DROPPED
 from ._wire import EVENT as _EVENT
+from ._wire import EXITING as _EXITING
 from ._wire import HEADER as _HEADER
 from ._wire import HELLO as _HELLO
 from ._wire import NO_BUS as _NO_BUS
 from ._wire import ROUTED as _ROUTED
+from ._wire import SENT as _SENT
 from ._wire import VERDICT as _VERDICT
 from ._wire import WINDOW as _WINDOW
 from ._wire import Refused
@@ -117,7 +130,9 @@ _READ_SIZE = 1 << 16
 _CONNECT_TIMEOUT = 1.0
 # Out of descriptors, the relay tries to accept again after the first, doubling to the second.
 _ACCEPT_BACKOFF = (0.05, 1.0)
-_CLOSED_WHY = "the parent process's bus is closed (the parent is exiting?)"
+_CLOSED_WHY = "the parent process closed its bus"
+_EXITING_WHY = "the parent process is exiting (its bus is closed)"
+_GONE = "the parent process is gone"
 _INTERRUPTED = "a signal interrupted a send (the stream lost its framing)"
 
 
@@ -195,7 +210,14 @@ class Uplink:
         # For each bus awaiting its answer: its ``_to_parent`` before it was announced (what
         # it sent since is dropped if the answer is _CLOSED).
         self._sent_before: dict[int, int] = {}
-        self._refused: weakref.WeakSet[EventBus] = weakref.WeakSet()  # answered _CLOSED
+        # Buses whose parent bus is closed (answered _CLOSED, or _CLOSING and their windows
+        # sent), with why: what they log is counted here.
+        self._refused: weakref.WeakKeyDictionary[EventBus, str] = weakref.WeakKeyDictionary()
+        self._announced: weakref.WeakValueDictionary[int, EventBus] = weakref.WeakValueDictionary()
+        self._requests: list[int] = []  # buses asked for their windows (_CLOSING), by index
+        self._exiting = False  # the parent said it is exiting
+        # Reads the parent's messages once connected (None: the sends read them).
+        self._listening: threading.Thread | None = None
         # Drops not yet reported to the parent, per bus.
         self._unreported: weakref.WeakKeyDictionary[EventBus, int] = weakref.WeakKeyDictionary()
         self._throttle = Throttle()
@@ -275,11 +297,12 @@ class Uplink:
             self._drop(bus, self._broken)
             return None
         if self._verdicts_due:
-            self._read_verdicts()
-            if bus._uplink is None:
-                return None  # the parent has no such bus: nothing to send it, as with no handler
-        if bus in self._refused:
-            self._drop(bus, _CLOSED_WHY)
+            self._read_verdicts(answers_only=self._listening is not None)
+        if bus._uplink is None:
+            return None  # the parent has no such bus: nothing to send it, as with no handler
+        why = self._refused.get(bus)
+        if why is not None:
+            self._drop(bus, why)
             return None
         index = bus._relay_index or self._next_index
         name, timestamp, data = item
@@ -299,48 +322,141 @@ class Uplink:
                 return sock
             self._drop(bus, self._broken or "its socket is full (the parent reads too slowly)")
             return None
+        self._announced_as(bus, index)
+        bus._to_parent += 1
+        return None
+
+    def _announced_as(self, bus: EventBus, index: int) -> None:
+        """``bus``'s preamble (``_preamble``) is written: it is known to the parent by
+        ``index``, and the drops it reported are no longer due."""
         if not bus._relay_index:
             bus._relay_index = index
             self._next_index += 1
             self._verdicts_due[index] = bus
             self._sent_before[index] = bus._to_parent
+            self._announced[index] = bus
         for b in [b for b in self._unreported if b._relay_index]:
             del self._unreported[b]  # reported in the preamble
-        bus._to_parent += 1
-        return None
 
-    def _read_verdicts(self) -> None:
+    def announce(self, bus: EventBus) -> None:
+        """Announce ``bus`` to the parent now (a Stat of it holds samples), not with its first
+        message: the parent asks the children it knows of for their open windows before its
+        bus closes. What fails here is left to the window's own send, which counts it."""
+        if bus._relay_index or (self.linked is None and not self.resolve()):
+            return
+        with self._lock:
+            if bus._relay_index or self._sending:
+                return
+            self._sending = True
+            try:
+                if self._sock is None and self._broken is None:
+                    with contextlib.suppress(OSError):
+                        self._connect()
+                if self._sock is None or self._broken is not None:
+                    return
+                index = self._next_index
+                if self._write(b"".join(self._preamble(bus, index)), 0.0):
+                    self._announced_as(bus, index)
+            except BaseException:  # Ctrl-C mid-write: the stream may hold half a message
+                self._break(_INTERRUPTED)
+                raise
+            finally:
+                self._sending = False
+
+    def _read_verdicts(self, *, answers_only: bool = False) -> bool:
         """Take the parent's answers to this child's bus announcements: a bus the parent has
         no bus for stops forwarding (costing the child nothing more); a bus whose parent bus
         is closed counts what it sent since its announcement, and all it sends later, as
-        dropped."""
+        dropped. A bus whose parent bus is closing is queued in ``_requests``; with
+        ``answers_only`` (a send, while a thread reads the parent's messages), reading stops
+        before the first such request: left in the socket, it wakes that thread. Whether the
+        parent closed the connection."""
         sock = self._sock
         assert sock is not None
-        with contextlib.suppress(OSError):  # BlockingIOError: none yet
-            while chunk := sock.recv(4096):
-                self._verdicts += chunk
+        ended = False
+        try:
+            if answers_only:  # (the thread that reads sees the end of the stream, if any)
+                self._verdicts += sock.recv(self._answers(sock.recv(4096, socket.MSG_PEEK)))
+            else:
+                while chunk := sock.recv(4096):
+                    self._verdicts += chunk
+                ended = True
+        except BlockingIOError:  # nothing more yet
+            pass
+        except OSError:  # reset: the parent is gone
+            ended = True
         size = _VERDICT.size
         while len(self._verdicts) >= size:
             index, verdict = _VERDICT.unpack_from(self._verdicts)
             del self._verdicts[:size]
+            if verdict & _EXITING:
+                self._exiting = True
+                verdict &= ~_EXITING
+            if verdict == _CLOSING:
+                self._requests.append(index)
+                continue
             bus = self._verdicts_due.pop(index, None)
             sent_before = self._sent_before.pop(index, 0)
             if bus is None or verdict == _ROUTED:
                 continue
             if verdict == _CLOSED:
-                self._refused.add(bus)
+                self._refused[bus] = _EXITING_WHY if self._exiting else _CLOSED_WHY
                 lost = bus._to_parent - sent_before
                 bus._to_parent = sent_before
-                self._drop(bus, _CLOSED_WHY, lost)
+                self._drop(bus, self._refused[bus], lost)
             else:
                 bus._uplink = None
+        return ended
+
+    def _answers(self, peeked: bytes) -> int:
+        """How many bytes of ``peeked`` (after ``_verdicts``) come before the first request."""
+        size = _VERDICT.size
+        data = self._verdicts + peeked
+        end = 0
+        while end + size <= len(data) and data[end + size - 1] & ~_EXITING != _CLOSING:
+            end += size
+        return max(0, end - len(self._verdicts))
+
+    def _listen(self, sock: socket.socket) -> None:
+        """The thread that reads the parent's messages as they come (``_read_verdicts``) and
+        answers its requests for windows (``_send_windows``), until the connection ends."""
+        poller = select.poll()  # needs no descriptor of its own
+        poller.register(sock, select.POLLIN)
+        while True:
+            poller.poll()
+            with self._lock:
+                if self._sock is not sock or self._broken is not None:
+                    return  # closed here: nothing more to read
+                ended = self._read_verdicts()
+                requests, self._requests = self._requests, []
+                if ended:  # nothing can be sent any more: say why
+                    self._break("the parent process has exited" if self._exiting else _GONE)
+            for index in requests:
+                self._send_windows(index)
+            if ended:
+                return
+
+    def _send_windows(self, index: int) -> None:
+        """The parent's bus is closing: send the open Stat windows of the bus announced as
+        ``index`` (none if it is gone), then say they are sent (the parent waits for that);
+        what the bus logs afterwards is counted here."""
+        bus = self._announced.get(index)
+        if bus is not None:
+            for stat in bus._stats():
+                stat._close()
+        with self._lock:
+            if bus is not None:
+                self._refused[bus] = _EXITING_WHY if self._exiting else _CLOSED_WHY
+            if self._sock is not None and self._broken is None:
+                self._write(_frame((_SENT, index)), _CONNECT_TIMEOUT)
 
     def _await_verdicts(self, wait: float) -> None:
         """At exit: read the answers still due (up to ``wait`` seconds), so that events a
         closed parent bus discarded are counted as dropped."""
         deadline = time.monotonic() + wait
         while self._verdicts_due and self._sock is not None and self._broken is None:
-            self._read_verdicts()
+            if self._read_verdicts():
+                return  # the parent closed the connection: no answer will come
             left = deadline - time.monotonic()
             if not self._verdicts_due or left <= 0:
                 return
@@ -375,7 +491,7 @@ class Uplink:
             except BlockingIOError:
                 sent = 0
             except OSError as exc:  # the parent is gone
-                self._break(f"the parent process is gone ({exc.strerror or exc})")
+                self._break(f"{_GONE} ({exc.strerror or exc})")
                 return False
             if sent:
                 started = True
@@ -413,10 +529,19 @@ class Uplink:
         hello = _wire.credentials(self.listener_pid) + _frame((_HELLO, os.getpid(), _worker_id()))
         if not self._write(hello, None):
             self._break("the parent did not take this child's first message")
+            return
+        thread = threading.Thread(
+            target=self._listen, args=(sock,), name="monitor_bus.uplink", daemon=True
+        )
+        with contextlib.suppress(RuntimeError):  # at interpreter shutdown: the sends read
+            thread.start()
+            self._listening = thread
 
     def _break(self, why: str) -> None:
         self._broken = why
         if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes the thread that reads it
             with contextlib.suppress(OSError):
                 self._sock.close()
 
@@ -461,13 +586,15 @@ class Uplink:
                     self._unreported.clear()
             self._sock = None
             with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the thread that reads it
+            with contextlib.suppress(OSError):
                 sock.close()
 
 
 class _Connection:
     """The parent's end of one child's socket."""
 
-    __slots__ = ("buffer", "buses", "origin", "peer", "sock", "trusted")
+    __slots__ = ("asked", "buffer", "buses", "origin", "peer", "sock", "trusted")
 
     def __init__(self, sock: socket.socket, peer: int | None) -> None:
         self.sock = sock
@@ -476,13 +603,19 @@ class _Connection:
         self.buses: dict[int, EventBus | None] = {}
         self.peer = peer  # its pid, as the kernel says (None: this platform cannot say)
         self.trusted = False  # it proved it is a child (its first message)
+        self.asked: set[int] = set()  # its buses asked for their windows, not answered yet
 
 
 class Listener:
     """The parent's end: a socket children connect to and the thread that reads them."""
 
-    def __init__(self, route: Callable[[tuple[int, int], str], EventBus | None]) -> None:
+    def __init__(
+        self,
+        route: Callable[[tuple[int, int], str], EventBus | None],
+        on_child: Callable[[], None] = lambda: None,
+    ) -> None:
         self._route = route
+        self._on_child = on_child  # a child connected (the relay's thread calls it)
         _wire.prepare()
         self._dir = _socketdir.make()
         self.path = os.path.join(self._dir, _socketdir.SOCKET)
@@ -502,6 +635,11 @@ class Listener:
         self._got: dict[socket.socket, int] = {}  # bytes read from each connection
         self._paused: set[socket.socket] = set()  # not read: their events found no room
         self._waiting: dict[int, EventBus] = {}  # buses with parked events, by id
+        # Buses closing (by id): their children are asked for their windows, each waiter
+        # settled once every child asked has answered or ended.
+        self._closing: dict[int, EventBus] = {}
+        self._collecting: list[tuple[Future[None], EventBus]] = []
+        self.exiting = False  # set as the process exits: children are told so
         self._closed = False
         # Out of descriptors: when to try accepting again (None: the server socket is watched).
         self._retry_accept: float | None = None
@@ -542,6 +680,66 @@ class Listener:
             return sweep[0].done()
         return True
 
+    def collect_windows(self, bus: EventBus, timeout: float | None) -> bool:
+        """Before ``bus`` closes: queue what its children had written, ask each child that
+        announced it for its Stats' open windows of it (``CLOSING``; one announcing it
+        meanwhile is asked as it does) and wait, within ``timeout``, until each has answered
+        (``SENT``, after its windows) or ended. A child that has not is named in a warning:
+        what it sends later finds the bus closed and is counted as dropped. False then."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.sweep(timeout)  # the announcements the children had written: they are asked
+        with self._lock:
+            if self._closed:
+                return True
+            self._closing[id(bus)] = bus
+            for connection in self._connections.values():
+                for index, announced in connection.buses.items():
+                    if announced is bus:
+                        self._ask(connection, index)
+            if not self._unanswered(bus):  # no child has this bus: nothing to wait for
+                del self._closing[id(bus)]
+                return True
+            waiter: tuple[Future[None], EventBus] = (Future(), bus)
+            self._collecting.append(waiter)
+        self._wake()
+        with contextlib.suppress(FutureTimeout):
+            waiter[0].result(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            del self._closing[id(bus)]
+            if waiter in self._collecting:
+                self._collecting.remove(waiter)
+            late = self._unanswered(bus)
+        if late:
+            logger.warning(
+                "EventBus %r: %d child process(es) did not send their open Stat windows "
+                "within %s s before the bus closed: %s; what they send it later is counted "
+                "as dropped",
+                bus._name,
+                len(late),
+                timeout,
+                ", ".join(map(str, late)),
+            )
+        return not late
+
+    def _ask(self, connection: _Connection, index: int) -> None:
+        """Ask ``connection``'s child for the open windows of its bus ``index``."""
+        verdict = _CLOSING | (_EXITING if self.exiting else 0)
+        try:
+            connection.sock.send(_VERDICT.pack(index, verdict))
+        except OSError:  # its end is closed: it has sent all it will
+            return
+        connection.asked.add(index)
+
+    def _unanswered(self, bus: EventBus) -> list[int | str]:
+        """The pids of the children asked for ``bus``'s windows that have not answered, or
+        whose answer came after events still parked (not queued yet)."""
+        return [
+            "?" if connection.origin is None else connection.origin.pid
+            for sock, connection in self._connections.items()
+            if any(connection.buses.get(index) is bus for index in connection.asked)
+            or (sock in self._paused and bus in connection.buses.values())
+        ]
+
     def _wake(self) -> None:
         """Have the relay's thread go round (a sweep asked, room in a queue, closing)."""
         with contextlib.suppress(OSError):  # full: a wake-up is pending anyway
@@ -571,7 +769,8 @@ class Listener:
             with self._lock:
                 self._closed = True
                 sweeps, self._sweeps = self._sweeps, []
-            for future, _ in sweeps:
+                collecting, self._collecting = self._collecting, []
+            for future, _ in [*sweeps, *collecting]:
                 future.set_result(None)
             self._release()
 
@@ -603,6 +802,9 @@ class Listener:
                 for sweep in done:
                     self._sweeps.remove(sweep)
                     sweep[0].set_result(None)
+            for waiter in [w for w in self._collecting if not self._unanswered(w[1])]:
+                self._collecting.remove(waiter)
+                waiter[0].set_result(None)
         return True
 
     def _accept(self) -> None:
@@ -636,6 +838,7 @@ class Listener:
                     continue
             self._connections[sock] = connection
             self._selector.register(sock, selectors.EVENT_READ)
+            self._on_child()
 
     def _accept_later(self, exc: OSError) -> None:
         if self._retry_accept is None:
@@ -802,11 +1005,19 @@ class Listener:
                 raise Refused(f"it announced bus {index} twice")
             bus = self._route(creator, name)
             verdict = _NO_BUS if bus is None else _CLOSED if bus._closed else _ROUTED
+            if verdict == _CLOSED and self.exiting:
+                verdict |= _EXITING
             # A closed bus is kept: what the child sent it before reading the answer is
             # counted dropped here (the child may end first), and the child reports none of it.
             buses[index] = bus
             with contextlib.suppress(OSError):  # the child reads it when it can, if ever
                 connection.sock.send(_VERDICT.pack(index, verdict))
+            if bus is not None and id(bus) in self._closing:
+                self._ask(connection, index)
+        elif kind == _SENT:
+            if message[1] not in connection.asked:
+                raise Refused(f"it sent the windows of bus {message[1]} unasked")
+            connection.asked.discard(message[1])  # its windows came before: all queued
         elif kind == _DROPPED:
             if message[1] not in buses:
                 raise Refused(f"it reported drops of bus {message[1]}, never announced")
@@ -827,7 +1038,8 @@ class Listener:
                 return
             self._closed = True
             sweeps, self._sweeps = self._sweeps, []
-        for future, _ in sweeps:
+            collecting, self._collecting = self._collecting, []
+        for future, _ in [*sweeps, *collecting]:
             future.set_result(None)  # nothing more will be read
         self._wake()
         self._thread.join(_CONNECT_TIMEOUT)

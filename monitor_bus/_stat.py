@@ -135,7 +135,10 @@ class Stat:
     comes first), and SUM and MEAN NaN too.
 
     A Stat made before ``os.fork()`` starts empty in the child, which logs its own windows: on
-    the child's timer (its first value starts it) and at its exit.
+    the child's timer (its first value starts it) and at its exit. A Stat of the default bus
+    pickles as its definition, without its samples: unpickled (in a spawn or forkserver
+    DataLoader worker whose Dataset holds it, or by ``copy.copy`` in the same process) it is a
+    new, empty Stat on the default bus of the process that unpickles it.
 
     ``add`` is safe to call from many threads at once; no value is lost or counted twice.
 
@@ -311,6 +314,24 @@ class Stat:
         aggs = ", ".join(agg.name for agg in self._aggregations)
         return f"Stat(name={self._name!r}, aggregations=[{aggs}], window={self._window}s)"
 
+    def __reduce__(self) -> tuple[type[Stat], tuple[object, ...]]:
+        """Pickle the Stat's definition (name, aggregations, window size, max_samples), not
+        its samples: the process that unpickles it (a spawn or forkserver worker given a
+        Dataset that holds it) gets a new, empty Stat on its own default bus, which a child
+        forwards to its parent; in the same process, a copy on the default bus.
+
+        Raises:
+            TypeError: the Stat logs to a bus other than the default bus (a bus does not
+                cross processes): make such a Stat in the process that adds to it.
+        """
+        if self._bus is not process.default_bus:
+            raise TypeError(
+                f"cannot pickle Stat {self._name!r}: it logs to EventBus {self._bus._name!r}, "
+                "not the default bus; make it in the process that adds to it"
+            )
+        window = timedelta(seconds=self._window)
+        return Stat, (self._name, self._aggregations, window, self._max_samples)
+
     def __del__(self) -> None:
         # Runs at arbitrary allocations; log_event never takes a lock on this path.
         with contextlib.suppress(Exception):  # a finalizer must not raise
@@ -410,6 +431,10 @@ class Stat:
             self._bus._dispatcher.call_soon(self._read_pending)
         if fold_soon:  # not under the lock: on the dispatcher's thread this runs it now
             self._bus._dispatcher.call_soon(self._fold_distributions_soon)
+        uplink = self._bus._uplink
+        if first and uplink is not None and not self._bus._relay_index:
+            # Known to the parent from now: it asks for the open windows before it closes.
+            uplink.announce(self._bus)
         if first and self._bus._dispatcher.loop is None:
             # Stopped: a forked child's, which nothing else starts for a Stat it inherited.
             self._bus._dispatcher.start_for_stats()

@@ -49,12 +49,15 @@ from ._histogram import Histogram
 
 # Messages: a 4-byte length, then a body.
 HEADER = struct.Struct("<I")
-HELLO, BUS, EVENT, WINDOW, DROPPED = range(5)
-# The parent's only answer: for each bus a child announces (by its index), whether it has no
+HELLO, BUS, EVENT, WINDOW, DROPPED, SENT = range(6)
+# The parent's only message: for each bus a child announces (by its index), whether it has no
 # such bus (the child stops sending it), a bus that takes it, or a closed bus (the child counts
-# what it sends it as dropped).
+# what it sends it as dropped); later, CLOSING: the parent's bus is closing, the child sends
+# the bus's open Stat windows, then SENT, and counts what it sends the bus afterwards as
+# dropped. EXITING is added to CLOSED and CLOSING when the parent process is exiting.
 VERDICT = struct.Struct("<IB")
-NO_BUS, ROUTED, CLOSED = range(3)
+NO_BUS, ROUTED, CLOSED, CLOSING = range(4)
+EXITING = 4
 # The first body: the child's pid and its MAC.
 _CREDENTIALS = struct.Struct("<q32s")
 AUTH_SIZE = _CREDENTIALS.size
@@ -68,7 +71,15 @@ _MAX_INDEX = 2**32 - 1
 _MAX_COUNT = 2**63 - 1
 _PLAIN = (str, int, float, bool)  # an event's data values (as ``Event`` holds them)
 _WINDOW_VALUES = (*_PLAIN, Histogram)  # a Stat window's
-_KINDS = {HELLO: "HELLO", BUS: "BUS", EVENT: "EVENT", WINDOW: "WINDOW", DROPPED: "DROPPED"}
+_KINDS = {
+    HELLO: "HELLO",
+    BUS: "BUS",
+    EVENT: "EVENT",
+    WINDOW: "WINDOW",
+    DROPPED: "DROPPED",
+    SENT: "SENT",
+}
+_SIZES = {BUS: 4, EVENT: 6, WINDOW: 6, SENT: 2}  # the others: 3
 
 
 class Refused(Exception):
@@ -170,7 +181,7 @@ def check(message: Any) -> tuple[Any, ...]:
     if name is None:
         raise Refused(f"it sent a message of unknown kind {_show(kind)}")
     size = len(message)
-    if size != (4 if kind == BUS else 6 if kind in (EVENT, WINDOW) else 3):
+    if size != _SIZES.get(kind, 3):
         raise Refused(f"it sent a {name} message of {size} items")
     if kind == HELLO:
         _, pid, worker = message
@@ -180,6 +191,8 @@ def check(message: Any) -> tuple[Any, ...]:
     index = message[1]
     if index.__class__ is not int or not 0 < index <= _MAX_INDEX:
         raise Refused(f"it sent a {name} message for bus {_show(index)}")
+    if kind == SENT:
+        return message
     if kind == BUS:
         _, _, creator, bus = message
         if (

@@ -143,3 +143,112 @@ def log_fast(n: int) -> int:
     for i in range(n):
         monitor_bus.log("fast", i=i, loss=0.5, tag="child")
     return os.getpid()
+
+
+_named: dict[tuple[int, str], Stat] = {}
+
+
+class AddsOnly:
+    """A map-style dataset that only adds 1 to this process's Stat ``name`` (COUNT, an hour's
+    window) for every item it loads: it logs no event, so its worker sends nothing before its
+    window closes."""
+
+    def __init__(self, n: int, name: str) -> None:
+        self.n = n
+        self.name = name
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        key = (os.getpid(), self.name)
+        stat = _named.get(key)
+        if stat is None:
+            stat = _named[key] = Stat(self.name, [Aggregation.COUNT], timedelta(hours=1))
+        stat.add(1)
+        return i
+
+
+class HoldsAStat:
+    """A map-style dataset whose Stat "held" (COUNT, an hour's window) is made in its
+    constructor, in the parent, and added to by every item it loads."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.stat = Stat("held", [Aggregation.COUNT], timedelta(hours=1))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        self.stat.add(1)
+        return i
+
+
+_alive: list[object] = []
+
+
+def workers_alive_at_exit(context: str, path: str, n: int, workers: int) -> None:
+    """Register a JSONL sink at ``path``, run two epochs of a loader of persistent workers
+    (Stat "persistent") and take every batch of a loader whose iterator is kept (Stat "kept",
+    no StopIteration: its workers wait for more), then return: both loaders' workers are
+    alive as this process exits. Each loader has ``workers`` workers. The bus's thread starts
+    before torch (and multiprocessing) is first imported."""
+    monitor_bus.register_event_handler(monitor_bus.JsonlEventHandler(path))
+    monitor_bus.log("started")
+    assert monitor_bus.flush(10)
+    import torch.utils.data
+
+    persistent = torch.utils.data.DataLoader(
+        AddsOnly(n, "persistent"),
+        batch_size=2,
+        num_workers=workers,
+        multiprocessing_context=context,
+        persistent_workers=True,
+        timeout=60,
+    )
+    for _ in range(2):
+        assert sum(len(batch) for batch in persistent) == n
+    kept = torch.utils.data.DataLoader(
+        AddsOnly(n, "kept"),
+        batch_size=2,
+        num_workers=workers,
+        multiprocessing_context=context,
+        timeout=60,
+    )
+    batches = iter(kept)
+    assert sum(len(next(batches)) for _ in range(len(kept))) == n
+    _alive.extend((persistent, kept, batches))
+
+
+def close_with_workers_alive(path: str, n: int) -> None:
+    """Register a JSONL sink at ``path``, run an epoch of persistent fork workers (Stat
+    "persistent"), close the default bus, run another epoch and end the workers: the first
+    epoch's windows reach the file, the second's are dropped in the workers, which say the
+    parent closed its bus."""
+    import torch.utils.data
+
+    sink = monitor_bus.JsonlEventHandler(path)
+    monitor_bus.register_event_handler(sink)
+    loader = torch.utils.data.DataLoader(
+        AddsOnly(n, "persistent"),
+        batch_size=2,
+        num_workers=2,
+        multiprocessing_context="fork",
+        persistent_workers=True,
+        timeout=60,
+    )
+    assert sum(len(batch) for batch in loader) == n
+    assert monitor_bus.get_default_bus().close(30)
+    assert sum(len(batch) for batch in loader) == n
+    del loader  # the workers end normally, their second windows with them
+
+
+def add_then_wait(ready: object, release: object) -> None:
+    """Add one value to a Stat "stopped" (COUNT, an hour's window), tell the parent, then
+    wait until it releases this process."""
+    stat = Stat("stopped", [Aggregation.COUNT], timedelta(hours=1))
+    stat.add(1)
+    ready.set()  # type: ignore[attr-defined]
+    release.wait(60)  # type: ignore[attr-defined]
+    del stat  # (kept until here: collected, it would log its window)

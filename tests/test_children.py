@@ -577,3 +577,121 @@ def test_a_childs_events_do_not_cut_the_parents_linger_short(
     assert monitor_bus.flush(10)
     assert [e.data["i"] for e in by_name(recorder.events, "child")] == list(range(10))
     assert hurries == []
+
+
+def _windows_in(path: Path) -> Counter[str]:
+    """The samples the Stat windows in the JSONL file at ``path`` counted, per Stat."""
+    counted: Counter[str] = Counter()
+    for event in monitor_bus.read_jsonl(path):
+        if event.name == STAT_EVENT:
+            for key, value in event.data.items():
+                counted[key.removesuffix(".count")] += int(value)
+    return counted
+
+
+# Spawned workers each import torch afresh (seconds on a busy machine): one per loader.
+@pytest.mark.parametrize(("context", "workers"), [("fork", 2), ("spawn", 1)])
+def test_dataloader_workers_alive_at_exit_send_their_open_windows(
+    context: str, workers: int, tmp_path: Path
+) -> None:
+    """Persistent workers and the workers of a kept iterator, alive (idle) when the parent
+    exits normally, are asked for their open windows before the parent's bus closes (and
+    before multiprocessing terminates them, though it was imported after the bus's thread
+    started): every sample they added reaches the parent's sink, and nothing is said lost."""
+    require(importlib.util.find_spec("torch") is not None, "torch is not installed")
+    path = tmp_path / "run.jsonl"
+    n = 16
+    result = _run_child(
+        f"""
+        from tests import child_workers
+        child_workers.workers_alive_at_exit({context!r}, {str(path)!r}, {n}, {workers})
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert _windows_in(path) == {"persistent": 2 * n, "kept": n}
+    assert "dropped" not in result.stderr, result.stderr
+
+
+def test_closing_the_parents_bus_collects_the_workers_windows(tmp_path: Path) -> None:
+    """A parent that closes its bus while its persistent workers live gets their open windows
+    first; what the workers add afterwards is counted as dropped in each worker, which says
+    that the parent closed its bus (not that it is gone)."""
+    require(importlib.util.find_spec("torch") is not None, "torch is not installed")
+    path = tmp_path / "run.jsonl"
+    n = 16
+    result = _run_child(
+        f"""
+        from tests import child_workers
+        child_workers.close_with_workers_alive({str(path)!r}, {n})
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert _windows_in(path) == {"persistent": n}
+    said = [line for line in result.stderr.splitlines() if "not sent to the parent" in line]
+    assert len(said) == 2, result.stderr  # one per worker
+    assert all("the parent process closed its bus" in line for line in said), result.stderr
+    assert "is gone" not in result.stderr
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_a_stat_made_in_a_datasets_constructor_reports_from_the_workers(
+    context: str, recorder: Recorder
+) -> None:
+    """A Dataset holding a Stat crosses to spawn and forkserver workers (the Stat's definition
+    is pickled): each worker's copy logs through the worker's default bus, and the parent
+    gets every sample added in ``__getitem__``, none of the parent's own."""
+    require(importlib.util.find_spec("torch") is not None, "torch is not installed")
+    import torch.utils.data
+
+    monitor_bus.register_event_handler(recorder)
+    dataset = child_workers.HoldsAStat(16)
+    dataset.stat.add(1)  # the parent's own sample: it stays (and is logged) here
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=2, num_workers=2, multiprocessing_context=context, timeout=60
+    )
+    assert sorted(int(i) for batch in loader for i in batch) == list(range(16))
+    del loader  # the workers end normally, sending their windows
+    assert monitor_bus.get_default_bus().close(10)  # and logs the parent's open window
+    windows = by_name(recorder.events, STAT_EVENT)
+    from_workers = [(w.origin.worker, w.data) for w in windows if w.origin is not None]
+    assert sorted(from_workers) == [(0, {"held.count": 8}), (1, {"held.count": 8})]
+    assert [w.data for w in windows if w.origin is None] == [{"held.count": 1}]
+
+
+def test_a_child_that_does_not_send_its_windows_in_time_is_named_and_counted(
+    recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A child stopped (SIGSTOP) while its Stat holds a sample cannot answer the parent's
+    request for its windows: ``close()`` returns False within its timeout, a warning names
+    the child, and the window it sends once resumed is counted as dropped in the parent."""
+    import signal
+
+    from monitor_bus._lifecycle import process
+
+    monitor_bus.register_event_handler(recorder)
+    bus = monitor_bus.get_default_bus()
+    ctx = multiprocessing.get_context("fork")
+    ready, release = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=child_workers.add_then_wait, args=(ready, release))
+    proc.start()
+    assert ready.wait(60)
+    assert proc.pid is not None
+    os.kill(proc.pid, signal.SIGSTOP)
+    _, status = os.waitpid(proc.pid, os.WUNTRACED)  # every thread of it has stopped
+    assert os.WIFSTOPPED(status)
+    try:
+        with caplog.at_level("WARNING", logger="monitor_bus"):
+            assert not bus.close(2)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        release.set()
+        proc.join(60)
+    assert proc.exitcode == 0
+    assert process.listener is not None
+    assert process.listener.sweep(10)  # what the child sent once resumed is read
+    assert recorder.events == []
+    assert bus.stats()["dropped"] == 1
+    assert (
+        "EventBus 'default': 1 child process(es) did not send their open Stat windows within "
+        f"1.0 s before the bus closed: {proc.pid}"
+    ) in caplog.text

@@ -634,6 +634,8 @@ MALFORMED = [
     ((4, 1, 2**63), "it reported int 9223372036854775808 events of bus 1 dropped"),
     ((4, 2, 5), "it reported drops of bus 2, never announced"),
     ((4, 1, 5, 6), "it sent a DROPPED message of 4 items"),
+    ((5, 1), "it sent the windows of bus 1 unasked"),
+    ((5, 1, 0), "it sent a SENT message of 3 items"),
     ((7, 1), "it sent a message of unknown kind int 7"),
     ((None,), "it sent a message of unknown kind NoneType None"),
     ((), "it sent tuple (), not a message"),

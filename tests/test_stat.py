@@ -507,3 +507,36 @@ def test_the_timer_visits_only_stats_holding_data(
     assert stat_events(recorder) == [{"busy.count": 1}]
     assert set(visited) == {"busy"}
     assert len(idle) == 1000
+
+
+def test_a_pickled_stat_is_an_empty_copy_on_the_default_bus(
+    recorder: Recorder, clock: StepClock
+) -> None:
+    """Unpickled in the same process, a Stat of the default bus is a new Stat with its
+    definition and none of its samples, logging its own windows on the default bus."""
+    import pickle
+
+    import monitor_bus
+
+    monitor_bus.register_event_handler(recorder)
+    stat = Stat("loss", [Aggregation.COUNT, Aggregation.MAX], timedelta(seconds=10), 5)
+    stat.add(4.0)
+    copy = pickle.loads(pickle.dumps(stat))
+    assert copy is not stat
+    assert (copy.name, copy.count, repr(copy)) == ("loss", 0, repr(stat))
+    assert copy._bus is monitor_bus.get_default_bus()
+    for v in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0):  # the fifth logs the window (max_samples kept)
+        copy.add(v)
+    assert monitor_bus.flush(10)
+    assert stat_events(recorder) == [{"loss.count": 5, "loss.max": 5.0}]
+    assert stat.count == 1
+
+
+def test_a_stat_of_another_bus_refuses_to_pickle(bus: EventBus) -> None:
+    """A Stat of a bus other than the default bus (which cannot cross processes) says so
+    when pickled, naming the Stat and its bus."""
+    import pickle
+
+    stat = Stat("loss", [Aggregation.COUNT], LONG, bus=bus)
+    with pytest.raises(TypeError, match="cannot pickle Stat 'loss': it logs to EventBus 'test'"):
+        pickle.dumps(stat)
