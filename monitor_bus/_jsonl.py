@@ -614,8 +614,8 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[Event]:
     """Read back the events a ``JsonlEventHandler`` wrote, in file order.
 
     Lines that are not valid JSON, or not UTF-8 (a write cut short by a crash or a full
-    disk), and lines longer than ``MAX_LINE_BYTES`` are skipped with a ``UserWarning`` naming
-    the file and line. Blank lines are ignored, and so is a UTF-8 byte order mark at the start
+    disk), and lines longer than 16 MiB are skipped with a ``UserWarning`` naming the file
+    and line. Blank lines are ignored, and so is a UTF-8 byte order mark at the start
     of the file. An int too long for this Python to read (over ``sys.get_int_max_str_digits()``
     digits) and a number beyond a float's range (``1e999``, which JSON can hold and Python
     would read as infinity) are skipped with a warning naming their key; the rest of their
