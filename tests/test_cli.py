@@ -27,10 +27,10 @@ from monitor_bus._cli import (
     _draw_series,
     _figure,
     _log_label,
-    _partial_last,
     _ProgressBar,
     _summarize,
 )
+from monitor_bus._cli_read import _partial_last
 from monitor_bus._demo import run_demo
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
