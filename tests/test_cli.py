@@ -28,9 +28,9 @@ from monitor_bus._cli import (
     _figure,
     _log_label,
     _ProgressBar,
-    _summarize,
 )
 from monitor_bus._cli_read import _partial_last
+from monitor_bus._cli_summary import _summarize
 from monitor_bus._demo import run_demo
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
