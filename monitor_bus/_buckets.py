@@ -1,6 +1,7 @@
 """Bucket arithmetic for ``Histogram``: bucket indices and bounds, coarsening, the exact sum,
 and the ``Accumulator`` that counts samples chunk by chunk (its guarantees are
-``Histogram``'s, in ``_histogram``)."""
+``Histogram``'s, in ``_histogram``). Below ``_histogram``, which imports it: the Histogram of
+an Accumulator's counts is made there (``_histogram.from_accumulator``)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,8 @@ import math
 import operator
 from collections import Counter
 from itertools import chain, repeat
-from typing import TYPE_CHECKING
 
 from ._check import wrong_type
-
-if TYPE_CHECKING:
-    from ._histogram import Histogram
 
 MAX_SCALE = 20
 """The finest scale, where every Histogram starts (OpenTelemetry's SDK's default)."""
@@ -150,23 +147,6 @@ class Accumulator:
             )
         self.pos_range, self.neg_range = pos_range, neg_range
         return repeat(math.ldexp(1.0, scale))
-
-    def histogram(self) -> Histogram:
-        """The Histogram of the samples counted so far."""
-        from ._histogram import Histogram
-
-        return Histogram.__new__(Histogram)._set(
-            self.scale,
-            self.zero,
-            dense(self.pos, self.pos_range),
-            dense(self.neg, self.neg_range),
-            self.count,
-            self.exact,
-            self.low,
-            self.high,
-            (self.nan, self.inf, self.ninf),
-            self.max_buckets,
-        )
 
 
 def bucket_index(magnitude: float, scale: int) -> int:

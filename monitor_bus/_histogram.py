@@ -253,7 +253,7 @@ class Histogram:
             raise TypeError(f"values must be an iterable of real numbers: {exc}") from None
         accumulator = Accumulator(max_buckets)
         accumulator.add(samples)
-        return accumulator.histogram()
+        return from_accumulator(accumulator)
 
     # -- fields --
 
@@ -586,6 +586,22 @@ def _merge(a: Histogram, b: Histogram) -> Histogram:
         nan_max(a._max, b._max),
         (a._nan + b._nan, inf, ninf),
         max_buckets,
+    )
+
+
+def from_accumulator(accumulator: Accumulator) -> Histogram:
+    """The Histogram of the samples ``accumulator`` counted so far."""
+    return Histogram.__new__(Histogram)._set(
+        accumulator.scale,
+        accumulator.zero,
+        dense(accumulator.pos, accumulator.pos_range),
+        dense(accumulator.neg, accumulator.neg_range),
+        accumulator.count,
+        accumulator.exact,
+        accumulator.low,
+        accumulator.high,
+        (accumulator.nan, accumulator.inf, accumulator.ninf),
+        accumulator.max_buckets,
     )
 
 

@@ -43,7 +43,7 @@ from . import _device
 from ._buckets import Accumulator
 from ._check import check_int, wrong_type
 from ._device import ARRAY_CLASSES, Deferred
-from ._histogram import Histogram
+from ._histogram import Histogram, from_accumulator
 from ._lifecycle import module_lock, process
 
 if TYPE_CHECKING:
@@ -946,4 +946,4 @@ def distribution(moments: Moments, hist: Histogram | None) -> tuple[AggregateVal
 
 
 def _histogram_of(accumulator: Accumulator | None) -> Histogram | None:
-    return None if accumulator is None else accumulator.histogram()
+    return None if accumulator is None else from_accumulator(accumulator)

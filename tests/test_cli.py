@@ -23,14 +23,10 @@ import pytest
 import monitor_bus
 from monitor_bus import METRICS_EVENT, STAT_EVENT, Event, JsonlEventHandler, read_jsonl
 from monitor_bus.__main__ import main
-from monitor_bus._cli import (
-    _draw_series,
-    _figure,
-    _log_label,
-    _partial_last,
-    _ProgressBar,
-    _summarize,
-)
+from monitor_bus._cli import _ProgressBar
+from monitor_bus._cli_plot import _draw_series, _figure, _log_label
+from monitor_bus._cli_read import _partial_last
+from monitor_bus._cli_summary import _summarize
 from monitor_bus._demo import run_demo
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
