@@ -14,6 +14,7 @@ import sys
 import threading
 import tracemalloc
 from datetime import timedelta
+from fractions import Fraction
 from types import FrameType
 from typing import Any
 
@@ -404,6 +405,27 @@ def test_stddev_is_nan_with_an_infinite_or_nan_sample(
     assert math.isnan(close_window(stat, clock)[Aggregation.STDDEV])
 
 
+def exact_pstdev(samples: list[float]) -> float:
+    """The population standard deviation of finite ``samples``, from exact fractions, correctly
+    scaled where the variance passes the float range or underflows (Python 3.10's
+    ``statistics.pstdev`` converts the variance to a float first, and overflows or returns 0)."""
+    values = [Fraction(v) for v in samples]
+    mean = sum(values, Fraction(0)) / len(values)
+    variance = sum(((v - mean) ** 2 for v in values), Fraction(0)) / len(values)
+    if variance == 0:
+        return 0.0
+    # variance * 4**k lies in [1, 4), so its float and square root are exact to a rounding.
+    k = (variance.denominator.bit_length() - variance.numerator.bit_length()) // 2
+    scaled = variance * Fraction(4) ** k
+    while scaled >= 4:
+        scaled /= 4
+        k -= 1
+    while scaled < 1:
+        scaled *= 4
+        k += 1
+    return math.ldexp(math.sqrt(float(scaled)), -k)
+
+
 # Finite samples whose squared deviations pass the float range, or whose spread does, or
 # whose squared deviations underflow.
 EXTREME_SAMPLES = {
@@ -422,13 +444,13 @@ def test_stddev_of_huge_or_tiny_finite_samples_is_exact(
     samples: list[float], clock: StepClock
 ) -> None:
     """STDDEV of finite samples is the population standard deviation to a few roundings (the
-    exact one, from ``statistics.pstdev``'s fractions) even where their squared deviations
+    exact one, from fractions) even where their squared deviations
     or their spread pass the float range (it was ``inf``) or underflow (it was 0)."""
     stat = Stat("x", [Aggregation.STDDEV], LONG)
     for v in samples:
         stat.add(v)
     got = close_window(stat, clock)[Aggregation.STDDEV]
-    assert math.isclose(got, statistics.pstdev(samples), rel_tol=1e-13)
+    assert math.isclose(got, exact_pstdev(samples), rel_tol=1e-13)
 
 
 def test_windows_of_huge_samples_merge_to_the_exact_stddev(bus: EventBus, clock: StepClock) -> None:
@@ -453,4 +475,4 @@ def test_windows_of_huge_samples_merge_to_the_exact_stddev(bus: EventBus, clock:
     a, b = closed
     for merged in (merge_moments(a.moments, b.moments), merge_moments(b.moments, a.moments)):
         assert merged[0] == 7
-        assert math.isclose(stddev(merged), statistics.pstdev(first + second), rel_tol=1e-13)
+        assert math.isclose(stddev(merged), exact_pstdev(first + second), rel_tol=1e-13)
