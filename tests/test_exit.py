@@ -203,15 +203,15 @@ def test_a_run_in_a_multiprocessing_child_ends(tmp_path: Path, method: str) -> N
 
 
 _TRAINING = """
-import sys, threading, time
+import signal, sys, time
 from datetime import datetime
 import monitor_bus as monitor
 
-logged = threading.Event()
-
 def slow(event):
-    logged.wait()  # nothing is taken before the loop has logged all: a tail is queued
-    time.sleep(0.00002)  # then a sink slower than the loop: the tail stays queued at SIGTERM
+    # Nothing is taken before SIGTERM is being handled (its handler puts the default back),
+    # so the whole tail is queued at SIGTERM on any machine, however loaded; unhandled, never.
+    while sys.argv[2] != "on" or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        time.sleep(0.001)
 
 monitor.register_event_handler(monitor.JsonlEventHandler(sys.argv[1]))
 monitor.register_event_handler(slow)
@@ -219,7 +219,6 @@ monitor.Run("exp", **({} if sys.argv[2] == "on" else {"handle_sigterm": False}))
 for i in range(10000):
     monitor.log_event(monitor.Event("step", datetime.now(), {"i": i}))
 print("ready", monitor.get_default_bus().stats()["queued"] > 0, flush=True)
-logged.set()
 while True:
     time.sleep(0.01)  # the training loop
 """
@@ -257,15 +256,15 @@ def test_sigterm_ends_the_run_and_delivers_the_queued_tail(tmp_path: Path) -> No
 
 
 _TRAINING_WITHOUT_RUN = """
-import sys, threading, time
+import signal, sys, time
 from datetime import datetime, timedelta
 import monitor_bus as monitor
 
-logged = threading.Event()
-
 def slow(event):
-    logged.wait()  # nothing is taken before the loop has logged all: a tail is queued
-    time.sleep(0.00002)  # then a sink slower than the loop: the tail stays queued at SIGTERM
+    # Nothing is taken before SIGTERM is being handled (its handler puts the default back),
+    # so the whole tail is queued at SIGTERM on any machine, however loaded.
+    while signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        time.sleep(0.001)
 
 monitor.register_event_handler(monitor.JsonlEventHandler(sys.argv[1]))
 monitor.register_event_handler(slow)
@@ -274,7 +273,6 @@ for i in range(10000):
     monitor.log_event(monitor.Event("step", datetime.now(), {"i": i}))
     steps.add(1.0)
 print("ready", monitor.get_default_bus().stats()["queued"] > 0, flush=True)
-logged.set()
 while True:
     time.sleep(0.01)  # the training loop
 """
