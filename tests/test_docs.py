@@ -10,6 +10,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -262,3 +263,23 @@ def test_every_public_name_has_a_docstring() -> None:
         if doc is None or not doc.value.strip():
             missing.append(name)
     assert missing == []
+
+
+def _module_map() -> object:
+    """docs/module_map.py, the design page's map generator, as a module."""
+    spec = importlib.util.spec_from_file_location("module_map", DOCS / "module_map.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_design_page_holds_the_module_map_as_the_sources_give_it() -> None:
+    """docs/design.md's module map is what docs/module_map.py makes of the sources now."""
+    module_map: Any = _module_map()
+    page = (DOCS / "design.md").read_text()
+    start = page.index(module_map.BEGIN)
+    end = page.index(module_map.END) + len(module_map.END)
+    assert page[start:end] == module_map.render(), "run: python docs/module_map.py"
