@@ -860,3 +860,32 @@ def test_counters_survive_close(caplog: pytest.LogCaptureFixture) -> None:
         for h in after["handlers"]
     ]
     assert handlers == [("gate", 101, 11, 90, 0), ("failing", 101, 11, 90, 11)]
+
+
+def test_a_close_racing_the_one_that_detaches_keeps_the_counts() -> None:
+    """A close() that runs while another is still waiting for the handlers it detached finds
+    none to detach; the bus keeps the counts of the close that did, not that empty list."""
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(e: Event) -> None:
+        entered.set()
+        release.wait(30)
+
+    bus = EventBus(name="race")
+    bus.register_event_handler(stuck, name="stuck")
+    for i in range(3):
+        bus.log_event(ev(i))
+    assert entered.wait(10)
+    first = threading.Thread(target=bus.close, kwargs={"timeout": 30})
+    first.start()
+    deadline = time.monotonic() + 10
+    while bus._handlers and time.monotonic() < deadline:  # until the first close detached it
+        time.sleep(0.001)
+    assert not bus._handlers
+    second = bus.close(5)
+    release.set()
+    first.join(30)
+    assert not first.is_alive()
+    assert second is True
+    handlers = [(h["name"], h["logged"], h["delivered"]) for h in bus.stats()["handlers"]]
+    assert handlers == [("stuck", 3, 3)]
