@@ -191,6 +191,7 @@ class EventBus:
         self._unhandled = self._unhandled_said = 0
         # The handlers' counts when close() detached them: a closed bus reports its totals.
         self._final_handlers: list[dict[str, Any]] | None = None
+        self._detached: list[tuple[_Handler, int]] = []  # and what each was to settle first
         self._relay_index = 0  # how this process's relay connection names this bus (0: not yet)
         self._dispatcher = Dispatcher(self)
 
@@ -612,7 +613,9 @@ class EventBus:
         that have not finished within ``timeout`` are cut off: what they did not get is
         counted as dropped for them and named in a warning. From the call on, what child
         processes send is queued even past the capacity under ``"block"``, rather than held
-        in the relay. ``stats()`` keeps the final counts.
+        in the relay. ``stats()`` keeps the final counts. A close that runs while another
+        still waits for the handlers it detached (SIGTERM during ``close()``) waits for them
+        too, within its own ``timeout``.
 
         Args:
             timeout: seconds to wait; None or ``math.inf`` waits as long as it takes.
@@ -649,6 +652,10 @@ class EventBus:
             )
             return False
         targets += [(h, h.offered) for h in tuple(self._leaving) if not h.registered]
+        if targets:
+            self._detached = targets
+        else:  # another close detached them and may still wait (SIGTERM during that close)
+            targets = [(h, target) for h, target in self._detached if h.running]
         # The handlers settle concurrently: one stuck handler does not eat the others' time.
         settled = [h.wait_settled(target, _remaining(deadline)) for h, target in targets]
         unfinished = []

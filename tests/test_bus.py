@@ -862,9 +862,10 @@ def test_counters_survive_close(caplog: pytest.LogCaptureFixture) -> None:
     assert handlers == [("gate", 101, 11, 90, 0), ("failing", 101, 11, 90, 11)]
 
 
-def test_a_close_racing_the_one_that_detaches_keeps_the_counts() -> None:
-    """A close() that runs while another is still waiting for the handlers it detached finds
-    none to detach; the bus keeps the counts of the close that did, not that empty list."""
+def test_a_close_racing_the_one_that_detaches_waits_for_its_handlers_and_keeps_counts() -> None:
+    """A close() that runs while another waits for the handlers it detached finds none to
+    detach: it waits for those (not returning while they still deliver), and the bus keeps
+    their counts, not an empty list."""
     entered, release = threading.Event(), threading.Event()
 
     def stuck(e: Event) -> None:
@@ -876,16 +877,24 @@ def test_a_close_racing_the_one_that_detaches_keeps_the_counts() -> None:
     for i in range(3):
         bus.log_event(ev(i))
     assert entered.wait(10)
-    first = threading.Thread(target=bus.close, kwargs={"timeout": 30})
-    first.start()
+    results: dict[str, bool] = {}
+    closes = [
+        threading.Thread(target=lambda n=n: results.update({n: bus.close(30)}))
+        for n in ("first", "second")
+    ]
+    closes[0].start()
     deadline = time.monotonic() + 10
-    while bus._handlers and time.monotonic() < deadline:  # until the first close detached it
+    while not bus._detached and time.monotonic() < deadline:  # the first close detached it
         time.sleep(0.001)
-    assert not bus._handlers
-    second = bus.close(5)
+    ((handler, _),) = bus._detached
+    closes[1].start()
+    while len(handler.cv._waiters) < 2 and time.monotonic() < deadline:  # both wait on it
+        time.sleep(0.001)
+    assert len(handler.cv._waiters) == 2
+    assert results == {}
     release.set()
-    first.join(30)
-    assert not first.is_alive()
-    assert second is True
+    for close in closes:
+        close.join(30)
+    assert results == {"first": True, "second": True}
     handlers = [(h["name"], h["logged"], h["delivered"]) for h in bus.stats()["handlers"]]
     assert handlers == [("stuck", 3, 3)]

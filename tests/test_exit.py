@@ -293,6 +293,45 @@ def test_sigterm_without_a_run_delivers_the_queued_tail_and_the_open_windows(
     assert stderr == ""
 
 
+_SIGTERM_DURING_CLOSE = """
+import signal, sys, threading, time
+from datetime import datetime
+import monitor_bus as monitor
+
+written = open(sys.argv[1], "w")
+
+def slow(event):  # takes nothing until SIGTERM is being handled (its handler puts the default back)
+    while signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        time.sleep(0.001)
+    time.sleep(0.005)  # then 0.5 s in all: far more than the exit takes, far less than its 5 s
+    written.write(f"{event.data['i']}\\n")
+    written.flush()
+
+monitor.register_event_handler(slow)
+for i in range(100):
+    monitor.log_event(monitor.Event("step", datetime.now(), {"i": i}))
+bus = monitor.get_default_bus()
+
+def say_when_detached():
+    while bus._handlers:  # close() has not detached the handlers yet
+        time.sleep(0.001)
+    print("ready", True, flush=True)
+
+threading.Thread(target=say_when_detached, daemon=True).start()
+bus.close()  # interrupted by SIGTERM while it waits for the handlers it detached
+"""
+
+
+def test_sigterm_during_close_waits_for_the_handlers_that_close_detached(tmp_path: Path) -> None:
+    """SIGTERM while close() waits for the handler it detached: the exit SIGTERM runs waits
+    for it too (it found none of its own to detach), so every event reaches it, and the
+    process still dies of SIGTERM."""
+    code, out, stderr = _sigterm(tmp_path, "", _SIGTERM_DURING_CLOSE)
+    assert code == -signal.SIGTERM, stderr
+    assert out.read_text().split() == [str(i) for i in range(100)]
+    assert stderr == ""
+
+
 def test_sigterm_handling_can_be_turned_off(tmp_path: Path) -> None:
     """Run(handle_sigterm=False): SIGTERM kills at once, as Python's default does (no run end)."""
     code, out, stderr = _sigterm(tmp_path, "off")
