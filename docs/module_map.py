@@ -3,9 +3,9 @@
 Each module of ``monitor_bus`` with its size, the first sentence of its docstring and the package
 modules it imports at its top (``if TYPE_CHECKING:`` imports left out: they never run), grouped
 in layers: a module's layer is one above the highest layer it imports, so a layer imports only
-from the layers above it on the page. ``tests/test_layering.py`` checks that those imports form no
-cycle and that no function imports a module of its own layer or a lower one, and
-``tests/test_docs.py`` that the page holds the map as generated now.
+from the layers below it on the page (``layers`` raises on a cycle). The imports made inside
+functions are listed after, each marked where it climbs back up. ``tests/test_docs.py`` checks
+that the page holds the map as generated now.
 
 Usage: ``python docs/module_map.py`` rewrites the map between its markers on docs/design.md.
 """
@@ -141,6 +141,24 @@ def layers(found: dict[str, Module]) -> dict[str, int]:
     return layer
 
 
+def _below(found: dict[str, Module], name: str) -> set[str]:
+    """Every module ``name`` imports at its top, directly or through others."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        for target in found[todo.pop()].top:
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def climbs(found: dict[str, Module]) -> set[tuple[str, str]]:
+    """The imports inside functions that climb back up: (module, what it imports) where what
+    it imports imports it, directly or through others, so the import could not be at the top."""
+    return {(n, t) for n, m in found.items() for t in m.lazy if n in _below(found, t)}
+
+
 def _display(name: str) -> str:
     return f"monitor_bus.{name}" if name else "monitor_bus"
 
@@ -163,7 +181,19 @@ def render(found: dict[str, Module] | None = None) -> str:
             summary = m.summary.replace("|", "\\|")
             out.append(f"| `{_display(name)}` | {m.lines} | {summary} | {imports} |")
         out.append("")
-    out.append(END)
+    lazy = sorted((n, t) for n, m in found.items() for t in m.lazy)
+    up = climbs(found)
+    out += [
+        "**Imports inside a function** (made when the function first runs; one that climbs "
+        "back up imports a module that imports it, so it could not be made at the top)",
+        "",
+        "| module | imports | direction |",
+        "|---|---|---|",
+    ]
+    for name, target in lazy:
+        direction = "climbs back up" if (name, target) in up else "no cycle: could be at the top"
+        out.append(f"| `{_display(name)}` | `{_display(target)}` | {direction} |")
+    out += ["", END]
     return "\n".join(out)
 
 
