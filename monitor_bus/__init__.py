@@ -35,6 +35,7 @@ from ._stat import Stat as Stat
 from ._subscription import EventFilter as EventFilter
 from ._subscription import Subscription as Subscription
 from ._tensorboard_handler import TensorboardEventHandler as TensorboardEventHandler
+from ._version import __version__ as __version__
 
 __all__ = [
     "Aggregation",
@@ -76,5 +77,3 @@ for _name in __all__:
         with _contextlib.suppress(AttributeError, TypeError):
             _obj.__module__ = __name__
 del _name, _obj, _contextlib
-
-__version__ = "0.1.0"

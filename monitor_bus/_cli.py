@@ -24,10 +24,10 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from . import __version__
 from ._cli_plot import _plot
 from ._cli_read import PROG, CliError
 from ._cli_summary import _summary
+from ._version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:

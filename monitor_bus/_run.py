@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 from ._check import wrong_type
 from ._event import Event, data_value_t
 from ._lifecycle import process
+from ._version import __version__
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -136,8 +137,6 @@ def status_of(exc: BaseException | type[BaseException] | None) -> str:
 
 
 def _versions(extra: Mapping[str, str] | None) -> dict[str, data_value_t]:
-    from . import __version__
-
     versions: dict[str, data_value_t] = {
         "version.python": sys.version.split()[0],
         "version.monitor_bus": __version__,
