@@ -114,7 +114,7 @@ class _Process:
         self.uplink: Uplink | None = None  # this process reports there
         parent = parse_environment()
         if parent is not None:
-            self.uplink = Uplink(parent[2], parent[0], parent[1], linked=None)
+            self.uplink = Uplink(parent[2], parent[0], parent[1], linked=None, unlinked=self.unlink)
             self.hook_multiprocessing()  # a spawned child: its finalizers are cleared later
 
     def ensure_listener(self) -> None:

@@ -191,12 +191,19 @@ class Uplink:
     """
 
     def __init__(
-        self, path: str, parent_pid: int, listener_pid: int, *, linked: bool | None
+        self,
+        path: str,
+        parent_pid: int,
+        listener_pid: int,
+        *,
+        linked: bool | None,
+        unlinked: Callable[[], None] = lambda: None,
     ) -> None:
         self.path = path
         self.parent_pid = parent_pid
         self.listener_pid = listener_pid  # the parent's, or the process its parent reports to
         self.linked = linked
+        self._unlinked = unlinked  # called if resolve() finds this process is no such child
         self._sock: socket.socket | None = None
         self._broken: str | None = None  # why nothing can be sent any more
         self._lock = threading.RLock()
@@ -264,8 +271,6 @@ class Uplink:
     def resolve(self) -> bool:
         """Whether this process is a ``multiprocessing`` child of the listener's process
         (checked once; a ``subprocess`` program inherits the environment too)."""
-        from ._lifecycle import process
-
         mp = sys.modules.get("multiprocessing")
         parent = getattr(mp.parent_process(), "pid", None) if mp is not None else None
         # A spawned child before multiprocessing has set its parent_process(): importing the
@@ -275,7 +280,7 @@ class Uplink:
         if self.linked:
             self.adopt()
         else:
-            process.unlink()
+            self._unlinked()
         return self.linked
 
     def adopt(self) -> None:

@@ -291,7 +291,6 @@ def test_no_new_import_climbs_back_up() -> None:
     module_map: Any = _module_map()
     assert module_map.climbs(module_map.modules()) == {
         ("_lifecycle", "_run"),  # at exit: end the open runs
-        ("_relay", "_lifecycle"),
         ("_stat", "_bus"),
         ("_stat", "_default"),
     }
