@@ -19,7 +19,8 @@ Guarantees
   finalizers, which run where atexit does not, registered again in each child after
   ``multiprocessing`` clears them), in this order: a listening process first waits for its
   live non-daemonic ``multiprocessing`` children (which report to it) to end, up to the
-  longest ``exit_timeout`` of its buses; then the open ``Run``s end, every Stat's open window
+  longest ``exit_timeout`` of its buses; then the open ``Run``s end (``_run`` joins the
+  ``enders`` registry, so this module imports nothing above it), every Stat's open window
   is logged, every bus is closed, all at once (each on a thread of its own, so a stuck handler
   on one costs the others nothing), each within its own ``exit_timeout`` (first asking its live
   children, daemonic ones such as DataLoader workers included, for their open windows:
@@ -53,6 +54,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._relay import Listener, Uplink, parse_environment
@@ -102,6 +104,9 @@ class _Process:
         # Identities of the threads that run handlers or a dispatcher: a blocking call made from
         # one of them could wait on itself.
         self.bus_threads: set[int] = set()
+        # What higher modules end at exit before the Stats close, each given the run status
+        # (the runs join from _run): a registry, so this module imports none of them.
+        self.enders: list[Callable[[str], None]] = []
         self.default_bus: EventBus | None = None
         self.default_settings: dict[str, Any] = {}  # from configure_default_bus()
         self.default_lock = threading.Lock()
@@ -168,9 +173,8 @@ class _Process:
             self.listener.exiting = True  # children asked for their windows are told why
         if wait_for_children:
             self.join_children()
-        from ._run import end_open_runs  # _run depends on this module, not the reverse
-
-        end_open_runs(run_status, None)
+        for end in list(self.enders):
+            end(run_status)
         for stat in self.stats.snapshot():
             stat._close()
         self.close_buses()

@@ -347,6 +347,9 @@ def end_open_runs(status: str, exception: BaseException | None) -> None:
         run.end(status, exception)
 
 
+process.enders.append(lambda status: end_open_runs(status, None))  # at exit, before the Stats
+
+
 def _forget_parent_runs() -> None:
     """A forked child does not end its parent's runs (it inherits the dict, not the runs)."""
     global _runs_lock
