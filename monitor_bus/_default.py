@@ -163,6 +163,9 @@ def get_default_bus() -> EventBus:
     return bus
 
 
+process.get_default_bus = get_default_bus  # for the modules below this one (a Stat)
+
+
 def log_event(event: Event) -> None:
     """Queue ``event`` for every handler of the default bus; see ``EventBus.log_event``."""
     bus = process.default_bus

@@ -88,10 +88,18 @@ class WeakRegistry(Generic[_T]):
     def discard(self, obj: _T) -> None:
         self._refs.pop(id(obj), None)
 
+    def __contains__(self, obj: object) -> bool:
+        ref = self._refs.get(id(obj))
+        return ref is not None and ref() is obj
+
     def snapshot(self) -> list[_T]:
         """The live objects, in the order they were added."""
         refs = list(self._refs.values())  # one C call: atomic with respect to other threads
         return [obj for ref in refs if (obj := ref()) is not None]
+
+
+def _no_default_bus() -> EventBus:
+    raise RuntimeError("monitor_bus._default is not imported: import monitor_bus")
 
 
 class _Process:
@@ -108,6 +116,9 @@ class _Process:
         # (the runs join from _run): a registry, so this module imports none of them.
         self.enders: list[Callable[[str], None]] = []
         self.default_bus: EventBus | None = None
+        # get_default_bus, which _default joins at import: lower modules (a Stat made without
+        # a bus) reach the default bus through it, importing nothing above them.
+        self.get_default_bus: Callable[[], EventBus] = _no_default_bus
         self.default_settings: dict[str, Any] = {}  # from configure_default_bus()
         self.default_lock = threading.Lock()
         self.module_locks: list[tuple[str, str]] = []  # (module, name): see module_lock()

@@ -223,13 +223,9 @@ class Stat:
         if window_size < timedelta(milliseconds=1):
             raise ValueError(f"window_size must be at least 1 millisecond, got {window_size!r}")
         check_int("max_samples", max_samples, 1)
-        from ._bus import EventBus
-
         if bus is None:
-            from ._default import get_default_bus
-
-            bus = get_default_bus()
-        elif not isinstance(bus, EventBus):
+            bus = process.get_default_bus()
+        elif bus not in process.buses:  # every EventBus joins it as it is made
             raise wrong_type("bus", "a monitor_bus.EventBus or None", bus)
 
         self._name = name
