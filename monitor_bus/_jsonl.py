@@ -153,7 +153,7 @@ class JsonlEventHandler:
             self._add(lines)
 
     def _event_line(self, e: Event) -> str:
-        return event_line(e.name, e.timestamp, e.data, e.origin, self._skip_value)
+        return event_line(e.name, e.timestamp, e.data, e.origin, self)
 
     def _monitor_bus_take_slots(self, slots: list[Any]) -> None:
         """The bus's call (see ``_handler.handler_calls``): encode a batch as it was queued
@@ -171,12 +171,12 @@ class JsonlEventHandler:
     def _slots_line(self, triple: tuple[str, datetime | float, dict[str, Any]]) -> str:
         name, ts, data = triple
         if data.__class__ is dict:
-            return event_line(name, ts, data, None, self._skip_value)
+            return event_line(name, ts, data, None, self)
         origin = data.origin  # type: ignore[attr-defined]
-        return event_line(name, ts, dict(data), origin, self._skip_value)
+        return event_line(name, ts, dict(data), origin, self)
 
     def _skip_value(self, key: tuple[str, str], message: str) -> None:
-        """A value a line left out (``_jsonl_encode.ValueSkipped``): counted and reported."""
+        """A value a line left out (``_jsonl_encode.SkipsValues``): counted and reported."""
         self.skipped_values += 1
         self._skips.report("out_of_range", key, message, self.skipped_values)
 

@@ -33,15 +33,19 @@ import re
 import sys
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from ._event import EventOrigin
 from ._histogram import Histogram
 from ._jsonl_time import iso_timestamp
 
-#: Called with (event name, key) and a message for each value a line leaves out: the sink
-#: counts it and reports it.
-ValueSkipped = Callable[[tuple[str, str], str], None]
+
+class SkipsValues(Protocol):
+    """The sink a line is made for: told of each value the line leaves out."""
+
+    def _skip_value(self, key: tuple[str, str], message: str) -> None:
+        """Count and report a value left out: ``key`` is (event name, data key)."""
+
 
 NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 FLOAT_KEY = "$float"
@@ -129,10 +133,10 @@ def event_line(
     timestamp: datetime | float,
     data: dict[str, Any],
     origin: EventOrigin | None,
-    skip: ValueSkipped,
+    sink: SkipsValues,
 ) -> str:
     """The line of an event, without its newline; a value that cannot be written is left out
-    and handed to ``skip``.
+    and told to ``sink`` (passed itself: no bound method to make per line).
 
     Raises:
         Exception: the event cannot be encoded at all (a timestamp whose zone raises).
@@ -143,7 +147,7 @@ def event_line(
     try:
         text = _encode_data(data)
     except ValueError:  # a non-finite float, or an int over the digit limit
-        text = _data_text(name, data, skip)
+        text = _data_text(name, data, sink)
     name = _encode_str(name)
     stamp = iso_timestamp(timestamp)
     if origin is None:
@@ -153,17 +157,17 @@ def event_line(
     return f'{{"name":{name},"timestamp":"{stamp}","data":{text},"origin":{where}}}'
 
 
-def _data_text(name: str, data: dict[str, Any], skip: ValueSkipped) -> str:
+def _data_text(name: str, data: dict[str, Any], sink: SkipsValues) -> str:
     """The event's data as JSON, non-finite floats written as objects, values that cannot
-    be written skipped and handed to ``skip``."""
+    be written skipped and told to ``sink``."""
     try:
         return _encode_data({k: _value(v) for k, v in data.items()})
     except ValueError:  # an int over the digit limit of int-to-text conversion
-        return _encode_data(_writable(name, data, skip))
+        return _encode_data(_writable(name, data, sink))
 
 
-def _writable(name: str, data: dict[str, Any], skip: ValueSkipped) -> dict[str, Any]:
-    """The event's data without the values that cannot be encoded, each handed to ``skip``."""
+def _writable(name: str, data: dict[str, Any], sink: SkipsValues) -> dict[str, Any]:
+    """The event's data without the values that cannot be encoded, each told to ``sink``."""
     kept = {}
     limit = sys.get_int_max_str_digits()
     for key, value in data.items():
@@ -171,7 +175,7 @@ def _writable(name: str, data: dict[str, Any], skip: ValueSkipped) -> dict[str, 
         try:
             _encode(value)
         except ValueError:
-            skip(
+            sink._skip_value(
                 (name, key),
                 f"data[{key!r}] of event {name!r} is an int too long to write as "
                 f"decimal text (sys.get_int_max_str_digits() is {limit})",
