@@ -175,15 +175,15 @@ def loop_monitor_bus(
 ) -> Run:
     """One run: ``fast`` logs with ``bus.log`` and lets the JSONL sink use orjson (after),
     else ``log_event(Event(...))`` and the standard library's encoder (before)."""
-    from monitor_bus import _jsonl
+    from monitor_bus import _jsonl_encode
 
-    saved = _jsonl._encode_data
+    saved = _jsonl_encode._encode_data
     if not fast:
-        _jsonl._encode_data = _jsonl._stdlib_encode_data  # type: ignore[assignment]
+        _jsonl_encode._encode_data = _jsonl_encode._stdlib_encode_data  # type: ignore[assignment]
     try:
         return _loop_monitor_bus(step, steps, k, tmp, process, fast)
     finally:
-        _jsonl._encode_data = saved
+        _jsonl_encode._encode_data = saved
 
 
 def _loop_monitor_bus(step: Step, steps: int, k: int, tmp: Path, process: bool, fast: bool) -> Run:

@@ -22,7 +22,7 @@ from ._handler import EventHandler as EventHandler
 from ._handler import EventHandlerHandle as EventHandlerHandle
 from ._histogram import Histogram as Histogram
 from ._jsonl import JsonlEventHandler as JsonlEventHandler
-from ._jsonl import read_jsonl as read_jsonl
+from ._jsonl_read import read_jsonl as read_jsonl
 from ._process_handler import ProcessHandler as ProcessHandler
 from ._run import METRICS_EVENT as METRICS_EVENT
 from ._run import RUN_END_EVENT as RUN_END_EVENT

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 
 def type_name(value: object) -> str:
@@ -46,3 +47,10 @@ def check_timeout(name: str, value: object, *, allow_none: bool = True) -> float
     if not value >= 0:  # NaN fails this too
         raise ValueError(f"{name} must be >= 0, got {value}")
     return None if math.isinf(value) else float(value)
+
+
+def check_path(name: str, value: str | os.PathLike[str]) -> str:
+    """``value`` as the str of a file system path: a str or an ``os.PathLike``."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a str or path, not {type(value).__name__}")
+    return os.fspath(value)

@@ -29,6 +29,7 @@ from collections.abc import Iterator, Sequence
 
 from ._event import Event
 from ._histogram import Histogram
+from ._jsonl_read import iter_jsonl
 from ._run import METRICS_EVENT
 from ._stat import STAT_EVENT
 
@@ -104,8 +105,6 @@ def _warn(message: str) -> None:
 
 def _events(path: str, skips: _Skips) -> Iterator[Event]:
     """The run's events, read one at a time; what is skipped goes to ``skips``."""
-    from ._jsonl import iter_jsonl
-
     return iter_jsonl(path, skips)
 
 

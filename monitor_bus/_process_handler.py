@@ -1,5 +1,8 @@
 """A sink in another process: ``ProcessHandler`` feeds a handler in a child process in batches.
 
+This is the parent's end. The messages and their framing are ``_process_link``'s, the child's
+end ``_process_sink``'s, starting and ending the child ``_process_start``'s.
+
 Guarantees
 ----------
 - Threads: ``__call__`` and ``flush()`` run on the handler's own thread, as for any sync
@@ -40,85 +43,50 @@ Guarantees
   its exit code or signal (then at once: no time is spent on it).
 - Never a hang: every wait has a timeout. Frames are written to the Pipe's socket with a
   timeout (``Connection.send_bytes`` has none); a child that reads nothing for ``timeout``
-  seconds is terminated. The child ignores SIGINT (a Ctrl-C reaches the whole process group:
-  the parent decides when the sink stops) and exits, flushing its sink, when the parent dies.
+  seconds is terminated.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
-import pickle
-import signal
-import socket
-import struct
-import sys
 import threading
 import time
-import traceback
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._check import check_int, check_timeout
-from ._event import Event, from_slots
-from ._handler import call_each, handler_calls, is_async_callable
+from ._event import Event
+from ._handler import call_each
 from ._lifecycle import process
-from ._queue import SLOTS, RemoteData, count_events
+from ._process_link import (
+    ACK,
+    BATCH,
+    CHUNK,
+    CLOSE,
+    FAILED,
+    FINAL,
+    FLUSH,
+    READY,
+    frame,
+    read_frames,
+    tagged,
+    wait_ready,
+    wire,
+)
+from ._process_start import check_start_method, end, exit_status, is_factory, start_child
+from ._queue import SLOTS, count_events
 from ._ratelimit import LOG_INTERVAL, Throttle
-
-if sys.version_info < (3, 11):  # anyio depends on the backport there
-    from exceptiongroup import BaseExceptionGroup
-
-if TYPE_CHECKING:
-    from multiprocessing.connection import Connection
-
-# multiprocessing is imported when a ProcessHandler is made: ``import monitor_bus`` does not
-# import it (the relay checks whether the program uses it).
 
 logger = logging.getLogger("monitor_bus")
 
-# Messages: parent -> child (kind, seq, slots); child -> parent (kind, ...). _FINAL: flush, and
-# give up what the sink could not write (the bus lets go of the handler).
-_BATCH, _FLUSH, _CLOSE, _FINAL = 0, 1, 2, 3
-_READY, _FAILED, _ACK = 10, 11, 12
-_CHUNK = 1024  # events per message at most: bounds the size of one pickle
-_PROTOCOL = pickle.HIGHEST_PROTOCOL
 # Seconds a child stopped for not responding gets to end on SIGTERM before SIGKILL; at close,
 # which must keep to its timeout, a moment (a stopped process never acts on SIGTERM).
 _GRACE = 1.0
 _CLOSE_GRACE = 0.2
 # Runs after monitor_bus's own exit finalizer (priority 100), which closes the buses.
 _EXIT_PRIORITY = 10
-
-# Events travel as the bus queues them: three slots each (name, timestamp, data; see _queue),
-# the data a plain dict, or a RemoteData carrying the event's origin. The bus hands its batches
-# over as they are (``_handler.handler_calls``): no Event is built or copied for the pickle,
-# which copies anyway. Pickling, per event: 0.59 µs for the slots, 0.66 µs for tuples, 1.96 µs
-# for Events (benchmarks/process_sink.py); building the Events and tuples beforehand cost
-# about 0.4 µs more (timeit, 1,024 four-key events).
-
-
-def _wire(slots: list[Any]) -> list[Any]:
-    """``slots`` with every data that is not a plain dict (a Stat window, an event from a
-    child process) as a plain dict or a ``RemoteData`` with its origin."""
-    if set(map(type, slots[2::SLOTS])) <= {dict}:
-        return slots
-    slots = slots.copy()
-    for i in range(2, len(slots), SLOTS):
-        data = slots[i]
-        if data.__class__ is not dict:
-            slots[i] = _tagged(data, data.origin)
-    return slots
-
-
-def _tagged(data: dict[str, Any], origin: Any) -> dict[str, Any]:
-    if origin is None:
-        return dict(data)
-    tagged = RemoteData(data)
-    tagged.origin = origin
-    return tagged
 
 
 class ProcessHandler:
@@ -185,26 +153,17 @@ class ProcessHandler:
         exit_timeout: float = 5.0,
         start_timeout: float = 60.0,
     ) -> None:
-        import multiprocessing
         from multiprocessing import util
 
         if not callable(factory):
             raise TypeError(f"factory must be callable, not {type(factory).__qualname__}")
-        build = _is_factory(factory)
-        if not isinstance(start_method, str):
-            raise TypeError(f"start_method must be a str, not {type(start_method).__qualname__}")
-        methods = multiprocessing.get_all_start_methods()
-        if start_method not in methods:
-            raise ValueError(
-                f"start_method must be one of {', '.join(methods)}; got {start_method!r}"
-            )
-        if sys.platform == "win32":  # pragma: no cover - the child is fed through a socket
-            raise RuntimeError("ProcessHandler needs a Unix socket pair (not on Windows)")
+        build = is_factory(factory)
+        check_start_method(start_method)
         self._max_pending = check_int("max_pending", max_pending, 1)
         self._timeout = check_timeout("timeout", timeout)
         exit_after = check_timeout("exit_timeout", exit_timeout, allow_none=False) or 0.0
         start_after = check_timeout("start_timeout", start_timeout, allow_none=False)
-        self._chunk = min(_CHUNK, self._max_pending)
+        self._chunk = min(CHUNK, self._max_pending)
         self._name = repr(factory)
         self._buffer: list[Any] = []  # slots of the events not sent yet
         self._lock = threading.RLock()
@@ -231,24 +190,7 @@ class ProcessHandler:
         self._ready = False
         self._failure: str | None = None
 
-        ctx: Any = multiprocessing.get_context(start_method)
-        parent_end, child_end = ctx.Pipe(duplex=True)
-        self._proc = ctx.Process(
-            target=_serve,
-            args=(child_end, factory, build),
-            name="monitor_bus-sink",
-            daemon=True,  # multiprocessing terminates it at exit if close() could not end it
-        )
-        try:
-            self._proc.start()
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:
-            parent_end.close()
-            child_end.close()
-            raise TypeError(f"factory must be picklable: {exc}") from exc
-        child_end.close()
-        # The parent's side as a socket: sends with a timeout.
-        self._sock = socket.socket(fileno=os.dup(parent_end.fileno()))
-        parent_end.close()
+        self._proc, self._sock = start_child(start_method, factory, build)
         self._started(start_after or 0.0)
         self._closed = False
         self._owner = os.getpid()
@@ -267,7 +209,7 @@ class ProcessHandler:
             self._drop(1, self._reason)
             return
         origin = event.origin
-        data = event.data if origin is None else _tagged(event.data, origin)
+        data = event.data if origin is None else tagged(event.data, origin)
         self._buffer += (event.name, event.timestamp, data)
         if len(self._buffer) >= SLOTS * self._chunk:
             self._send_buffered(flush=False)
@@ -283,7 +225,7 @@ class ProcessHandler:
         if self._dead or self._closed:
             self._drop(n, self._reason)
             return
-        self._buffer += _wire(slots)
+        self._buffer += wire(slots)
         if len(self._buffer) >= SLOTS * self._chunk:
             self._send_buffered(flush=False)
 
@@ -320,17 +262,17 @@ class ProcessHandler:
                 chunk = slots[SLOTS * start : SLOTS * (start + self._chunk)]
                 n = count_events(len(chunk))
                 last = start + self._chunk >= total
-                kind = _CLOSE if close else _FINAL if final else _FLUSH if flush else _BATCH
-                kind = kind if last else _BATCH
+                kind = CLOSE if close else FINAL if final else FLUSH if flush else BATCH
+                kind = kind if last else BATCH
                 if not self._make_room(n, deadline):
                     if self._dead:
                         self._drop(total - start, "the child process is gone")
                         return False
                     self._drop(n, f"the child did not make room within {self._timeout} s")
                     chunk, n = [], 0
-                if not n and kind == _BATCH:
+                if not n and kind == BATCH:
                     continue
-                self._dirty = kind == _BATCH
+                self._dirty = kind == BATCH
                 if not self._write(kind, chunk, deadline if close else None):
                     self._drop(total - start - n, "the child process is gone")
                     return False
@@ -359,15 +301,13 @@ class ProcessHandler:
         given: a close's)."""
         self._seq += 1
         n_events = count_events(len(slots))
-        payload = pickle.dumps((kind, self._seq, slots), _PROTOCOL)
-        n = len(payload)
-        header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
+        data = frame((kind, self._seq, slots))
         try:
             wait = self._timeout
             if deadline is not None:  # at least a moment: 0 would make the socket non-blocking
                 wait = max(_remaining(deadline) or 0.0, 0.001)
             self._sock.settimeout(wait)
-            self._sock.sendall(header + payload)  # Connection's framing: the child reads it
+            self._sock.sendall(data)  # Connection's framing: the child reads it
         except TimeoutError:
             # Part of a frame may be written: the stream is broken, and the child stuck.
             self._stop_child(f"it read nothing for {self._timeout} s", lost=n_events)
@@ -428,7 +368,7 @@ class ProcessHandler:
             remaining = _remaining(deadline)
             if remaining == 0:
                 return False
-            ready = _wait_ready([self._sock, self._proc.sentinel], remaining)
+            ready = wait_ready([self._sock, self._proc.sentinel], remaining)
             if self._sock in ready:
                 self._read()
             elif ready:  # exited, and nothing more to read
@@ -456,24 +396,12 @@ class ProcessHandler:
         self._parse()
 
     def _parse(self) -> None:
-        buf = self._rbuf
-        while len(buf) >= 4:
-            (n,) = struct.unpack_from("!i", buf)
-            start = 4
-            if n == -1:
-                if len(buf) < 12:
-                    return
-                (n,) = struct.unpack_from("!Q", buf, 4)
-                start = 12
-            if len(buf) < start + n:
-                return
-            message = pickle.loads(bytes(buf[start : start + n]))
-            del buf[: start + n]
+        for message in read_frames(self._rbuf):
             self._on_message(message)
 
     def _on_message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
-        if kind == _ACK:
+        if kind == ACK:
             _, self._acked, self._handled, errors, reports, lost = message
             new_errors, self._errors = errors - self._errors, errors
             new_lost, self._sink_lost = lost - self._sink_lost, lost
@@ -492,9 +420,9 @@ class ProcessHandler:
                             LOG_INTERVAL,
                             text,
                         )
-        elif kind == _READY:
+        elif kind == READY:
             self._ready = True
-        elif kind == _FAILED:
+        elif kind == FAILED:
             self._failure = message[1]
 
     def _started(self, timeout: float) -> None:
@@ -550,7 +478,7 @@ class ProcessHandler:
             self._proc.pid,
             why,
         )
-        _end(self._proc, self._grace)
+        end(self._proc, self._grace)
         self._child_gone(lost)
 
     def _drop(self, n: int, why: str) -> None:
@@ -686,7 +614,7 @@ class ProcessHandler:
                 "had not acknowledged is counted as dropped; stats: %s",
                 self._name,
                 self._proc.pid,
-                _exit_status(self._proc.exitcode),
+                exit_status(self._proc.exitcode),
                 self.stats(),
             )
 
@@ -708,138 +636,3 @@ def _deadline(timeout: float | None) -> float | None:
 
 def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(deadline - time.monotonic(), 0.0)
-
-
-def _exit_status(code: int | None) -> str:
-    """A process's exit code in words: ``exit code 1``, ``killed by signal SIGKILL``."""
-    if code is None or code >= 0:
-        return f"exit code {code}"
-    try:
-        return f"killed by signal {signal.Signals(-code).name}"
-    except ValueError:
-        return f"killed by signal {-code}"
-
-
-def _end(proc: Any, grace: float) -> None:
-    """Terminate ``proc``, then kill it if it has not gone within ``grace`` seconds (a stopped
-    process acts on SIGTERM only once continued; SIGKILL ends it at once)."""
-    proc.terminate()
-    proc.join(grace)
-    if proc.is_alive():
-        proc.kill()
-        proc.join(1.0)
-
-
-def _is_factory(target: Callable[..., Any]) -> bool:
-    """Whether ``target`` is a factory (callable with no arguments) rather than a handler."""
-    try:
-        inspect.signature(target).bind()
-    except TypeError:
-        if isinstance(target, type):
-            raise TypeError(
-                f"factory: {target.__qualname__} needs arguments; pass "
-                f"functools.partial({target.__qualname__}, ...)"
-            ) from None
-        return False
-    except ValueError:  # no signature to read: call it as a handler
-        return False
-    return True
-
-
-def _wait_ready(objects: list[Any], timeout: float | None) -> list[Any]:
-    from multiprocessing.connection import wait
-
-    return wait(objects, timeout)
-
-
-def _serve(conn: Connection, target: Any, build: bool) -> None:
-    """The child: build the sink, then handle what the parent sends until it says close."""
-    import multiprocessing
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent decides
-
-    def send(*message: Any) -> None:
-        conn.send_bytes(pickle.dumps(message, _PROTOCOL))
-
-    try:
-        sink = target() if build else target
-        # Called as the bus would call it (see handler_calls).
-        take_slots, batch = handler_calls(sink)
-        if batch is not None and is_async_callable(batch):
-            batch = None  # the child makes sync calls only: its __call__, if that is sync
-        if batch is None and not callable(sink):
-            raise TypeError(f"the factory returned {type(sink).__qualname__}, not a handler")
-        if batch is None and is_async_callable(sink):
-            raise TypeError(f"{sink!r} is async; ProcessHandler runs sync handlers")
-    except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
-        send(_FAILED, traceback.format_exc())
-        return
-    flush = getattr(sink, "flush", None)
-    close = getattr(sink, "close", None)
-    sink_lost = getattr(sink, "_monitor_bus_lost", None)  # what a bundled sink could not write
-    parent = multiprocessing.parent_process()
-    watch: list[Any] = [conn] if parent is None else [conn, parent.sentinel]
-    handled = errors = lost = 0
-    reports: dict[str, list[Any]] = {}
-
-    def failed() -> None:
-        """Count the exception being handled: each one of a group (see ``call_each``)."""
-        nonlocal errors
-        exc = sys.exc_info()[1]
-        each = exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,)
-        errors += len(each)
-        for one in each:
-            name = type(one).__qualname__
-            report = reports.setdefault(name, [0, ""])
-            if not report[1]:  # the first traceback of each type per message
-                report[1] = "".join(traceback.format_exception(one))
-            report[0] += 1
-
-    def run(call: Callable[[Any], object], arg: Any) -> None:
-        try:
-            call(arg)
-        except BaseException:  # noqa: BLE001 - counted and reported
-            failed()
-
-    def finish(kind: int) -> None:
-        for end in (flush, close) if kind == _CLOSE else (flush,):
-            if callable(end):
-                try:
-                    end()
-                except BaseException:  # noqa: BLE001 - counted and reported
-                    failed()
-
-    send(_READY, os.getpid())
-    try:
-        while True:
-            if conn not in _wait_ready(watch, None):
-                break  # the parent died
-            try:
-                kind, seq, slots = pickle.loads(conn.recv_bytes())
-            except EOFError:
-                break  # the parent closed its end
-            if take_slots is not None:
-                run(take_slots, slots)
-            else:
-                it = iter(slots)
-                events = list(map(from_slots, it, it, it))
-                if batch is not None:
-                    run(batch, events)
-                else:
-                    for event in events:
-                        run(sink, event)
-            handled += count_events(len(slots))
-            if kind != _BATCH:
-                finish(kind)
-            if callable(sink_lost):
-                try:
-                    lost += sink_lost(kind in (_CLOSE, _FINAL))
-                except BaseException:  # noqa: BLE001 - counted and reported
-                    failed()
-            send(_ACK, seq, handled, errors, {k: tuple(v) for k, v in reports.items()}, lost)
-            reports.clear()
-            if kind == _CLOSE:
-                return
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # the parent is gone
-    finish(_CLOSE)  # what it has, it keeps

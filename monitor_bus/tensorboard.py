@@ -48,6 +48,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         name="tensorboard",
     ) from exc
 
+from ._check import check_path
 from ._event import Event, epoch_seconds
 from ._event_file import EventFile
 from ._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
@@ -102,15 +103,15 @@ class SummaryWriter:
         if log_dir is None:
             stamp = datetime.now().strftime("%b%d_%H-%M-%S")
             log_dir = os.path.join("runs", f"{stamp}_{socket.gethostname()}{comment}")
-        elif not isinstance(log_dir, (str, os.PathLike)):
-            raise TypeError(f"log_dir must be a str or path, not {type(log_dir).__name__}")
+        else:
+            log_dir = check_path("log_dir", log_dir)
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
             raise ValueError(f"max_queue must be a positive int, got {max_queue!r}")
         if isinstance(flush_secs, bool) or not isinstance(flush_secs, (int, float)):
             raise TypeError(f"flush_secs must be a number, not {type(flush_secs).__name__}")
         if not flush_secs > 0:
             raise ValueError(f"flush_secs must be positive, got {flush_secs!r}")
-        self._log_dir = os.fspath(log_dir)
+        self._log_dir = log_dir
         self._max_queue = max_queue
         self._flush_secs = flush_secs
         self._suffix = filename_suffix

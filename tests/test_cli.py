@@ -1037,9 +1037,9 @@ def test_a_line_past_the_bound_is_skipped_in_bounded_memory(
     never holds more than a few times the bound, and reads on past it."""
     import tracemalloc
 
-    from monitor_bus import _jsonl
+    from monitor_bus import _jsonl_read
 
-    monkeypatch.setattr(_jsonl, "MAX_LINE_BYTES", 64 * 1024)
+    monkeypatch.setattr(_jsonl_read, "MAX_LINE_BYTES", 64 * 1024)
     run = stat_run(tmp_path / "run.jsonl")
     big = b'{"name":"big","timestamp":"2026-03-01T12:00:00+00:00","data":{"s":"'
     big += b"x" * (8 * 2**20) + b'"}}'

@@ -19,7 +19,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import monitor_bus
-from monitor_bus import STAT_EVENT, Aggregation, Event, JsonlEventHandler, Stat, _jsonl, read_jsonl
+from monitor_bus import (
+    STAT_EVENT,
+    Aggregation,
+    Event,
+    JsonlEventHandler,
+    Stat,
+    _jsonl_encode,
+    read_jsonl,
+)
 
 from .conftest import require
 
@@ -35,14 +43,18 @@ ENCODERS = ["fast", "stdlib"]
 def encoder(kind: str) -> Iterator[None]:
     """Handlers encode data with orjson (``"fast"``) or the standard library meanwhile."""
     if kind == "fast":
-        require(_jsonl._fast_encode_data is not None, "orjson (the fast extra) is not installed")
-    chosen = _jsonl._fast_encode_data if kind == "fast" else _jsonl._stdlib_encode_data
-    saved = _jsonl._encode_data
-    _jsonl._encode_data = chosen  # type: ignore[assignment]
+        require(
+            _jsonl_encode._fast_encode_data is not None, "orjson (the fast extra) is not installed"
+        )
+    chosen = (
+        _jsonl_encode._fast_encode_data if kind == "fast" else _jsonl_encode._stdlib_encode_data
+    )
+    saved = _jsonl_encode._encode_data
+    _jsonl_encode._encode_data = chosen  # type: ignore[assignment]
     try:
         yield
     finally:
-        _jsonl._encode_data = saved
+        _jsonl_encode._encode_data = saved
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
@@ -461,8 +473,8 @@ def test_the_bus_calls_a_handle_batch_set_on_the_instance(tmp_path: Path) -> Non
 
 def test_orjson_encodes_when_installed() -> None:
     """With orjson installed (the ``fast`` extra), handlers encode data with it."""
-    require(_jsonl._fast_encode_data is not None, "orjson (the fast extra) is not installed")
-    assert _jsonl._encode_data is _jsonl._fast_encode_data
+    require(_jsonl_encode._fast_encode_data is not None, "orjson (the fast extra) is not installed")
+    assert _jsonl_encode._encode_data is _jsonl_encode._fast_encode_data
 
 
 def test_lines_orjson_refuses_take_the_stdlib_path(
@@ -471,14 +483,14 @@ def test_lines_orjson_refuses_take_the_stdlib_path(
     """With orjson, exactly the data it refuses (an int past 64 bits, a lone surrogate) or
     would write as null (NaN, an infinity; a string holding ``:null``, to be exact) goes
     through the standard library's encoder; every line reads back equal."""
-    stdlib = _jsonl._stdlib_encode_data
+    stdlib = _jsonl_encode._stdlib_encode_data
     took: list[dict[str, Any]] = []
 
     def counting(data: dict[str, Any]) -> str:
         took.append(dict(data))
         return stdlib(data)
 
-    monkeypatch.setattr(_jsonl, "_stdlib_encode_data", counting)
+    monkeypatch.setattr(_jsonl_encode, "_stdlib_encode_data", counting)
     events = [
         Event("fits", T0, {"max": 2**64 - 1, "min": -(2**63), "f": 1e-7}),
         Event("past", T0, {"n": 2**64}),
@@ -507,7 +519,7 @@ def test_lines_orjson_refuses_take_the_stdlib_path(
 
 @pytest.mark.parametrize("kind", ENCODERS)
 def test_a_value_of_another_type_goes_to_the_one_default_hook(kind: str) -> None:
-    """Either encoder hands a value JSON has no type for to ``_jsonl._default`` (one hook for
+    """Either encoder hands a value JSON has no type for to ``_jsonl_encode._default`` (one hook for
     both); with none defined for it, a TypeError names its type."""
 
     class Odd:
@@ -517,7 +529,7 @@ def test_a_value_of_another_type_goes_to_the_one_default_hook(kind: str) -> None
         encoder(kind),
         pytest.raises(TypeError, match=r"^Object of type Odd is not JSON serializable$"),
     ):
-        _jsonl._encode_data({"ok": 1, "odd": Odd()})
+        _jsonl_encode._encode_data({"ok": 1, "odd": Odd()})
 
 
 class _NoOffset(tzinfo):

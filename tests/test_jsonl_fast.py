@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitor_bus import Event, EventOrigin, JsonlEventHandler, _jsonl
+from monitor_bus import Event, EventOrigin, JsonlEventHandler, _jsonl_encode, _jsonl_time
 from monitor_bus._event import epoch_seconds, from_slots
 
 from .conftest import local_zone
@@ -33,10 +33,10 @@ from .conftest import local_zone
 @pytest.fixture(autouse=True)
 def stdlib_encoder() -> Iterator[None]:
     """The bytes compared are the standard library encoder's (orjson's may differ: ``1e-7``)."""
-    saved = _jsonl._encode_data
-    _jsonl._encode_data = _jsonl._stdlib_encode_data
+    saved = _jsonl_encode._encode_data
+    _jsonl_encode._encode_data = _jsonl_encode._stdlib_encode_data
     yield
-    _jsonl._encode_data = saved
+    _jsonl_encode._encode_data = saved
 
 
 # -- the reference: the writer before this change --
@@ -163,7 +163,7 @@ def test_naive_timestamps_around_offset_changes(zone: str) -> None:
     with local_zone(zone):
         points = transitions(TRANSITION_YEARS)
         stamps = list(around(points or [datetime(2026, 3, 29, 2)]))
-        got = [_jsonl._timestamp(ts) for ts in stamps]
+        got = [_jsonl_time.iso_timestamp(ts) for ts in stamps]
         want = [_ref_timestamp(ts) for ts in stamps]
     assert len(stamps) > 100
     assert bool(points) == (zone != "UTC")  # the zone took effect: it has offset changes
@@ -190,7 +190,7 @@ def test_float_timestamps_are_written_as_the_datetime_they_stand_for(zone: str) 
     with local_zone(zone):
         points = transitions(TRANSITION_YEARS) or [datetime(2026, 3, 29, 2)]
         stamps = float_stamps(points)
-        got = [_jsonl._timestamp(f) for f in stamps]
+        got = [_jsonl_time.iso_timestamp(f) for f in stamps]
         want = [_ref_timestamp(datetime.fromtimestamp(f)) for f in stamps]
     assert len(stamps) >= 400  # 52 seconds, 8 fractions each, around one change at least
     assert [(f, g) for f, g, w in zip(stamps, got, want, strict=True) if g != w] == []
@@ -212,7 +212,7 @@ def test_berlin_spring_gap_and_autumn_fold() -> None:
         gap = datetime(2026, 3, 29, 2, 30)
         fold0 = datetime(2026, 10, 25, 2, 30, 0, 5)
         fold1 = fold0.replace(fold=1)
-        got = [_jsonl._timestamp(ts) for ts in (gap, fold0, fold1)]
+        got = [_jsonl_time.iso_timestamp(ts) for ts in (gap, fold0, fold1)]
         want = [_ref_timestamp(ts) for ts in (gap, fold0, fold1)]
     assert got == want
     # astimezone() moves a skipped time back an hour up to 3.11, forward from 3.12.
@@ -241,9 +241,9 @@ def test_berlin_spring_gap_and_autumn_fold() -> None:
 def test_local_zone_change_after_tzset(stamp: datetime | float, want: tuple[str, str]) -> None:
     """Once time.tzset() switched zones, nothing kept from the earlier zone is reused: a naive timestamp gets the new offset, a float the new zone's local time and offset."""
     with local_zone("Europe/Berlin"):
-        berlin = _jsonl._timestamp(stamp)
+        berlin = _jsonl_time.iso_timestamp(stamp)
     with local_zone("America/St_Johns"):
-        st_johns = _jsonl._timestamp(stamp)
+        st_johns = _jsonl_time.iso_timestamp(stamp)
     assert (berlin, st_johns) == want
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from monitor_bus import STAT_EVENT, Event, EventBus, Histogram, JsonlEventHandler, read_jsonl
-from monitor_bus._jsonl import iter_jsonl
+from monitor_bus._jsonl_read import iter_jsonl
 
 from .conftest import WINDOW_SAMPLES, Recorder, distribution_window, real_window
 

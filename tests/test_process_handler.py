@@ -435,14 +435,14 @@ def test_close_is_true_when_the_child_exits_right_after_its_last_acknowledgement
     closing(remote)
     for i in range(3):
         remote(event(i))
-    real = _process_handler._wait_ready
+    real = _process_handler.wait_ready
 
     def descheduled(objects: list[Any], timeout: float | None) -> list[Any]:
         real(objects, timeout)
         remote._proc.join(10)  # the parent looks again only once the child has exited
         return real(objects, 0)
 
-    monkeypatch.setattr(_process_handler, "_wait_ready", descheduled)
+    monkeypatch.setattr(_process_handler, "wait_ready", descheduled)
     assert remote.close(timeout=30) is True
     assert remote.stats()["handled"] == 3
     assert remote.stats()["dropped"] == 0
