@@ -65,14 +65,15 @@ from ._queue import (
     device_values,
 )
 from ._ratelimit import Throttle
-from ._stat import STAT_EVENT
+from ._window import STAT_EVENT
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import TracebackType
 
-    from ._stat import ClosedWindow, Stat
+    from ._stat import Stat
     from ._subscription import EventFilter, Subscription
+    from ._window import ClosedWindow
 
 logger = logging.getLogger("monitor_bus")
 

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from ._event import Event
 from ._histogram import Histogram
 from ._run import METRICS_EVENT
-from ._stat import STAT_EVENT
+from ._window import STAT_EVENT
 
 PROG = "monitor-bus"
 

@@ -54,10 +54,11 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
+from ._aggregates import Aggregation
 from ._bus import EventBus
 from ._check import check_timeout, wrong_type
 from ._ratelimit import LOG_INTERVAL, Throttle
-from ._stat import Aggregation, Stat
+from ._stat import Stat
 
 __all__ = ["AGGREGATIONS", "SystemMetrics"]
 
