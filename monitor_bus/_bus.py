@@ -65,6 +65,7 @@ from ._queue import (
     device_values,
 )
 from ._ratelimit import Throttle
+from ._subscription import subscribe
 from ._window import STAT_EVENT
 
 if TYPE_CHECKING:
@@ -877,8 +878,6 @@ class EventBus:
                     print(event.data["loss"])
             ```
         """
-        from ._subscription import subscribe
-
         return subscribe(self, name, buffer)
 
 
