@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib as _contextlib
 
+from ._aggregates import Aggregation as Aggregation
 from ._bus import EventBus as EventBus
 from ._default import aflush as aflush
 from ._default import configure_default_bus as configure_default_bus
@@ -29,13 +30,12 @@ from ._run import RUN_END_EVENT as RUN_END_EVENT
 from ._run import RUN_START_EVENT as RUN_START_EVENT
 from ._run import RUN_STATUSES as RUN_STATUSES
 from ._run import Run as Run
-from ._stat import STAT_EVENT as STAT_EVENT
-from ._stat import Aggregation as Aggregation
 from ._stat import Stat as Stat
 from ._subscription import EventFilter as EventFilter
 from ._subscription import Subscription as Subscription
 from ._tensorboard_handler import TensorboardEventHandler as TensorboardEventHandler
 from ._version import __version__ as __version__
+from ._window import STAT_EVENT as STAT_EVENT
 
 __all__ = [
     "Aggregation",

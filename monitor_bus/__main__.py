@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from ._cli import run
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``monitor-bus`` command line (``demo``, ``summary``, ``plot``, ``--version``).
@@ -17,8 +19,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         reported on stderr), 1 on an error (reported in one line on stderr), 2 on a usage
         error, 130 when interrupted by Ctrl-C.
     """
-    from ._cli import run
-
     return run(argv)
 
 

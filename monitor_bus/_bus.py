@@ -65,14 +65,16 @@ from ._queue import (
     device_values,
 )
 from ._ratelimit import Throttle
-from ._stat import STAT_EVENT
+from ._subscription import subscribe
+from ._window import STAT_EVENT
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import TracebackType
 
-    from ._stat import ClosedWindow, Stat
+    from ._stat import Stat
     from ._subscription import EventFilter, Subscription
+    from ._window import ClosedWindow
 
 logger = logging.getLogger("monitor_bus")
 
@@ -876,8 +878,6 @@ class EventBus:
                     print(event.data["loss"])
             ```
         """
-        from ._subscription import subscribe
-
         return subscribe(self, name, buffer)
 
 

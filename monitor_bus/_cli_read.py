@@ -31,7 +31,7 @@ from ._event import Event
 from ._histogram import Histogram
 from ._jsonl_read import iter_jsonl
 from ._run import METRICS_EVENT
-from ._stat import STAT_EVENT
+from ._window import STAT_EVENT
 
 PROG = "monitor-bus"
 

@@ -38,12 +38,14 @@ from typing import Any
 
 import anyio
 
+from ._aggregates import Aggregation
 from ._bus import EventBus
 from ._event import Event, from_slots
 from ._jsonl import JsonlEventHandler
 from ._run import RUN_END_EVENT, Run
-from ._stat import STAT_EVENT, Aggregation, Stat
+from ._stat import Stat
 from ._tensorboard_handler import TensorboardEventHandler
+from ._window import STAT_EVENT
 from .system import PREFIX as SYSTEM_PREFIX
 from .system import SystemMetrics
 

@@ -61,6 +61,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from ._check import wrong_type
+from ._default import log_event
 from ._event import Event, data_value_t
 from ._lifecycle import process
 from ._version import __version__
@@ -291,8 +292,6 @@ class Run:
         if self._bus is not None:
             self._bus.log_event(event)
         else:
-            from ._default import log_event
-
             log_event(event)
 
     def __enter__(self) -> Run:

@@ -19,7 +19,7 @@ from ._skipped import (
     float64_or_why,
     is_utf8,
 )
-from ._stat import STAT_EVENT
+from ._window import STAT_EVENT
 from .integrations._merge import STRAGGLER_EVENT
 
 _RUN_EVENTS = frozenset((RUN_START_EVENT, RUN_END_EVENT, METRICS_EVENT, STRAGGLER_EVENT))

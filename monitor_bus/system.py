@@ -54,10 +54,12 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
+from ._aggregates import Aggregation
 from ._bus import EventBus
 from ._check import check_timeout, wrong_type
+from ._lifecycle import process
 from ._ratelimit import LOG_INTERVAL, Throttle
-from ._stat import Aggregation, Stat
+from ._stat import Stat
 
 __all__ = ["AGGREGATIONS", "SystemMetrics"]
 
@@ -425,9 +427,7 @@ class SystemMetrics:
             raise ValueError(f"window must be at least 1 millisecond, got {window!r}")
         devices = _check_gpus(gpus)
         if bus is None:
-            from ._default import get_default_bus
-
-            bus = get_default_bus()
+            bus = process.get_default_bus()
         elif not isinstance(bus, EventBus):
             raise wrong_type("bus", "a monitor_bus.EventBus or None", bus)
         if bus.closed:

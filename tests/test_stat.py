@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 
-from monitor_bus import STAT_EVENT, Aggregation, EventBus, Stat, _dispatcher, _stat
+from monitor_bus import (
+    STAT_EVENT,
+    Aggregation,
+    EventBus,
+    Stat,
+    _aggregates,
+    _dispatcher,
+    _stat,
+    _window,
+)
 
 from .conftest import Recorder, StepClock, require
 
@@ -123,7 +132,7 @@ def test_max_samples_logs_inside_the_add_and_discards_the_rest(
 
 def test_large_max_samples_across_folds(clock: StepClock) -> None:
     """max_samples above the fold chunk still cuts the window at exactly max_samples."""
-    n = _stat._CHUNK * 2 + 17
+    n = _window._CHUNK * 2 + 17
     stat = Stat("x", [Aggregation.COUNT, Aggregation.SUM], LONG, max_samples=n)
     for _ in range(n + 500):
         stat.add(1.0)
@@ -133,7 +142,7 @@ def test_large_max_samples_across_folds(clock: StepClock) -> None:
 
 def test_many_samples_fold_exactly(clock: StepClock) -> None:
     """Folding every chunk gives the same aggregates as one pass over the values."""
-    values = [float((i * 7919) % 1000 - 500) for i in range(3 * _stat._CHUNK + 5)]
+    values = [float((i * 7919) % 1000 - 500) for i in range(3 * _window._CHUNK + 5)]
     stat = Stat("x", ALL, LONG)
     for v in values:
         stat.add(v)
@@ -163,14 +172,14 @@ def window_of(
     return stat.get()
 
 
-NAN_AT = [0, 1, 3, _stat._CHUNK + 2]  # first, inside the first fold, last, in a later fold
+NAN_AT = [0, 1, 3, _window._CHUNK + 2]  # first, inside the first fold, last, in a later fold
 
 
 @pytest.mark.parametrize("position", NAN_AT)
 def test_a_nan_makes_max_and_min_nan_wherever_it_is(position: int, clock: StepClock) -> None:
     """A NaN anywhere in a window makes MAX and MIN NaN, as SUM and MEAN (numpy's max, not
     Python's, whose result depends on where the NaN is)."""
-    values = [1.0, 3.0, -math.inf] + [2.0] * _stat._CHUNK
+    values = [1.0, 3.0, -math.inf] + [2.0] * _window._CHUNK
     values.insert(position, math.nan)
     got = window_of(values, ALL, clock)
     assert [math.isnan(got[agg]) for agg in ALL] == [False, True, False, True, True, True]
@@ -183,7 +192,7 @@ def test_a_nan_makes_max_and_min_nan_without_sum(
     aggregations: list[Aggregation], position: int, clock: StepClock
 ) -> None:
     """The same for a Stat that reports neither SUM nor MEAN."""
-    values = [1.0, 3.0, -math.inf] + [2.0] * _stat._CHUNK
+    values = [1.0, 3.0, -math.inf] + [2.0] * _window._CHUNK
     values.insert(position, math.nan)
     got = window_of(values, aggregations, clock)
     assert math.isnan(got[aggregations[0]])
@@ -240,7 +249,7 @@ def test_mean_of_huge_samples_is_the_true_mean_to_an_ulp(clock: StepClock) -> No
     ulp of the exact mean although the running sum overflows."""
     mixed = [((i * 7919) % 1000 + 1) * 1.7e305 * (1 if i % 5 else -1) for i in range(9000)]
     mixed[7] = 1e-300  # tiny samples are absorbed, as in any float sum of such magnitude
-    for values in (mixed, [1e308] * (_stat._CHUNK + 5)):
+    for values in (mixed, [1e308] * (_window._CHUNK + 5)):
         got = window_of(values, [Aggregation.MEAN, Aggregation.SUM], clock)
         exact = float(sum(map(Fraction, values)) / len(values))
         assert got[Aggregation.SUM] == math.inf
@@ -396,7 +405,7 @@ def test_interrupt_inside_a_fold_loses_no_sample(
     """A KeyboardInterrupt landing in a fold leaves the samples in the window: the last
     window of an interrupted run holds every sample added."""
     stat = Stat("x", [Aggregation.COUNT, Aggregation.SUM], LONG)
-    real_reduce = _stat.reduce
+    real_reduce = _aggregates.reduce
     interrupts = []
 
     def interrupted_once(*args: object) -> object:
@@ -406,8 +415,8 @@ def test_interrupt_inside_a_fold_loses_no_sample(
         return real_reduce(*args)  # type: ignore[call-overload]
 
     stat.add(1.0)  # a window's first add folds at once (it marks the Stat for the timer)
-    monkeypatch.setattr(_stat, "reduce", interrupted_once)
-    n = _stat._CHUNK
+    monkeypatch.setattr(_aggregates, "reduce", interrupted_once)
+    n = _window._CHUNK
     for _ in range(n - 1):
         stat.add(1.0)
     with pytest.raises(KeyboardInterrupt):

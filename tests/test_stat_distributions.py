@@ -28,10 +28,11 @@ from monitor_bus import (
     EventOrigin,
     Histogram,
     Stat,
-    _stat,
+    _window,
     _wire,
 )
-from monitor_bus._stat import ClosedWindow, distribution, merge_moments, stddev
+from monitor_bus._aggregates import distribution, merge_moments, stddev
+from monitor_bus._window import ClosedWindow
 
 from . import child_workers
 from .conftest import Recorder, StepClock
@@ -55,7 +56,7 @@ def test_window_data_has_percentiles_stddev_and_histogram(
     reports the same."""
     bus.register_event_handler(recorder)
     rng = random.Random(1)
-    samples = [rng.lognormvariate(-2, 1) for _ in range(3 * _stat._CHUNK + 17)]
+    samples = [rng.lognormvariate(-2, 1) for _ in range(3 * _window._CHUNK + 17)]
     stat = Stat("step", [Aggregation.MEAN, *EVERY], LONG, bus=bus)
     for v in samples:
         stat.add(v)
@@ -94,7 +95,7 @@ def test_stddev_keeps_its_precision_far_from_zero(center: float, clock: StepCloc
     """STDDEV of samples far from zero (1e9 + noise) is the exact population standard
     deviation to a few roundings: the sum of squares would lose every digit."""
     rng = random.Random(int(center))
-    samples = [center + rng.gauss(0, 1) for _ in range(2 * _stat._CHUNK + 5)]
+    samples = [center + rng.gauss(0, 1) for _ in range(2 * _window._CHUNK + 5)]
     stat = Stat("x", [Aggregation.STDDEV], LONG)
     for v in samples:
         stat.add(v)
@@ -254,14 +255,14 @@ def test_the_dispatcher_buckets_off_the_callers_thread(
     bus.register_event_handler(recorder)
     threads: list[threading.Thread] = []
     folded = threading.Event()
-    real = _stat._fold_distribution
+    real = _window._fold_distribution
 
     def spy(*args: Any) -> Any:
         threads.append(threading.current_thread())
         folded.set()
         return real(*args)
 
-    monkeypatch.setattr(_stat, "_fold_distribution", spy)
+    monkeypatch.setattr(_window, "_fold_distribution", spy)
     stat = Stat("x", [Aggregation.P99], LONG, bus=bus)
     stat.add(1.0)  # a window's first add folds at once
     assert folded.wait(10)
@@ -275,10 +276,10 @@ def test_waiting_chunks_are_bounded_when_the_dispatcher_is_not_running(
     """With no dispatcher to fold them (no handlers), at most _DIST_BACKLOG chunks wait: the
     caller folds the rest, and the window still holds every sample."""
     stat = Stat("x", [Aggregation.P50, Aggregation.HISTOGRAM], LONG, bus=bus)
-    samples = [float(i % 1000 + 1) for i in range((_stat._DIST_BACKLOG + 3) * _stat._CHUNK)]
+    samples = [float(i % 1000 + 1) for i in range((_window._DIST_BACKLOG + 3) * _window._CHUNK)]
     for v in samples:
         stat.add(v)
-        assert len(stat._dist_chunks) <= _stat._DIST_BACKLOG
+        assert len(stat._dist_chunks) <= _window._DIST_BACKLOG
     assert close_window(stat, clock)[Aggregation.HISTOGRAM] == Histogram.of(samples)
 
 
@@ -376,7 +377,7 @@ def test_a_ctrl_c_in_the_distribution_fold_loses_nothing(bus: EventBus, clock: S
     assert n > 100  # every statement of a fold that coarsens, in both signs, was interrupted
 
 
-CHUNK = _stat._CHUNK
+CHUNK = _window._CHUNK
 TOP = sys.float_info.max
 
 

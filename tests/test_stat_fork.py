@@ -288,7 +288,7 @@ def test_every_module_lock_of_the_package_is_new_in_a_forked_child() -> None:
     from monitor_bus._lifecycle import process
 
     names = sorted(process.module_locks)
-    assert ("monitor_bus._stat", "_RESOLVING") in names
+    assert ("monitor_bus._window", "_RESOLVING") in names
     assert (forwarding.__name__, "_lock") in names
     locks = [getattr(sys.modules[module], name) for module, name in names]
     for lock in locks:

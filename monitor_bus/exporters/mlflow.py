@@ -30,7 +30,7 @@ from .._histogram import Histogram
 from .._ratelimit import Throttle
 from .._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
 from .._skipped import INT64_MAX, INT64_MIN, SkipReporter, float64_or_why
-from .._stat import STAT_EVENT
+from .._window import STAT_EVENT
 
 __all__ = ["RUN_ID_TAG", "MlflowEventHandler"]
 

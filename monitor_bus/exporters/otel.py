@@ -67,7 +67,7 @@ from .._handler import call_each
 from .._histogram import Histogram
 from .._lifecycle import module_lock
 from .._skipped import INT64_MAX, INT64_MIN, SkipReporter, is_utf8
-from .._stat import STAT_EVENT
+from .._window import STAT_EVENT
 
 if TYPE_CHECKING:
     from opentelemetry._logs import Logger, LoggerProvider

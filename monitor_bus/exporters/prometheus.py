@@ -41,7 +41,7 @@ from .._handler import call_each
 from .._histogram import Histogram
 from .._lifecycle import module_lock
 from .._skipped import SkipReporter, float64_or_why, is_utf8
-from .._stat import STAT_EVENT
+from .._window import STAT_EVENT
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

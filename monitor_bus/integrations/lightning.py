@@ -24,6 +24,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from .._check import check_timeout
+from .._default import get_default_bus
 from .._event import Event, _plain_value, data_value_t
 from .._run import METRICS_EVENT, Run
 
@@ -108,8 +109,6 @@ class MonitorBusLogger(Logger):
         """The bus this logger logs to."""
         if self._bus is not None:
             return self._bus
-        from .._default import get_default_bus
-
         return get_default_bus()
 
     def _logs_here(self) -> bool:

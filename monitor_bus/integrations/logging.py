@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from .._check import wrong_type
+from .._default import log_event
 from .._event import Event, _plain_value, data_value_t
 from .._handler import call_each
 from .._lifecycle import in_bus_thread
@@ -109,8 +110,6 @@ class MonitorBusHandler(logging.Handler):
             if self._log_event is not None:
                 self._log_event(event)
             else:
-                from .._default import log_event
-
                 log_event(event)
             self.emitted += 1
         except Exception:  # noqa: BLE001 - never into the caller; counted

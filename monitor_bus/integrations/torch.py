@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .._bus import EventBus
+from .._default import log_event
 from .._event import Event
 from .._lifecycle import module_lock
 from ._merge import STRAGGLER_EVENT as STRAGGLER_EVENT
 from ._merge import RankMerge as RankMerge
 from ._merge import merge_stats_across_ranks as merge_stats_across_ranks
-
-if TYPE_CHECKING:
-    from .._bus import EventBus
 
 logger = logging.getLogger("monitor_bus")
 
@@ -64,8 +63,6 @@ class TorchMonitorForwarding:
         try:
             event = Event(torch_event.name, torch_event.timestamp, torch_event.data)
             if self.bus is None:
-                from .._default import log_event
-
                 log_event(event)
             else:
                 self.bus.log_event(event)
@@ -121,8 +118,6 @@ def forward_torch_monitor(bus: EventBus | None = None) -> TorchMonitorForwarding
         >>> forwarding = forward_torch_monitor()  # doctest: +SKIP
         >>> forwarding.close()  # doctest: +SKIP
     """
-    from .._bus import EventBus
-
     if bus is not None and not isinstance(bus, EventBus):
         raise TypeError(f"bus must be an EventBus or None, not {type(bus).__name__}")
     import torch.monitor

@@ -21,6 +21,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from .._check import check_timeout
+from .._default import flush, log_event
 from .._event import Event, _plain_value, data_value_t
 from .._run import METRICS_EVENT, Run
 
@@ -88,8 +89,6 @@ class MonitorBusCallback(TrainerCallback):
         if self._bus is not None:
             self._bus.log_event(event)
         else:
-            from .._default import log_event
-
             log_event(event)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -150,6 +149,4 @@ class MonitorBusCallback(TrainerCallback):
         if self._bus is not None:
             self._bus.flush(self._flush_timeout)
         else:
-            from .._default import flush
-
             flush(self._flush_timeout)
