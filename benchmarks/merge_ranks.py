@@ -68,7 +68,7 @@ import torch.distributed as dist  # noqa: E402
 from _machine import cpu_model, numpy_mlp_step, positive, write_between  # noqa: E402
 
 import monitor_bus as monitor  # noqa: E402
-from monitor_bus.integrations import _merge as merge_module  # noqa: E402
+from monitor_bus import ranks as merge_module  # noqa: E402
 from monitor_bus.integrations.torch import merge_stats_across_ranks  # noqa: E402
 
 WINDOW = 0.25

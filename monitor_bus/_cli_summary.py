@@ -29,7 +29,7 @@ from ._cli_read import (
 )
 from ._event import Event, EventOrigin
 from ._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
-from .integrations._merge import STRAGGLER_EVENT
+from .ranks import STRAGGLER_EVENT
 
 
 def _fmt(value: float) -> str:

@@ -57,6 +57,7 @@ from . import _device, _stat
 from ._lifecycle import process
 from ._queue import SLOTS, resolve_ready, wait_for_devices
 from ._ratelimit import LOG_INTERVAL, Throttle
+from ._window import window_end
 
 if TYPE_CHECKING:
     from ._bus import EventBus
@@ -791,5 +792,5 @@ class Dispatcher:
                     # Only the Stats holding data: thousands of idle ones cost nothing.
                     for stat in bus._dirty_stats(window).snapshot():  # never takes a lock
                         stat._close_on_timer(clock, stamp)
-                next_end[window] = _stat.window_end(now, window, bus._clock_offset) + _TIMER_SLACK
+                next_end[window] = window_end(now, window, bus._clock_offset) + _TIMER_SLACK
         return min(next_end.values()) if next_end else None

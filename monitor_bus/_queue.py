@@ -88,7 +88,7 @@ class PendingWindow(WindowData):
     it a ``WindowData``. Pickled (to a parent process) as that data, read then."""
 
     __slots__ = ("window",)
-    window: Any  # the _stat.ClosedWindow
+    window: Any  # the _window.ClosedWindow
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (dict, (self.window.data(),))

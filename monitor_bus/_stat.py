@@ -21,18 +21,11 @@ from time import monotonic
 from typing import TYPE_CHECKING
 
 from . import _device
-from ._aggregates import (
-    _QUANTILES,
-    AggregateValue,
-    Aggregation,
-    Moments,
-    distribution,
-    merge_moments,
-)
+from ._aggregates import _QUANTILES, AggregateValue, Aggregation
 from ._check import check_int, wrong_type
 from ._device import ARRAY_CLASSES, Deferred
 from ._lifecycle import process
-from ._window import STAT_EVENT, ClosedWindow, WindowFold, window_end
+from ._window import WindowFold
 
 if TYPE_CHECKING:
     from ._bus import EventBus
@@ -40,20 +33,6 @@ if TYPE_CHECKING:
 # The window clock, a module attribute so tests can step time without sleeping (the
 # dispatcher's timer reads it too).
 _clock = monotonic
-
-# _dispatcher and integrations._merge read the window's names here: other helpers are
-# splitting those two modules, and the lead points them at these names' homes at merge.
-__all__ = [
-    "STAT_EVENT",
-    "AggregateValue",
-    "Aggregation",
-    "ClosedWindow",
-    "Moments",
-    "Stat",
-    "distribution",
-    "merge_moments",
-    "window_end",
-]
 
 
 class Stat(WindowFold):

@@ -20,7 +20,7 @@ from ._skipped import (
     is_utf8,
 )
 from ._window import STAT_EVENT
-from .integrations._merge import STRAGGLER_EVENT
+from .ranks import STRAGGLER_EVENT
 
 _RUN_EVENTS = frozenset((RUN_START_EVENT, RUN_END_EVENT, METRICS_EVENT, STRAGGLER_EVENT))
 _WANTED = _RUN_EVENTS | {STAT_EVENT}

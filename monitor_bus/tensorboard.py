@@ -53,7 +53,7 @@ from ._event import Event, epoch_seconds
 from ._event_file import EventFile
 from ._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
 from ._skipped import INT64_MAX, INT64_MIN, is_utf8
-from .integrations._merge import STRAGGLER_EVENT
+from .ranks import STRAGGLER_EVENT
 
 if TYPE_CHECKING:
     from types import TracebackType

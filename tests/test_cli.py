@@ -994,7 +994,7 @@ def test_summary_and_plot_take_ints_beyond_a_float_in_step_duration_and_ratio(
     counted and named in one warning, never a traceback: the step's points are skipped, the
     duration and ratio shown as unknown."""
     from monitor_bus import RUN_END_EVENT, RUN_START_EVENT
-    from monitor_bus.integrations._merge import STRAGGLER_EVENT
+    from monitor_bus.ranks import STRAGGLER_EVENT
 
     huge = 10**400
     events = [

@@ -14,9 +14,6 @@ LAZY_FOR_COST = {
     ("_default", "system"),  # only when system metrics are asked for; registers an atexit
     ("_demo", "tensorboard"),  # the tensorboard extra, only when asked for
     ("exporters.otel", "exporters._otel_histogram"),  # the OpenTelemetry extra's types
-    # The rank merge (another helper splits it): left for that split to settle.
-    ("integrations._merge", "_bus"),
-    ("integrations._merge", "_default"),
 }
 
 

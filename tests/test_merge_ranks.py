@@ -513,7 +513,7 @@ def closed_records(
     from datetime import timedelta
 
     from monitor_bus import _stat
-    from monitor_bus.integrations._merge import _record
+    from monitor_bus.ranks._frame import _record
 
     closed: list[Any] = []
     # The Stat clock stands still, so a slow loop cannot cross a window boundary.
@@ -535,7 +535,7 @@ def closed_records(
 
 
 def merge_on(bus: monitor.EventBus, rank: int, size: int, **kwargs: Any) -> Any:
-    from monitor_bus.integrations._merge import RankMerge
+    from monitor_bus.ranks import RankMerge
 
     return RankMerge(bus, _World(rank, size), None, 0, 5.0, False, **kwargs)
 
@@ -552,7 +552,7 @@ def decode(frame: bytes) -> dict[str, Any]:
     return result
 
 
-FRAME = 16384  # _merge.FRAME_BYTES
+FRAME = 16384  # monitor_bus.ranks.FRAME_BYTES
 
 
 def test_a_window_too_wide_for_a_frame_is_sent_with_its_histogram_coarsened(
@@ -580,7 +580,7 @@ def test_a_window_too_wide_for_a_frame_is_sent_with_its_histogram_coarsened(
             assert histogram == monitor.Histogram.from_dict(
                 {**coarse.to_dict(), "max_buckets": 2048}
             )
-            from monitor_bus.integrations._merge import _quantile_error
+            from monitor_bus.ranks._frame import _quantile_error
 
             p99 = sorted(values)[math.ceil(0.99 * len(values)) - 1]
             assert abs(histogram.quantile(0.99) / p99 - 1) <= _quantile_error(5)
@@ -720,7 +720,7 @@ def test_ranks_route_to_their_node_s_leader_and_the_default_shape_follows_the_no
     """Each rank sends to the lowest rank of its node (dst's node: dst), the leaders to dst;
     two nodes on one machine are two hosts. By default the shape is two-level once a node
     other than dst's runs two ranks, flat otherwise; True and False force it."""
-    from monitor_bus.integrations._merge import _routes
+    from monitor_bus.ranks._start import _routes
 
     assert _routes(NODES, 0, None) == ROUTES
     assert _routes(NODES, 3, None) == {0: 3, 1: 0, 2: 3, 3: 3}
@@ -741,7 +741,7 @@ def wire(record: list[Any]) -> list[Any]:
 
 def host_records(leader: Any, records: dict[int, list[Any]], *, final: bool = True) -> list[Any]:
     """The host records a leader makes of its ranks' ``records`` (rank -> record)."""
-    from monitor_bus.integrations._merge import _host_record
+    from monitor_bus.ranks._leader import _host_record
 
     for rank, record in records.items():
         leader._take(rank, record)
@@ -955,10 +955,11 @@ def test_a_failed_receive_does_not_end_dst_s_receiving_but_three_in_a_row_do(
     receives on: the next rank's frame reaches its inbox. Three failures in a row end the
     receiving thread, logged."""
     require(torchrun_available(), "torch with torch.distributed is not installed")
-    from monitor_bus.integrations._merge import RankMerge
+    from monitor_bus.ranks import RankMerge
+    from monitor_bus.ranks._frame import _encode
 
     caplog.set_level(logging.WARNING, logger="monitor_bus")
-    bye = RankMerge._encode([], 5.0, True)
+    bye = _encode([], 5.0, True)
     closed = RuntimeError("Connection closed by peer [127.0.0.1]:1234")
     world = _Arrivals(0, 2, [closed] * failures + [(1, bye)])
     merge = RankMerge(monitor.EventBus(), world, None, 0, 5.0, False)
@@ -1107,7 +1108,7 @@ class _Sends(_World):
 def test_a_host_record_too_long_to_fit_beside_the_leader_s_word_is_sent_whole() -> None:
     """Every length of host record in the band where it fits a frame on its own but not beside the leader's mark and word on its host: the leader sends it whole, uncoarsened, every frame within FRAME bytes, the last with the mark and the word, and it goes on sending to dst."""
     require(torchrun_available(), "torch with torch.distributed is not installed")
-    from monitor_bus.integrations._merge import RankMerge
+    from monitor_bus.ranks import RankMerge
 
     index = math.floor(time.time() / 10.0) - 1
     [record] = closed_records("x", [monitor.Aggregation.MEAN], [[2.0]], index)
@@ -1139,7 +1140,7 @@ def test_a_frame_that_cannot_be_encoded_costs_its_windows_only_and_not_dst(
 ) -> None:
     """A leader's word on its host too long for any frame: the window goes in a frame of its own, the word's frame is warned about, and the leader goes on sending to dst (an encoding error is not taken for dst being gone)."""
     require(torchrun_available(), "torch with torch.distributed is not installed")
-    from monitor_bus.integrations._merge import RankMerge
+    from monitor_bus.ranks import RankMerge
 
     caplog.set_level(logging.WARNING, logger="monitor_bus")
     index = math.floor(time.time() / 10.0) - 1

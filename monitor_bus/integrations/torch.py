@@ -14,23 +14,25 @@ What passes through, as torch hands it out:
 - ``data`` values as torch stores them: ``bool`` comes back as ``float`` (``True`` is ``1.0``),
   and a torch ``Stat``'s aggregates, ``count`` included, are ``float``.
 
-``merge_stats_across_ranks`` (in ``_merge``) merges the Stat windows of every
-``torch.distributed`` rank into one stream on one rank.
+``merge_stats_across_ranks`` merges the Stat windows of every ``torch.distributed`` rank into
+one stream on one rank: it resolves the bus, and the package ``monitor_bus.ranks`` does the rest.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from .._bus import EventBus
-from .._default import log_event
+from .._check import wrong_type
+from .._default import get_default_bus, log_event
 from .._event import Event
 from .._lifecycle import module_lock
-from ._merge import STRAGGLER_EVENT as STRAGGLER_EVENT
-from ._merge import RankMerge as RankMerge
-from ._merge import merge_stats_across_ranks as merge_stats_across_ranks
+from ..ranks import STRAGGLER_EVENT as STRAGGLER_EVENT
+from ..ranks import RankMerge as RankMerge
+from ..ranks import start_merge
 
 logger = logging.getLogger("monitor_bus")
 
@@ -156,3 +158,109 @@ def stop_forwarding_torch_monitor(forwarding: TorchMonitorForwarding) -> None:
         import torch.monitor
 
         torch.monitor.unregister_event_handler(handle)
+
+
+def merge_stats_across_ranks(
+    *,
+    bus: EventBus | None = None,
+    dst: int = 0,
+    timeout: float = 30.0,
+    keep_local: bool = False,
+    spread: bool = True,
+    stragglers: Mapping[str, float] | None = None,
+    straggler_windows: int = 3,
+    two_level: bool | None = None,
+) -> RankMerge:
+    """Merge the Stat windows of every ``torch.distributed`` rank into one stream on ``dst``.
+
+    Call it on every rank, after ``torch.distributed.init_process_group`` (any backend): it
+    makes a gloo group of its own (a collective: it waits up to ``timeout`` for every rank to
+    call it), moves the bus's Stat windows to wall-clock
+    multiples of their size, and from then on each closed window goes to ``dst`` on a thread
+    of the merge, never the caller's. ``dst`` logs one ``"torch.monitor.Stat"`` event per
+    (Stat name, window) with the usual keys (``"loss.mean"``) plus ``"<name>.ranks"``, the
+    number of ranks that contributed. COUNT and SUM add up, MAX and MIN are the max of maxes
+    and min of mins (NaN if any rank's is), MEAN is SUM / COUNT, VALUE is the one of the rank whose window closed
+    last (on a tie, the higher rank). The event's timestamp is when that window closed.
+    Stats merge by name, aggregations and window size (Stats of one name with other
+    aggregations make events of their own).
+    Plain events are not merged.
+
+    With ``spread`` (the default), the merged window of a Stat with MEAN also holds
+    ``"<name>.rank_min"``, ``"<name>.rank_p50"`` and ``"<name>.rank_max"`` over the window
+    means of the ranks that contributed, and ``"<name>.slowest_rank"`` (an int: the rank of the
+    highest mean; on a tie, the lower rank); ``RankMerge.hosts`` names each rank's host.
+
+    ``stragglers`` maps Stat names to a factor: ``dst`` names a rank whose window mean of that
+    Stat exceeds the median of the other ranks' means by the factor for ``straggler_windows`` merged
+    windows in a row, once, by a ``STRAGGLER_EVENT`` (``"monitor_bus.straggler"``: ``stat``,
+    ``rank``, ``ratio``, ``windows``, ``host``, ``recovered``) and a rate-limited warning, and
+    once more (``recovered`` True) when it falls back under the factor. A Stat without MEAN
+    or SUM gives a rank's mean from its Histogram or moments (a percentile, HISTOGRAM or
+    STDDEV); one with none of them is warned about on ``dst``.
+
+    With ``two_level`` (by default, once a host other than ``dst``'s runs two or more ranks),
+    the lowest rank of each host (a torchrun node: ``GROUP_RANK``, so two nodes on one machine
+    are two hosts) merges its host's windows and sends ``dst`` one record per window, holding
+    each rank's count and sum, so everything above, the spread and stragglers included, comes
+    out as in the flat shape (every rank to ``dst``), but ``dst`` receives from hosts, not
+    ranks. The ranks of ``dst``'s own host send to it directly.
+
+    The other ranks do not log their Stat windows (``keep_local=True`` logs them too). A rank
+    that dies or hangs costs only what it had not sent: ``dst`` waits ``timeout`` past a
+    window's end at most, merges the window among the ranks that reported it and logs a
+    warning naming the others. If ``dst`` is gone, each rank logs its own windows with
+    ``"<name>.rank"`` (its rank) added, and counts them in ``local``; one stopped or starved
+    (taking no message for ``timeout``) is warned about and waited for, each rank holding its
+    windows until it runs again or the rank's ``close()`` gives it up. A rank named lost
+    may only be starved of CPU: when it speaks again it rejoins, and ``dst``'s ``close()``
+    waits (within its timeout) for every rank it has heard from; windows that come after
+    theirs was merged are logged on their own, marked ``"<name>.late": True``, and counted in
+    ``late``. A window too large for a frame is sent with its Histogram coarsened (warned);
+    one that cannot fit even so is logged by its rank and counted in ``unsent``.
+
+    Args:
+        bus: the bus whose Stats are merged; the default bus if omitted.
+        dst: the rank that logs the merged windows.
+        timeout: seconds any wait of the exchange may take: how long past a window's
+            end dst waits for a rank, how long a rank may stay silent before dst stops
+            waiting for it (or a send untaken before it is warned about), and
+            ``close()``'s default.
+        keep_local: also log each rank's own windows on its bus, as without the merge.
+        spread: add the spread across ranks to each merged window of a Stat with MEAN.
+        stragglers: Stat name -> factor (a number above 1) for naming straggling ranks.
+        straggler_windows: how many merged windows in a row make a straggler (at least 1).
+        two_level: True: each host's leader merges its host first; False: every rank sends
+            to ``dst`` (flat); None: two-level once a host other than ``dst``'s has two or
+            more ranks.
+
+    Returns:
+        The running merge: ``close()`` it (or use it as a context manager) before the
+        process group is destroyed; it is closed at interpreter exit otherwise.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        ValueError: ``dst`` is not a rank of the job, ``timeout`` is not positive, a factor of
+            ``stragglers`` is not above 1 or ``straggler_windows`` is below 1.
+        RuntimeError: ``torch.distributed`` is not initialized, or the bus is merged already.
+        ImportError: torch is not installed.
+
+    Examples:
+        >>> from monitor_bus.integrations.torch import merge_stats_across_ranks
+        >>> with merge_stats_across_ranks(timeout=10.0):  # doctest: +SKIP
+        ...     train()
+    """
+    if bus is None:
+        bus = get_default_bus()
+    elif not isinstance(bus, EventBus):
+        raise wrong_type("bus", "a monitor_bus.EventBus or None", bus)
+    return start_merge(
+        bus,
+        dst=dst,
+        timeout=timeout,
+        keep_local=keep_local,
+        spread=spread,
+        stragglers=stragglers,
+        straggler_windows=straggler_windows,
+        two_level=two_level,
+    )

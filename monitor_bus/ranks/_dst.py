@@ -1,0 +1,54 @@
+"""dst's role: it logs each merged window, with its spread, and watches it for stragglers.
+
+Guarantees
+----------
+- Two levels: ``dst``
+  merges a host record as the windows it holds, so the merged window, its spread and the
+  stragglers are those of the flat shape.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .._window import STAT_EVENT
+from ._bucket import _data, _stamp
+from ._frame import _Record
+from ._receiving import Receiving, _Due
+from ._stragglers import _MEAN, Stragglers, _means, _spread
+
+logger = logging.getLogger("monitor_bus")
+
+
+class Dst(Receiving, Stragglers):
+    """dst: it receives and merges, and logs each window merged."""
+
+    def _log_merged(self, due: list[_Due]) -> None:
+        """dst: log each window due, merged, with its spread, and watch it for stragglers; one
+        merged before is logged on its own, marked late."""
+        for key, bucket, late, behind in due:
+            if behind and not late:
+                self.missing += 1
+                if self._throttle.ready(("missing", tuple(sorted(behind)))):
+                    logger.warning(
+                        "merge_stats_across_ranks: window %r ending %s merged without rank(s) "
+                        "%s (no word from them within timeout=%s s)",
+                        key[0],
+                        _stamp(key[2] * key[3]).isoformat(),
+                        ", ".join(map(str, sorted(behind))),
+                        self.timeout,
+                    )
+            record: _Record = [key[0], list(key[1])]
+            data = _data(record, bucket)
+            stamp = _stamp(bucket.last[0])
+            if late:  # the rank(s) it came from only, after the merged window: marked
+                data[f"{key[0]}.late"] = True
+                self.bus._log_window((STAT_EVENT, stamp, data))
+                continue
+            means = _means(bucket)
+            if self.spread and _MEAN in key[1]:
+                data.update(_spread(key[0], means))
+            self.bus._log_window((STAT_EVENT, stamp, data))
+            self.merged += 1
+            if key[0] in self.stragglers:
+                self._watch(key[0], key[1], means, stamp)

@@ -1,0 +1,147 @@
+"""The spread across ranks of a merged window, and the rule that names a straggler.
+
+Guarantees
+----------
+- Spread (``spread=True``): a merged window of a Stat with MEAN also holds
+  ``<name>.rank_min``, ``.rank_p50``, ``.rank_max`` over the window means of the ranks that
+  contributed (NaN means left out) and ``<name>.slowest_rank``, the rank of the highest
+  mean (on a tie, the lower rank). ``hosts[rank]`` names its host.
+- Stragglers (dst only): a rank whose window mean of a watched Stat exceeds the median of the
+  other ranks' means (never its own: two ranks compare with each other) by its factor for
+  ``straggler_windows`` merged windows in a row is named once by a ``STRAGGLER_EVENT`` (and
+  a warning, rate-limited per Stat), and once more with ``recovered: True`` in its first
+  merged window back under the factor. A Stat without MEAN or SUM gives each rank's mean
+  from its Histogram's sum or its moments; one with neither (only VALUE, COUNT, MAX, MIN)
+  is warned about and names nobody. Windows it has no samples in (or no other rank has),
+  and late windows, leave its count as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from datetime import datetime
+
+from .. import _aggregates
+from .._event import Event
+from ._bucket import _AGG_NAMES, _Bucket
+from ._state import MergeState
+
+logger = logging.getLogger("monitor_bus")
+
+#: The name of the event ``dst`` logs when it names a straggler, or one recovers: data
+#: ``stat``, ``rank``, ``ratio`` (the rank's window mean over the median of the other ranks' means), ``windows``
+#: (how many merged windows in a row it was over), ``host`` and ``recovered``.
+STRAGGLER_EVENT = "monitor_bus.straggler"
+
+_MEAN = _aggregates.Aggregation.MEAN.value
+# The aggregations whose windows carry a sum (``_window_sum``), so a rank's mean.
+_MEAN_SOURCES = frozenset(
+    agg.value for agg in _aggregates.Aggregation if agg.name not in ("VALUE", "COUNT", "MAX", "MIN")
+)
+
+
+def _means(bucket: _Bucket) -> dict[int, float]:
+    """Each contributing rank's window mean, but for empty windows and NaN means."""
+    means = {}
+    for rank, (count, total) in bucket.parts.items():
+        if count:
+            mean = total / count
+            if not math.isnan(mean):
+                means[rank] = mean
+    return means
+
+
+def _median_without(ordered: list[float], place: int) -> float:
+    """The median of ``ordered`` (sorted) without its item at ``place``; NaN if none is left."""
+    n = len(ordered) - 1
+    if n < 1:
+        return math.nan
+    half = n // 2
+
+    def at(i: int) -> float:
+        return ordered[i + (i >= place)]
+
+    return at(half) if n % 2 else (at(half - 1) + at(half)) / 2
+
+
+def _spread(name: str, means: dict[int, float]) -> dict[str, float | int]:
+    """The spread keys of a merged window: the ranks' means' min, median, max, slowest."""
+    if not means:
+        return {}
+    ordered = sorted(means.values())
+    return {
+        f"{name}.rank_min": ordered[0],
+        f"{name}.rank_p50": statistics.median(ordered),
+        f"{name}.rank_max": ordered[-1],
+        # The highest mean; on a tie, the lower rank.
+        f"{name}.slowest_rank": min(means, key=lambda rank: (-means[rank], rank)),
+    }
+
+
+class Stragglers(MergeState):
+    """dst's straggler watch: each rank's windows over the factor, counted per Stat."""
+
+    def _watch(
+        self, name: str, aggs: tuple[int, ...], means: dict[int, float], stamp: datetime
+    ) -> None:
+        """dst: count each rank's windows over the factor; name a straggler, or its recovery."""
+        if _MEAN_SOURCES.isdisjoint(aggs):  # no sum, moments or Histogram travels: no mean
+            if self._throttle.ready(("no mean", name)):
+                logger.warning(
+                    "merge_stats_across_ranks: stragglers[%r] watches a Stat whose windows "
+                    "hold no mean (aggregations %s): add MEAN, SUM, STDDEV, a percentile or "
+                    "HISTOGRAM to it to have its stragglers named",
+                    name,
+                    ", ".join(_AGG_NAMES[agg].upper() for agg in aggs),
+                )
+            return
+        # Each rank against the median of the others' means: one that held its own mean
+        # would hide a slow rank among two, and move as ranks die.
+        ordered = sorted((mean, rank) for rank, mean in means.items())
+        place = {rank: i for i, (_, rank) in enumerate(ordered)}
+        values = [mean for mean, _ in ordered]
+        factor = self.stragglers[name]
+        for rank, mean in sorted(means.items()):
+            median = _median_without(values, place[rank])
+            if not median > 0:  # no other rank, or no ratio to speak of: its count stays
+                continue
+            key = (name, rank)
+            ratio = mean / median
+            if ratio > factor:
+                streak = self._streaks[key] = self._streaks.get(key, 0) + 1
+                if streak == self.straggler_windows:
+                    self.straggling.add(key)
+                    self._name_straggler(name, rank, ratio, streak, stamp, recovered=False)
+            else:
+                streak = self._streaks.pop(key, 0)
+                if key in self.straggling:
+                    self.straggling.discard(key)
+                    self._name_straggler(name, rank, ratio, streak, stamp, recovered=True)
+
+    def _name_straggler(
+        self, name: str, rank: int, ratio: float, windows: int, stamp: datetime, *, recovered: bool
+    ) -> None:
+        host = self.hosts[rank]
+        data: dict[str, str | float | int | bool] = {
+            "stat": name,
+            "rank": rank,
+            "ratio": ratio,
+            "windows": windows,
+            "host": host,
+            "recovered": recovered,
+        }
+        self.bus.log_event(Event(STRAGGLER_EVENT, stamp, data))
+        if self._throttle.ready(("straggler", name, recovered)):
+            logger.warning(
+                "merge_stats_across_ranks: rank %d (%s) %s: its %r mean is %.2f times the other "
+                "ranks' median (%d merged windows%s)",
+                rank,
+                host,
+                "has recovered" if recovered else "is a straggler",
+                name,
+                ratio,
+                windows,
+                "" if recovered else f" in a row over {self.stragglers[name]}",
+            )
