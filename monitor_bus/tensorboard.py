@@ -4,7 +4,8 @@
 Event files hold ``tensorboard.compat.proto`` messages and the text and hparams plugins' own
 protos, framed as ``tensorboard``'s own ``RecordWriter`` frames them, so TensorBoard (its
 HPARAMS and TEXT tabs too), ``EventAccumulator`` and every other reader of the format load
-them. A file only ever holds whole records, even after a failed write (see ``_event_file``).
+them. A file only ever holds whole records, even after a failed write (see ``_event_file``);
+the records are built in ``_tensorboard_records``.
 
 Needs the ``tensorboard`` extra: ``pip install 'monitor_bus[tensorboard]'``. ``import
 monitor_bus`` does not import this module.
@@ -30,16 +31,10 @@ from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
 
 try:
     from tensorboard.compat.proto import (  # type: ignore[import-untyped]
-        event_pb2,
         summary_pb2,
         tensor_pb2,
         tensor_shape_pb2,
     )
-    from tensorboard.plugins.hparams import (  # type: ignore[import-untyped]
-        api_pb2,
-        plugin_data_pb2,
-    )
-    from tensorboard.plugins.hparams import metadata as hparams_metadata
     from tensorboard.plugins.text import metadata as text_metadata  # type: ignore[import-untyped]
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
@@ -53,6 +48,16 @@ from ._event import Event, epoch_seconds
 from ._event_file import EventFile
 from ._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
 from ._skipped import INT64_MAX, INT64_MIN, is_utf8
+from ._tensorboard_records import (
+    check_tag,
+    experiment,
+    plain_event,
+    session_end,
+    session_start,
+    step_event,
+    summary_value,
+    table,
+)
 from .ranks import STRAGGLER_EVENT
 
 if TYPE_CHECKING:
@@ -189,8 +194,8 @@ class SummaryWriter:
             OSError: the record is refused: failed writes filled the bound of records kept for
                 another try (it is counted in ``dropped_records``).
         """
-        value = _summary_value(tag, scalar_value, new_style, double_precision)
-        event = _event(value, global_step, walltime)
+        value = summary_value(tag, scalar_value, new_style, double_precision)
+        event = step_event(value, global_step, walltime)
         with self._lock:
             self._check_open()
             self._writer.add(event.SerializeToString())
@@ -234,7 +239,7 @@ class SummaryWriter:
             RuntimeError: the writer is closed.
             OSError: the record is refused (see ``add_scalar``).
         """
-        _check_tag(tag)
+        check_tag(tag)
         limits = _floats("bucket_limits", bucket_limits)
         counts = _floats("bucket_counts", bucket_counts)
         if not limits or len(limits) != len(counts):
@@ -253,7 +258,9 @@ class SummaryWriter:
             )
         }
         histo = summary_pb2.HistogramProto(bucket_limit=limits, bucket=counts, **stats)
-        self._add(_event(summary_pb2.Summary.Value(tag=tag, histo=histo), global_step, walltime))
+        self._add(
+            step_event(summary_pb2.Summary.Value(tag=tag, histo=histo), global_step, walltime)
+        )
 
     def add_scalars(
         self,
@@ -280,7 +287,10 @@ class SummaryWriter:
             )
         walltime = time.time() if walltime is None else walltime
         events = [
-            (str(key), _event(_summary_value(main_tag, value, False, False), global_step, walltime))
+            (
+                str(key),
+                step_event(summary_value(main_tag, value, False, False), global_step, walltime),
+            )
             for key, value in tag_scalar_dict.items()
         ]
         with self._lock:
@@ -307,7 +317,7 @@ class SummaryWriter:
             ValueError: ``tag`` or ``text_string`` is not valid UTF-8.
             RuntimeError: the writer is closed.
         """
-        _check_tag(tag)
+        check_tag(tag)
         if not isinstance(text_string, str):
             raise TypeError(f"text_string must be a str, not {type(text_string).__name__}")
         if not is_utf8(text_string):
@@ -322,7 +332,7 @@ class SummaryWriter:
             tensor=tensor,
             metadata=text_metadata.create_summary_metadata(display_name=None, description=None),
         )
-        self._add(_event(value, global_step, walltime))
+        self._add(step_event(value, global_step, walltime))
 
     def add_hparams(
         self,
@@ -359,14 +369,14 @@ class SummaryWriter:
         metrics = dict(metric_dict or {})
         now = time.time()
         events = [
-            _plain_event(_experiment(hparam_dict, metrics, hparam_domain_discrete or {}), now),
-            _plain_event(session_start(hparam_dict, now), now),
+            plain_event(experiment(hparam_dict, metrics, hparam_domain_discrete or {}), now),
+            plain_event(session_start(hparam_dict, now), now),
         ]
         events += [
-            _event(_summary_value(key, value, False, False), global_step, now)
+            step_event(summary_value(key, value, False, False), global_step, now)
             for key, value in metrics.items()
         ]
-        events.append(_plain_event(session_end("success", now), now))
+        events.append(plain_event(session_end("success", now), now))
         with self._lock:
             self._check_open()
             writer = self._writer
@@ -412,23 +422,23 @@ class SummaryWriter:
             hparams = {k: v for k, v in data.items() if k.startswith("hparams.")}
             if not hparams:
                 hparams = {k: v for k, v in data.items() if k.startswith("config.")}
-            self._add(_plain_event(session_start(hparams, wall), wall))
-            self.add_text("run/start", _table(data), 0, wall)
+            self._add(plain_event(session_start(hparams, wall), wall))
+            self.add_text("run/start", table(data), 0, wall)
         elif event.name == RUN_END_EVENT:
-            self._add(_plain_event(session_end(str(data.get("status")), wall), wall))
+            self._add(plain_event(session_end(str(data.get("status")), wall), wall))
             # Not "run/end": the TEXT tab sorts tags by name, and would list it first.
-            self.add_text("run/stop", _table(data), 0, wall)
+            self.add_text("run/stop", table(data), 0, wall)
         elif event.name == METRICS_EVENT:
             step = data.get("step")
             fixed = isinstance(step, int) and step.__class__ is int
             at = step if fixed and INT64_MIN <= step <= INT64_MAX else None  # type: ignore[operator]
             for key, value in data.items():
                 if key != "step" and value.__class__ in (int, float, bool) and is_utf8(key):
-                    self._add(_event(_summary_value(key, float(value), False, False), at, wall))
+                    self._add(step_event(summary_value(key, float(value), False, False), at, wall))
         elif event.name == STRAGGLER_EVENT:
             with self._lock:
                 step, self._stragglers = self._stragglers, self._stragglers + 1
-            self.add_text("stragglers", _table(data), step, wall)
+            self.add_text("stragglers", table(data), step, wall)
         else:
             return False
         return True
@@ -518,145 +528,9 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _check_tag(tag: Any) -> None:
-    if not isinstance(tag, str):
-        raise TypeError(f"tag must be a str, not {type(tag).__name__}")
-    if not is_utf8(tag):
-        raise ValueError(f"tag {tag!r} is not valid UTF-8, which event files need")
-
-
 def _floats(name: str, numbers: Sequence[Any]) -> list[float]:
     """``numbers`` as floats, or a ``TypeError`` naming the argument ``name``."""
     try:
         return [float(number) for number in numbers]
     except (TypeError, ValueError, OverflowError):
         raise TypeError(f"{name} must hold real numbers, got {numbers!r:.200}") from None
-
-
-def _summary_value(tag: Any, scalar_value: Any, new_style: bool, double_precision: bool) -> Any:
-    _check_tag(tag)
-    try:
-        value = float(scalar_value)
-    except (TypeError, ValueError):
-        raise TypeError(
-            f"scalar_value must be a real number, not {type(scalar_value).__name__}"
-        ) from None
-    except OverflowError:
-        raise ValueError("scalar_value is an int beyond float64's range") from None
-    if not new_style:
-        return summary_pb2.Summary.Value(tag=tag, simple_value=value)
-    if double_precision:
-        tensor = tensor_pb2.TensorProto(dtype="DT_DOUBLE", double_val=[value])
-    else:
-        tensor = tensor_pb2.TensorProto(dtype="DT_FLOAT", float_val=[value])
-    metadata = summary_pb2.SummaryMetadata(
-        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
-    )
-    return summary_pb2.Summary.Value(tag=tag, tensor=tensor, metadata=metadata)
-
-
-def _event(value: Any, global_step: Any, walltime: float | None) -> Any:
-    event = event_pb2.Event(
-        wall_time=time.time() if walltime is None else float(walltime),
-        summary=summary_pb2.Summary(value=[value]),
-    )
-    if global_step is not None:
-        if isinstance(global_step, bool):
-            raise TypeError("global_step must be an int, not bool")
-        try:
-            step = int(global_step.__index__())
-        except (AttributeError, TypeError):
-            raise TypeError(
-                f"global_step must be an int, not {type(global_step).__name__}"
-            ) from None
-        if not INT64_MIN <= step <= INT64_MAX:
-            raise ValueError(f"global_step {step} is outside int64, the event file's step type")
-        event.step = step
-    return event
-
-
-# -- the HPARAMS plugin's records (tensorboard.plugins.hparams, without its TensorFlow API) --
-
-_STATUS = {
-    "success": api_pb2.Status.STATUS_SUCCESS,
-    "failed": api_pb2.Status.STATUS_FAILURE,
-    "interrupted": api_pb2.Status.STATUS_FAILURE,
-}
-
-
-def _hparams_value(value: Any) -> Any:
-    if isinstance(value, bool):
-        return {"bool_value": value}
-    if isinstance(value, (int, float)):
-        return {"number_value": float(value)}
-    return {"string_value": value if isinstance(value, str) else str(value)}
-
-
-def _plugin_value(tag: str, data: Any) -> Any:
-    return summary_pb2.Summary.Value(
-        tag=tag,
-        metadata=hparams_metadata.create_summary_metadata(data),
-        tensor=hparams_metadata.NULL_TENSOR,
-    )
-
-
-def session_start(hparams: Mapping[str, Any], start_time: float) -> Any:
-    """The HPARAMS plugin's session-start record of ``hparams`` (a ``Summary.Value``)."""
-    info = plugin_data_pb2.SessionStartInfo(start_time_secs=start_time)
-    for name, value in hparams.items():
-        for field, plain in _hparams_value(value).items():
-            setattr(info.hparams[str(name)], field, plain)
-    return _plugin_value(
-        hparams_metadata.SESSION_START_INFO_TAG,
-        plugin_data_pb2.HParamsPluginData(session_start_info=info),
-    )
-
-
-def session_end(status: str, end_time: float) -> Any:
-    """The HPARAMS plugin's session-end record for a run status (``RUN_STATUSES``)."""
-    info = plugin_data_pb2.SessionEndInfo(
-        status=_STATUS.get(status, api_pb2.Status.STATUS_UNKNOWN), end_time_secs=end_time
-    )
-    return _plugin_value(
-        hparams_metadata.SESSION_END_INFO_TAG,
-        plugin_data_pb2.HParamsPluginData(session_end_info=info),
-    )
-
-
-def _experiment(
-    hparams: Mapping[str, Any], metrics: Mapping[str, Any], domains: Mapping[str, list[Any]]
-) -> Any:
-    infos = []
-    for name, value in hparams.items():
-        info = api_pb2.HParamInfo(name=str(name))
-        kind = next(iter(_hparams_value(value)))
-        info.type = {
-            "bool_value": api_pb2.DATA_TYPE_BOOL,
-            "number_value": api_pb2.DATA_TYPE_FLOAT64,
-            "string_value": api_pb2.DATA_TYPE_STRING,
-        }[kind]
-        for option in domains.get(name, ()):
-            info.domain_discrete.values.add(**_hparams_value(option))
-        infos.append(info)
-    experiment = api_pb2.Experiment(
-        hparam_infos=infos,
-        metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=key)) for key in metrics],
-    )
-    return _plugin_value(
-        hparams_metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(experiment=experiment)
-    )
-
-
-def _plain_event(value: Any, walltime: float) -> Any:
-    return event_pb2.Event(wall_time=walltime, summary=summary_pb2.Summary(value=[value]))
-
-
-def _table(data: Mapping[str, Any]) -> str:
-    rows = "\n".join(f"| {key} | {_cell(value)} |" for key, value in data.items())
-    return f"| key | value |\n| --- | --- |\n{rows}"
-
-
-def _cell(value: Any) -> str:
-    """A table cell: a float to six significant digits (a duration of 8.23900027000002 s
-    reads 8.239), anything else as it is."""
-    return f"{value:.6g}" if value.__class__ is float else str(value)
