@@ -685,7 +685,7 @@ class EventBus:
                 lost,
             )
         # Each handler also reports its own as it exits; the lock has each drop reported once.
-        dispatcher.report_drops([h for h, _ in targets], final=True)
+        dispatcher.drops.report([h for h, _ in targets], final=True)
         if targets and self._final_handlers is None:  # the close that detached them
             self._final_handlers = [h.snapshot(0, self._queue.dropped) for h, _ in targets]
         if not dispatcher.stop(deadline):

@@ -45,7 +45,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime, timezone
@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from . import _device, _stat
+from ._drop_report import DropReport
 from ._lifecycle import process
 from ._queue import SLOTS, resolve_ready, wait_for_devices
 from ._ratelimit import LOG_INTERVAL, Throttle
@@ -141,13 +142,8 @@ class Dispatcher:
         self._stopped: anyio.Event | None = None
         self._waiting_for_room = False
         self._room: anyio.Event | None = None
-        self._dropped_reported = 0  # the part of the queue's drops already in a warning
-        self._said_reported = 0  # queue.dropped_said already taken into that
-        self._children_reported = 0  # queue.dropped_by_children already in a warning
-        self._drop_throttle = Throttle()
-        self._read_throttle = Throttle()
         self._start_throttle = Throttle()
-        self._report_lock = threading.Lock()
+        self.drops = DropReport(bus)  # its drop warnings
         self._failures: deque[float] = deque(maxlen=_MAX_FAILURES)  # when, monotonic
         # The runner the bundled sinks share (``_runner``), and the lock of its changes.
         self.sinks: Runner | None = None
@@ -576,7 +572,7 @@ class Dispatcher:
                     held + batch if held else batch, wait=force
                 )
                 if failed:
-                    self._unreadable(failed)
+                    self.drops.unreadable(failed)
             if batch:
                 for handler in handlers:
                     handler.push(batch, capacity, overflow)
@@ -590,7 +586,7 @@ class Dispatcher:
                     and self.thread is threading.current_thread()
                 ):
                     busy.set()
-        self.report_drops(handlers)
+        self.drops.report(handlers)
         return not queue.slots
 
     async def _distribute(self) -> None:
@@ -661,21 +657,6 @@ class Dispatcher:
             else:
                 await anyio.sleep(wait)
 
-    def _unreadable(self, failed: list[tuple[str, Exception]]) -> None:
-        """Events whose device values could not be read: dropped, counted and reported."""
-        with self._report_lock:
-            self.bus._queue.count_unreadable(len(failed))
-            self._dropped_reported += len(failed)  # reported here, not as a full queue
-        if self._read_throttle.ready():
-            name, exc = failed[0]
-            logger.error(
-                "EventBus %r: %d events dropped: a device value could not be read (event %r: %r)",
-                self.bus._name,
-                len(failed),
-                name,
-                exc,
-            )
-
     def handler_progressed(self) -> None:
         """Called by a runner after a batch: wake the distributor if it waits for room."""
         if self._waiting_for_room:
@@ -684,74 +665,6 @@ class Dispatcher:
             if loop is not None and self._room is not None:
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(self._room.set)
-
-    def report_drops(self, handlers: Iterable[_Handler], *, final: bool = False) -> None:
-        """Warn about new drops, queue-side and per handler, at most once per interval each
-        (``final``: now, whatever the interval; for a bus or handler that is going away).
-
-        Called by the dispatcher after each drain, by ``close`` and by a runner that exits:
-        the lock makes each drop reported once.
-        """
-        with self._report_lock:
-            self._report_drops_locked(handlers, final)
-
-    def _report_drops_locked(self, handlers: Iterable[_Handler], final: bool) -> None:
-        bus = self.bus
-        queue = bus._queue
-        dropped, said, by_children = queue.dropped, queue.dropped_said, queue.dropped_by_children
-        # Drops warned about where they happened are not reported again.
-        self._dropped_reported += said - self._said_reported
-        self._said_reported = said
-        if dropped != self._dropped_reported and (final or self._drop_throttle.ready()):
-            new = dropped - self._dropped_reported
-            children = min(new, by_children - self._children_reported)
-            full = new - children
-            if children:
-                logger.warning(
-                    "EventBus %r: child processes reported %d events they could not send since "
-                    "the last report, %d in all",
-                    bus._name,
-                    children,
-                    by_children,
-                )
-            if full:
-                logger.warning(
-                    "EventBus %r: queue full (capacity %d, policy %s): %d events dropped since "
-                    "the last report, %d in all",
-                    bus._name,
-                    bus._capacity,
-                    bus._overflow,
-                    full,
-                    dropped,
-                )
-            self._dropped_reported = dropped
-            self._children_reported = by_children
-        for handler in handlers:
-            with handler.cv:  # the sink's own losses, in dropped too, are reported below
-                lost, sink_lost = handler.dropped - handler.lost, handler.lost
-            if lost != handler.dropped_reported and (final or handler.throttle.ready("drops")):
-                logger.warning(
-                    "EventBus %r: handler %r fell behind (backlog capacity %d, policy %s): %d "
-                    "events dropped since the last report, %d in all",
-                    bus._name,
-                    handler.name,
-                    bus._capacity,
-                    bus._overflow,
-                    lost - handler.dropped_reported,
-                    lost,
-                )
-                handler.dropped_reported = lost
-            lost = sink_lost
-            if lost != handler.lost_reported and (final or handler.throttle.ready("lost")):
-                logger.warning(
-                    "EventBus %r: handler %r could not write %d events it was given (see its "
-                    "errors), dropped since the last report, %d in all",
-                    bus._name,
-                    handler.name,
-                    lost - handler.lost_reported,
-                    lost,
-                )
-                handler.lost_reported = lost
 
     # -- Stat windows on a timer --
 
