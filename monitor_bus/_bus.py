@@ -51,10 +51,11 @@ import anyio
 from . import _device
 from ._check import check_int, check_timeout, wrong_type
 from ._device import Deferred
-from ._dispatcher import Dispatcher, _deadline, _remaining, _TimedOut
+from ._dispatcher import Dispatcher, _deadline, _remaining
 from ._event import PLAIN, Event, EventOrigin, check_name, data_value_t, normalize
 from ._handler import EventHandler, EventHandlerHandle, _Handler
 from ._lifecycle import WeakRegistry, in_bus_thread, process
+from ._portal import _TimedOut
 from ._queue import (
     SLOTS,
     EventQueue,
