@@ -21,16 +21,15 @@ Guarantees
 - Overflow: the queue and each handler's backlog hold at most ``capacity`` events; past that
   the policy drops the newest or the oldest or, for ``"block"``, holds the producer back. Every
   drop is counted (per handler and in ``stats()``) and reported on the ``monitor_bus`` logger
-  at most once per 10 s per bus and per handler, naming them and the count. A Stat window is
-  never dropped, under any policy: it is queued past the capacity (at most one per Stat per
-  window). Nor, while a bus closes, is what child processes send under ``"block"`` held in
-  the relay: it is queued past the capacity (``close()`` bounds the wait for it). The queue's
-  protocol is in ``_queue.py``.
+  at most once per 10 s per bus and per handler, naming them and the count
+  (``_drop_report.py``). A Stat window is never dropped, under any policy
+  (``_stat_registry.py``); what child processes send is queued as the bus's own events are
+  (``_child_intake.py``). The queue's protocol is in ``_queue.py``.
 - Handlers never share data: each gets its own ``Event`` and its own copy of ``data``.
 - No handler: what is logged while a bus has none goes nowhere, counted (``unhandled`` in
   ``stats()``) and, once the bus has had a handler, named in a warning at close and exit.
   Unregistering the last handler first logs each Stat's open window to it, as exit does.
-  A closed bus keeps reporting the counts it closed with.
+- Closing, and the counts a closed bus keeps: see ``_closing.py`` and ``_counters.py``.
 - Fork and exit: see ``_lifecycle.py``. Every wait (``register_event_handler``, ``flush``,
   ``close``, leaving a ``with`` block, exit) is bounded by its timeout; ``math.inf`` means no
   limit. ``flush`` also waits for a ``ProcessHandler``'s child to acknowledge what it got.
@@ -38,7 +37,6 @@ Guarantees
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -48,25 +46,19 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from . import _device
 from ._check import check_int, check_timeout, wrong_type
-from ._device import Deferred
-from ._dispatcher import Dispatcher, _deadline, _remaining, _TimedOut
-from ._event import PLAIN, Event, EventOrigin, check_name, data_value_t, normalize
+from ._closing import Closing
+from ._counters import Counters
+from ._dispatcher import Dispatcher, _deadline, _remaining
+from ._event import PLAIN, Event, check_name, data_value_t, normalize
 from ._handler import EventHandler, EventHandlerHandle, _Handler
 from ._lifecycle import WeakRegistry, in_bus_thread, process
+from ._portal import _TimedOut
 from ._queue import (
-    SLOTS,
     EventQueue,
-    PendingWindow,
-    RemoteData,
     _Item,
-    count_events,
-    device_values,
 )
-from ._ratelimit import Throttle
 from ._subscription import subscribe
-from ._window import STAT_EVENT
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -84,11 +76,9 @@ _OVERFLOWS = ("drop_newest", "drop_oldest", "block")
 Children = Literal["forward", "own"]
 """Where a child process's events go: ``EventBus(children=...)``."""
 _CHILDREN = ("forward", "own")
-# Reports events child processes sent to a bus after it closed (per bus).
-_LATE = Throttle()
 
 
-class EventBus:
+class EventBus(Closing, Counters):
     """A bounded queue of events and the dispatcher that fans them out to handlers.
 
     The module-level functions (``log_event``, ``register_event_handler``, ...) use a default
@@ -295,126 +285,6 @@ class EventBus:
         self._dispatcher.hurry()
         queue.put_full(item)
 
-    def _window_closed(self, window: ClosedWindow) -> None:
-        """A Stat's window closed: offer it to the tap, then log it (its device values are
-        read on the dispatcher's side, or, for a parent process, when it is sent)."""
-        tap = self._window_tap
-        if tap is not None and tap(window):
-            return
-        if window.pending:
-            data = PendingWindow()
-            data.window = window
-            self._log_window((STAT_EVENT, window.stamp, data))
-        else:
-            self._log_window((STAT_EVENT, window.stamp, window.data()))
-
-    def _log_window(self, item: _Item) -> None:
-        """``log_event`` for Stat windows: never blocks (the timer runs on the loop) and never
-        drops, whatever the policy: a window may summarize millions of samples."""
-        uplink = self._uplink  # read once: the relay may unset it meanwhile
-        if uplink is not None:
-            uplink.send(self, item, window=True)
-        if not self._handlers:
-            if self._uplink is None:  # sent to no one: counted
-                self._unhandled += 1
-            return
-        self._queue.put_window(item)
-        if self._idle:
-            self._dispatcher.wake()
-
-    def _relay_in(self, item: _Item, origin: EventOrigin | None, window: bool) -> None:
-        """``log_event`` for what a child process sent (the relay's thread): the same queue,
-        policy and counters, with the child's ``origin`` on the event. Never waits: under
-        ``"block"`` with no room the event is parked (``EventQueue.parked``), and the relay
-        reads no more from that child until ``_relay_unpark`` has queued it."""
-        if self._closed:  # sent before the child knew: counted, not delivered
-            self._drop_late(1)
-            return
-        if not self._handlers:
-            self._unhandled += 1
-            return
-        queue = self._queue
-        if queue.parked or not self._relay_put(item, origin, window):
-            queue.parked.append((item, origin, window))  # behind the parked ones: in order
-
-    def _say_unhandled(self) -> None:
-        """Name what was logged while no handler was registered (at close and exit), unless
-        the bus never had a handler: logging nobody listens to is torch.monitor's no-op, and
-        instrumented code runs in programs that never register one."""
-        n = self._unhandled
-        if n != self._unhandled_said and self._had_handler:
-            self._unhandled_said = n
-            logger.warning(
-                "EventBus %r: %d events (Stat windows included) were logged while it had no "
-                "handler and went nowhere: unregister the last handler only once the run is over",
-                self._name,
-                n,
-            )
-
-    def _begin_closing(self) -> None:
-        """From now on, queue what children send past the limit instead of parking it: a
-        handler stuck under ``"block"`` must not hold up the relay while the bus closes (nor,
-        behind it, what the same children sent other buses). ``close()`` bounds the wait for
-        what is queued, and counts what its handlers miss."""
-        self._closing = True
-        queue = self._queue
-        if queue.parked:
-            queue._room()  # the relay queues what it parked
-
-    def _drop_late(self, n: int, *, final: bool = False) -> None:
-        """Count ``n`` events from child processes that found this bus closed, and say so (at
-        most once per 10 s; ``final``: now, as the relay closes)."""
-        if n:
-            self._queue.count_dropped(n, said=True)
-            self._late_dropped += n
-        if self._late_dropped != self._late_said and (final or _LATE.ready(self._creator)):
-            self._late_said = self._late_dropped
-            logger.warning(
-                "EventBus %r is closed: %d events child processes sent it were dropped (%d "
-                "dropped in all)",
-                self._name,
-                self._late_dropped,
-                self._queue.dropped,
-            )
-
-    def _relay_put(self, item: _Item, origin: EventOrigin | None, window: bool) -> bool:
-        """Queue one event from a child; False (nothing queued) under ``"block"`` with no room."""
-        queue = self._queue
-        if window:
-            queue.put_window(item, origin)
-        else:
-            data = RemoteData(item[2])
-            data.origin = origin
-            slots = (item[0], item[1], data)
-            if len(queue.slots) < queue.crowded:
-                queue.slots.extend(slots)
-            else:
-                self._dispatcher.hurry()  # a lingering or stopped dispatcher makes no room
-                if not queue.put_nowait(slots):
-                    if not self._closing:
-                        return False
-                    queue.slots.extend(slots)  # closing: past the limit (see _begin_closing)
-        self._from_children += 1
-        if self._idle:
-            self._dispatcher.wake()
-        return True
-
-    def _relay_unpark(self) -> bool:
-        """Queue the events the relay parked while there is room (the relay's thread); True
-        once none is left. A closed queue counts them as dropped."""
-        queue = self._queue
-        parked = queue.parked
-        while parked:
-            if queue.closed or self._closed:
-                self._drop_late(len(parked))
-                parked.clear()
-                break
-            item, origin, window = parked[0]
-            if not self._relay_put(item, origin, window):
-                break
-            parked.popleft()
-        return not parked
-
     # -- registration --
 
     def register_event_handler(
@@ -596,111 +466,6 @@ class EventBus:
             raise RuntimeError("aflush() cannot be called from inside an event handler")
         return await anyio.to_thread.run_sync(self.flush, timeout, abandon_on_cancel=True)
 
-    def _sweep_children(self, timeout: float | None, *, windows: bool = False) -> bool:
-        """Queue what child processes had sent when this was called, and with ``windows``
-        (closing) their open Stat windows of this bus too (False: timed out)."""
-        listener = process.listener
-        if listener is None or not self._handlers:
-            return True
-        return listener.collect_windows(self, timeout) if windows else listener.sweep(timeout)
-
-    def close(self, timeout: float | None = None) -> bool:
-        """Log the open windows of this bus's Stats, deliver what is queued, detach every
-        handler and stop the dispatcher thread.
-
-        Live child processes that report to this bus (DataLoader workers, say) are asked for
-        their Stats' open windows first, within half of ``timeout``; one that has not sent
-        them by then is named in a warning, and what it sends later is counted as dropped.
-        Idempotent; later ``log_event`` calls are no-ops and registration raises. Handlers
-        that have not finished within ``timeout`` are cut off: what they did not get is
-        counted as dropped for them and named in a warning. From the call on, what child
-        processes send is queued even past the capacity under ``"block"``, rather than held
-        in the relay. ``stats()`` keeps the final counts. A close that runs while another
-        still waits for the handlers it detached (SIGTERM during ``close()``) waits for them
-        too, within its own ``timeout``.
-
-        Args:
-            timeout: seconds to wait; None or ``math.inf`` waits as long as it takes.
-
-        Returns:
-            True if everything was delivered (the children's windows included) and every
-            thread stopped within ``timeout``.
-        """
-        timeout = check_timeout("timeout", timeout)
-        if in_bus_thread():
-            raise RuntimeError("close() cannot be called from inside an event handler")
-        deadline = _deadline(timeout)
-        dispatcher = self._dispatcher
-        collected = True  # the children's open windows of this bus
-        if not self._closed:
-            self._begin_closing()
-            for stat in self._stats():
-                stat._close()
-            # At most half the time: a sweep that cannot settle (a stuck sink under "block")
-            # must leave time to detach the handlers. The children's open windows too.
-            collected = self._sweep_children(None if timeout is None else timeout / 2, windows=True)
-            dispatcher.ensure_running()
-            self._say_unhandled()
-        with dispatcher.lock:
-            self._closed = True
-        self._queue.close()
-        try:
-            targets = dispatcher.in_loop(dispatcher.detach_all, timeout=_remaining(deadline))
-        except _TimedOut:
-            logger.warning(
-                "EventBus %r: close() gave up after %s s: the dispatcher did not respond",
-                self._name,
-                timeout,
-            )
-            return False
-        targets += [(h, h.offered) for h in tuple(self._leaving) if not h.registered]
-        if targets:
-            self._detached = targets
-        else:  # another close detached them and may still wait (SIGTERM during that close)
-            targets = [(h, target) for h, target in self._detached if h.running]
-        # The handlers settle concurrently: one stuck handler does not eat the others' time.
-        settled = [h.wait_settled(target, _remaining(deadline)) for h, target in targets]
-        unfinished = []
-        for (handler, target), done in zip(targets, settled, strict=True):
-            if not done:
-                unfinished.append(handler.cut_off(target))
-            handler.stop()
-        stopped = [h.wait_stopped(_remaining(deadline)) for h, _ in targets]
-        for handler, _ in targets:
-            if not handler.running:  # its runner is gone: what it holds now is lost, counted
-                handler._exit()
-        if unfinished:
-            logger.warning(
-                "EventBus %r: %d handler(s) still busy after %s s, cut off: %s",
-                self._name,
-                len(unfinished),
-                timeout,
-                ", ".join(unfinished),
-            )
-        if self._queue.slots and dispatcher.loop is None:
-            lost = self._queue.discard()
-            logger.warning(
-                "EventBus %r closed with %d undelivered events (dispatcher not running)",
-                self._name,
-                lost,
-            )
-        # Each handler also reports its own as it exits; the lock has each drop reported once.
-        dispatcher.report_drops([h for h, _ in targets], final=True)
-        if targets and self._final_handlers is None:  # the close that detached them
-            self._final_handlers = [h.snapshot(0, self._queue.dropped) for h, _ in targets]
-        if not dispatcher.stop(deadline):
-            # After a cut-off, the handlers' wait used the time and that warning says so;
-            # the loop is free and ends on its own.
-            if not unfinished:
-                logger.warning(
-                    "EventBus %r: the dispatcher did not stop within %s s (an async handler "
-                    "blocks its loop?)",
-                    self._name,
-                    timeout,
-                )
-            return False
-        return all(settled) and all(stopped) and not dispatcher.broken and collected
-
     def __enter__(self) -> EventBus:
         return self
 
@@ -730,106 +495,12 @@ class EventBus:
         """Whether ``close()`` was called."""
         return self._closed
 
-    def stats(self) -> dict[str, Any]:
-        """A snapshot of the bus's counters.
-
-        Keys: ``logged``, ``dropped`` (turned away by the full queue), ``queued``,
-        ``handler_errors``, ``handler_dropped`` (sum over handlers, queue drops included),
-        ``dispatcher_restarts`` (times the dispatcher failed, was logged and started again),
-        ``from_children`` (events child processes sent here, included in ``logged``),
-        ``to_parent`` (in a child process: events sent to the parent), ``unhandled`` (events
-        and Stat windows logged while the bus had no handler, which went nowhere; named in a
-        warning at close and exit if the bus ever had a handler), ``device_values``
-        (tensors and device arrays logged but not read yet: in Stats' open windows, and in
-        events and windows queued) and ``handlers``: one
-        mapping per registered handler with ``name``, ``async``, ``logged`` (events logged
-        while it was registered), ``delivered``, ``errors``, ``dropped`` and ``pending``. For
-        each handler, ``logged == delivered + dropped + pending``. After ``close()``, the
-        counts it closed with, the handlers it detached included.
-        """
-        queue = self._queue
-        held = self._dispatcher.held  # taken from the queue, waiting for a device: still queued
-        queued = len(queue) + count_events(len(held))
-        dropped = queue.dropped
-        final = self._final_handlers
-        if final is not None and not self._handlers:  # closed: the counts it closed with
-            handlers = [dict(h) for h in final]
-        else:
-            handlers = [h.snapshot(queued, dropped) for h in self._handlers]
-        return {
-            "logged": queue.consumed + len(queue) + dropped,
-            "dropped": dropped,
-            "queued": queued,
-            "device_values": self._device_values(),
-            "handler_errors": self._errors,
-            "handler_dropped": sum(h["dropped"] for h in handlers),
-            "dispatcher_restarts": self._restarts,
-            "from_children": self._from_children,
-            "to_parent": self._to_parent,
-            "unhandled": self._unhandled,
-            "handlers": handlers,
-        }
-
-    def _device_values(self) -> int:
-        """Device values logged on this bus and not read yet."""
-        if not _device.used:
-            return 0  # none was ever captured: no scan of the queue
-        stats = self._stats()
-        return (
-            sum(len(stat._pending) for stat in stats)
-            + sum([v.__class__ for v in list(stat._buf)].count(Deferred) for stat in stats)
-            + device_values(list(self._queue.slots)[2::SLOTS])
-            + device_values(self._dispatcher.held[2::SLOTS])
-        )
-
     def __repr__(self) -> str:
         running = self._dispatcher.loop is not None
         state = "closed" if self._closed else "running" if running else "idle"
         return f"<EventBus {self._name!r} {state}, {len(self._handlers)} handlers>"
 
-    def _close_at_exit(self) -> None:
-        """Close within ``exit_timeout`` (interpreter exit, a ``with`` block's end)."""
-        if self._dispatcher.loop is None and not self._queue.slots:
-            self._closed = True
-            self._say_unhandled()
-            return
-        self.close(self._exit_timeout)  # what it could not deliver, it names in a warning
-
     # -- Stat registries, and what Stats and handlers ask of the bus --
-
-    def _watch_stat(self, stat: Stat) -> None:
-        """Have the timer close ``stat``'s windows on time."""
-        window = stat._window
-        dispatcher = self._dispatcher
-        with dispatcher.lock:
-            group = self._stat_groups.get(window)
-            new = group is None
-            if group is None:
-                group = self._stat_groups[window] = WeakRegistry()
-            group.add(stat)
-            loop = dispatcher.loop
-        if new and loop is not None:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(dispatcher.timers_changed_set)
-        elif loop is None and self._uplink is not None:
-            dispatcher.ensure_running()  # a child's windows close on time too
-
-    def _dirty_stats(self, window: float) -> WeakRegistry[Stat]:
-        """The Stats of this window size whose open window holds data (the timer's round)."""
-        registry = self._dirty.get(window)
-        if registry is None:
-            registry = self._dirty.setdefault(window, WeakRegistry())  # one C call: atomic
-        return registry
-
-    def _stats(self) -> list[Stat]:
-        """This bus's live Stats."""
-        groups = list(self._stat_groups.values())  # one C call: atomic, no lock needed
-        return [stat for group in groups for stat in group.snapshot()]
-
-    def _count_error(self) -> None:
-        """A handler call failed (a runner counts it here for ``stats()``)."""
-        with self._errors_lock:
-            self._errors += 1
 
     def _after_fork_in_child(self) -> None:
         handlers = self._handlers

@@ -11,8 +11,8 @@ Guarantees
   to be had, what they logged waits in the queue (a full one drops as its policy says, and
   ``"block"`` does not wait for room nothing would make), a warning says so (at most once per
   10 s), and the next event tries again.
-- Other threads reach the loop with ``call_soon_threadsafe`` and wait on a future with their
-  own timeout, so ``flush``/``close`` stay bounded even if a handler blocks the loop.
+- Other threads reach the loop through its portal (``_portal.py``), in time bounded by their
+  own timeout.
 - Registration changes run on the loop: the distributor drains what is queued to the current
   handlers, then publishes a new immutable tuple of handlers, which dispatch reads lock-free.
 - Linger: once woken, the distributor hands over one batch per linger while events keep
@@ -21,8 +21,7 @@ Guarantees
   burst of ``BURST`` events or more is never held past the bus's linger (a smaller one may
   wait the grown linger). ``flush``, ``close`` and Stat windows never wait for it: a queued
   window ends the linger (``window_queued``).
-- Stat windows: at each boundary of each window size, the timer closes the windows that are
-  due, so a stalled producer still reports.
+- Stat windows: the Stat timer (``_stat_timer.py``) closes each at its end.
 - Failure: a dispatcher whose loop ends with an exception is logged at CRITICAL and replaced
   at once; after three failures within 10 s it stays down, and ``flush``/``close`` say so.
 - Fork: the child's bus gets an empty queue and a new, stopped dispatcher (fresh locks). A
@@ -45,19 +44,19 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from . import _device, _stat
+from . import _device
+from ._drop_report import DropReport
 from ._lifecycle import process
+from ._portal import Portal
 from ._queue import SLOTS, resolve_ready, wait_for_devices
 from ._ratelimit import LOG_INTERVAL, Throttle
-from ._window import window_end
+from ._stat_timer import StatTimer
 
 if TYPE_CHECKING:
     from ._bus import EventBus
@@ -66,10 +65,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("monitor_bus")
 
-_T = TypeVar("_T")
-
-# Wake a timer this long after a window's end, so the window is surely over by its clock.
-_TIMER_SLACK = 0.0005
 # Adaptive linger: while batches stay under BURST events, each linger doubles, up to
 # LINGER_MAX seconds (or the bus's own linger, if longer), so a steady trickle makes few
 # wake-ups (docs/performance.md's linger table: 20 ms -> 100 ms took K=1 from 1.124x to
@@ -90,25 +85,7 @@ def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
-def _run_into(future: Future[_T], func: Callable[..., _T], *args: Any) -> None:
-    try:
-        future.set_result(func(*args))
-    except BaseException as exc:  # noqa: BLE001 - the waiter gets it
-        future.set_exception(exc)
-
-
-def _ran(func: Callable[..., _T], *args: Any) -> Future[_T]:
-    future: Future[_T] = Future()
-    future.set_running_or_notify_cancel()
-    _run_into(future, func, *args)
-    return future
-
-
-class _TimedOut(Exception):
-    pass
-
-
-class Dispatcher:
+class Dispatcher(Portal, StatTimer):
     """The loop side of an ``EventBus``: its thread, its loop's tasks and everything that talks
     to them. A bus owns one (a forked child gets a new one).
 
@@ -141,13 +118,8 @@ class Dispatcher:
         self._stopped: anyio.Event | None = None
         self._waiting_for_room = False
         self._room: anyio.Event | None = None
-        self._dropped_reported = 0  # the part of the queue's drops already in a warning
-        self._said_reported = 0  # queue.dropped_said already taken into that
-        self._children_reported = 0  # queue.dropped_by_children already in a warning
-        self._drop_throttle = Throttle()
-        self._read_throttle = Throttle()
         self._start_throttle = Throttle()
-        self._report_lock = threading.Lock()
+        self.drops = DropReport(bus)  # its drop warnings
         self._failures: deque[float] = deque(maxlen=_MAX_FAILURES)  # when, monotonic
         # The runner the bundled sinks share (``_runner``), and the lock of its changes.
         self.sinks: Runner | None = None
@@ -236,17 +208,6 @@ class Dispatcher:
     def _set_hurried(self) -> None:
         if self._hurried is not None:
             self._hurried.set()
-
-    def call_soon(self, func: Callable[[], object]) -> None:
-        """Run ``func`` on the loop thread soon, without waiting (a no-op once it is gone)."""
-        loop = self.loop
-        if loop is None:
-            return
-        if self.thread is threading.current_thread():
-            func()
-            return
-        with contextlib.suppress(RuntimeError):  # the loop has closed
-            loop.call_soon_threadsafe(func, context=self.loop_context)
 
     def _set_wakeup(self) -> None:
         if self._wakeup is not None:
@@ -429,53 +390,6 @@ class Dispatcher:
         finally:
             self.task_group = None  # a failed loop too: nothing may start on it
 
-    def in_loop(self, func: Callable[..., _T], *args: Any, timeout: float | None = None) -> _T:
-        """Run ``func`` on the dispatcher's loop and return its result.
-
-        Scheduled with ``call_soon_threadsafe`` and awaited on a concurrent future, so the
-        timeout holds even when the loop is blocked (a handler calling ``time.sleep`` in an
-        ``async def``): anyio's portal waits on the loop before it honours any timeout. On
-        timeout ``func`` runs in full or not at all.
-        """
-        future = self.submit(func, *args)
-        try:
-            return future.result(timeout)
-        except FutureTimeout:
-            future.cancel()
-            raise _TimedOut from None
-
-    def submit(self, func: Callable[..., _T], *args: Any) -> Future[_T]:
-        """Have ``func`` run on the loop exactly once (here, if there is no loop), no wait."""
-        if self.thread is threading.current_thread():
-            return _ran(func, *args)  # we are on the loop
-        loop = self.loop
-        if loop is None:
-            with self.lock:  # no dispatcher: nothing else runs these steps while we hold it
-                if self.loop is None:
-                    return _ran(func, *args)
-                loop = self.loop
-        return self._schedule(loop, func, *args)
-
-    def _schedule(self, loop: Any, func: Callable[..., _T], *args: Any) -> Future[_T]:
-        """Have ``func`` run on ``loop`` soon, or by the loop's thread as it ends, or here if
-        the loop has closed: exactly once, whichever comes first."""
-        future: Future[_T] = Future()
-
-        def run() -> None:
-            try:
-                self.unrun.remove(run)  # claimed once: by the loop, its end, or the caller
-            except KeyError:
-                return
-            if future.set_running_or_notify_cancel():
-                _run_into(future, func, *args)
-
-        self.unrun.add(run)
-        try:
-            loop.call_soon_threadsafe(run, context=self.loop_context)
-        except RuntimeError:  # the loop has closed: nothing else runs these steps now
-            run()
-        return future
-
     def _start_async(self, handler: _Handler) -> None:
         tg = self.task_group
         if tg is None:  # the loop ended first: its backlog is lost, the next start runs it
@@ -576,7 +490,7 @@ class Dispatcher:
                     held + batch if held else batch, wait=force
                 )
                 if failed:
-                    self._unreadable(failed)
+                    self.drops.unreadable(failed)
             if batch:
                 for handler in handlers:
                     handler.push(batch, capacity, overflow)
@@ -590,7 +504,7 @@ class Dispatcher:
                     and self.thread is threading.current_thread()
                 ):
                     busy.set()
-        self.report_drops(handlers)
+        self.drops.report(handlers)
         return not queue.slots
 
     async def _distribute(self) -> None:
@@ -661,21 +575,6 @@ class Dispatcher:
             else:
                 await anyio.sleep(wait)
 
-    def _unreadable(self, failed: list[tuple[str, Exception]]) -> None:
-        """Events whose device values could not be read: dropped, counted and reported."""
-        with self._report_lock:
-            self.bus._queue.count_unreadable(len(failed))
-            self._dropped_reported += len(failed)  # reported here, not as a full queue
-        if self._read_throttle.ready():
-            name, exc = failed[0]
-            logger.error(
-                "EventBus %r: %d events dropped: a device value could not be read (event %r: %r)",
-                self.bus._name,
-                len(failed),
-                name,
-                exc,
-            )
-
     def handler_progressed(self) -> None:
         """Called by a runner after a batch: wake the distributor if it waits for room."""
         if self._waiting_for_room:
@@ -684,113 +583,3 @@ class Dispatcher:
             if loop is not None and self._room is not None:
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(self._room.set)
-
-    def report_drops(self, handlers: Iterable[_Handler], *, final: bool = False) -> None:
-        """Warn about new drops, queue-side and per handler, at most once per interval each
-        (``final``: now, whatever the interval; for a bus or handler that is going away).
-
-        Called by the dispatcher after each drain, by ``close`` and by a runner that exits:
-        the lock makes each drop reported once.
-        """
-        with self._report_lock:
-            self._report_drops_locked(handlers, final)
-
-    def _report_drops_locked(self, handlers: Iterable[_Handler], final: bool) -> None:
-        bus = self.bus
-        queue = bus._queue
-        dropped, said, by_children = queue.dropped, queue.dropped_said, queue.dropped_by_children
-        # Drops warned about where they happened are not reported again.
-        self._dropped_reported += said - self._said_reported
-        self._said_reported = said
-        if dropped != self._dropped_reported and (final or self._drop_throttle.ready()):
-            new = dropped - self._dropped_reported
-            children = min(new, by_children - self._children_reported)
-            full = new - children
-            if children:
-                logger.warning(
-                    "EventBus %r: child processes reported %d events they could not send since "
-                    "the last report, %d in all",
-                    bus._name,
-                    children,
-                    by_children,
-                )
-            if full:
-                logger.warning(
-                    "EventBus %r: queue full (capacity %d, policy %s): %d events dropped since "
-                    "the last report, %d in all",
-                    bus._name,
-                    bus._capacity,
-                    bus._overflow,
-                    full,
-                    dropped,
-                )
-            self._dropped_reported = dropped
-            self._children_reported = by_children
-        for handler in handlers:
-            with handler.cv:  # the sink's own losses, in dropped too, are reported below
-                lost, sink_lost = handler.dropped - handler.lost, handler.lost
-            if lost != handler.dropped_reported and (final or handler.throttle.ready("drops")):
-                logger.warning(
-                    "EventBus %r: handler %r fell behind (backlog capacity %d, policy %s): %d "
-                    "events dropped since the last report, %d in all",
-                    bus._name,
-                    handler.name,
-                    bus._capacity,
-                    bus._overflow,
-                    lost - handler.dropped_reported,
-                    lost,
-                )
-                handler.dropped_reported = lost
-            lost = sink_lost
-            if lost != handler.lost_reported and (final or handler.throttle.ready("lost")):
-                logger.warning(
-                    "EventBus %r: handler %r could not write %d events it was given (see its "
-                    "errors), dropped since the last report, %d in all",
-                    bus._name,
-                    handler.name,
-                    lost - handler.lost_reported,
-                    lost,
-                )
-                handler.lost_reported = lost
-
-    # -- Stat windows on a timer --
-
-    def timers_changed_set(self) -> None:
-        """Have the timer look at the window sizes again (a new one was added)."""
-        assert self._timers_changed is not None
-        self._timers_changed.set()
-
-    async def _run_timers(self) -> None:
-        """Close every Stat window at its end, so a stalled producer still reports."""
-        next_end: dict[float, float] = {}
-        while True:
-            assert self._timers_changed is not None
-            self._timers_changed = anyio.Event()
-            wake_at = self._timer_pass(next_end)
-            if wake_at is None:
-                await self._timers_changed.wait()
-                continue
-            with anyio.move_on_after(max(wake_at - _stat._clock(), 0.0)):
-                await self._timers_changed.wait()
-
-    def _timer_pass(self, next_end: dict[float, float]) -> float | None:
-        """Close the windows that are due by the Stat clock; return when the next one ends.
-
-        ``next_end`` maps each window size to the end of its current window (plus a slack, so
-        the window is surely over by its Stat's clock); a size seen for the first time is only
-        scheduled.
-        """
-        bus = self.bus
-        now = _stat._clock()
-        # One C call, atomic with respect to _watch_stat; never the lock, which a thread
-        # starting the dispatcher holds while it waits on this loop.
-        for window in list(bus._stat_groups):
-            end = next_end.get(window)
-            if end is None or now >= end:
-                if end is not None:
-                    stamp, clock = datetime.now(timezone.utc), _stat._clock()
-                    # Only the Stats holding data: thousands of idle ones cost nothing.
-                    for stat in bus._dirty_stats(window).snapshot():  # never takes a lock
-                        stat._close_on_timer(clock, stamp)
-                next_end[window] = window_end(now, window, bus._clock_offset) + _TIMER_SLACK
-        return min(next_end.values()) if next_end else None

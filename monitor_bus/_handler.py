@@ -535,7 +535,7 @@ class _Handler:
         self.bus._leaving.discard(self)
         # Its last drops (cut off by a timeout, or its task ended with a failed loop): the
         # dispatcher no longer sees it, so it reports them itself.
-        self.bus._dispatcher.report_drops([self], final=True)
+        self.bus._dispatcher.drops.report([self], final=True)
 
     def _batch_failed(self, exc: BaseException) -> None:
         """A failure of a call: each exception of a group counts (see ``call_each``)."""

@@ -17,8 +17,8 @@ from monitor_bus import (
     EventBus,
     Stat,
     _aggregates,
-    _dispatcher,
     _stat,
+    _stat_timer,
     _window,
 )
 
@@ -446,7 +446,7 @@ def test_timer_pass_closes_due_windows_by_the_stat_clock(
 ) -> None:
     """The dispatcher's timer pass reads the Stat clock: it closes each window that holds
     data once its end (plus a slack) has passed, leaves empty ones, and returns the next end."""
-    slack = _dispatcher._TIMER_SLACK
+    slack = _stat_timer._TIMER_SLACK
     bus.register_event_handler(recorder)
     fast = Stat("fast", [Aggregation.SUM], timedelta(seconds=10), bus=bus)
     slow = Stat("slow", [Aggregation.SUM], timedelta(seconds=60), bus=bus)
