@@ -64,6 +64,9 @@ def main() -> int:
     trainer.fit(Tiny())  # finalize("success") ends the run and flushes the bus
     # --8<-- [end:train]
 
+    # finalize() waited at most its finalize_timeout (10 s); MLflow's first write makes the
+    # store, which can take longer on a busy machine: wait for every event before reading back.
+    monitor.flush()
     run = MlflowClient(uri).get_run(mlflow_sink.run_id)
     history = MlflowClient(uri).get_metric_history(mlflow_sink.run_id, "train_loss")
     print(f"run {run.info.run_name}: {run.info.status}, params {run.data.params}")
