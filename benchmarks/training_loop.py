@@ -574,7 +574,7 @@ def tables(args: argparse.Namespace, loop_runs: dict[Key, list[Run]], rates: dic
         "",
         "With the two sinks each in a process of its own (``ProcessHandler``), logging with "
         "``log()``: this process's CPU per step, as a ratio to the same loop without logging "
-        "(the sink processes' CPU is theirs; targets of issue 14):",
+        "(the sink processes' CPU is theirs):",
         "",
         "| step | events per step | monitor_bus, sinks in a process | target | met |",
         "|---|---:|---:|---|---|",
@@ -682,7 +682,7 @@ def plot(loop_runs: dict[Key, list[Run]], path: Path) -> None:
         for c in CONTENDERS[1:]:
             if (step, KS[0], c) in loop_runs:
                 ax.plot(KS, [ratio(loop_runs, step, k, c, 0) for k in KS], "o-", label=TITLES[c])
-        ax.plot(KS, [TARGETS[k] for k in KS], "k:", label="target (issue 25)")
+        ax.plot(KS, [TARGETS[k] for k in KS], "k:", label="target")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xticks(KS, [str(k) for k in KS])

@@ -319,6 +319,101 @@ def test_concepts_diagram_is_an_svg(browser: Any, site: str) -> None:
         visit.close()
 
 
+@pytest.fixture(scope="module")
+def api_page(browser: Any, site: str) -> Iterator[Any]:
+    """The API page, opened once for the checks of what it renders."""
+    visit = Visit(browser, site + "api/", height=1000)
+    yield visit.page
+    visit.close()
+
+
+def test_api_returns_are_one_row_each(api_page: Any) -> None:
+    """A Returns (or Yields) table has a row per return, not a row per line of a sentence that
+    wraps: no two rows of one table repeat a type (no function documents two returns)."""
+    tables = api_page.evaluate("""() => [...document.querySelectorAll(".doc-section-title")]
+        .filter(t => ["Returns:", "Yields:"].includes(t.textContent.trim()))
+        .map(t => {
+            const object = t.closest(".doc-object").querySelector(".doc-heading").id;
+            const rows = t.parentElement.nextElementSibling.querySelectorAll("tbody tr");
+            return [object, [...rows].map(r => r.querySelector("td").textContent.trim())];
+        })""")
+    assert len(tables) >= 10
+    repeated = {obj: types for obj, types in tables if len(set(types)) < len(types)}
+    assert repeated == {}
+    assert all(len(types) == 1 for _, types in tables)
+
+
+def test_api_attributes_show_no_init_code(api_page: Any) -> None:
+    """An attribute set in ``__init__`` shows its name and type, not the code that set it
+    (``Event.data = plain(copied)``); module constants and class-level defaults keep their
+    values."""
+    shown = api_page.evaluate("""() => [...document.querySelectorAll(".doc-attribute")]
+        .map(a => {
+            const heading = a.querySelector(":scope > .doc-heading");
+            const labels = [...heading.querySelectorAll(".doc-label")].map(l => l.textContent.trim());
+            const signature = a.querySelector(":scope > .doc-signature")?.textContent.trim() ?? "";
+            return [heading.id, labels, signature];
+        })""")
+    assert len(shown) >= 50
+    valued = [
+        (anchor, signature)
+        for anchor, labels, signature in shown
+        if "instance-attribute" in labels and "class-attribute" not in labels and "=" in signature
+    ]
+    assert valued == []
+    text = api_page.inner_text("article")
+    assert "= plain(" not in text
+    assert "= hosts or" not in text
+    assert "STAT_EVENT = 'torch.monitor.Stat'" in text  # a constant's value is its meaning
+
+
+def test_api_signatures_have_no_private_parameter(api_page: Any) -> None:
+    """No signature on the page lists a parameter starting with ``_`` (a test seam such as
+    ``SystemMetrics``'s ``_nvml``)."""
+    signatures = api_page.evaluate("""() => [...document.querySelectorAll(
+            ".doc-function > .doc-signature, .doc-class > .doc-signature")]
+        .map(s => s.textContent)""")
+    assert len(signatures) >= 30
+    private = [
+        name
+        for signature in signatures
+        for name in re.findall(r"[(,]\s*\**(_\w*)\s*[:=,)]", signature)
+    ]
+    assert private == []
+    assert any(s.startswith("SystemMetrics(") for s in signatures)
+
+
+def _public_exports() -> dict[str, list[str]]:
+    """Each public module's ``__all__`` (modules with no ``_`` part in their path), read from
+    the sources so no optional dependency is imported. ``monitor_bus.ranks`` is left out: it
+    is the rank merge's implementation package, whose public entry is
+    ``monitor_bus.integrations.torch`` (it re-exports ``RankMerge`` and ``STRAGGLER_EVENT``)."""
+    exports: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "monitor_bus").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        module = ".".join(parts)
+        if any(part.startswith("_") for part in parts) or module == "monitor_bus.ranks":
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+            ):
+                exports[module] = list(ast.literal_eval(node.value))
+    return exports
+
+
+def test_api_documents_every_public_export(api_page: Any) -> None:
+    """Every name in every public module's ``__all__`` has its entry (an anchor with its full
+    path) on the API page."""
+    exports = _public_exports()
+    assert {"monitor_bus", "monitor_bus.system", "monitor_bus.tensorboard"} <= set(exports)
+    ids = set(api_page.evaluate("() => [...document.querySelectorAll('[id]')].map(e => e.id)"))
+    missing = [f"{m}.{name}" for m, names in exports.items() for name in names]
+    assert [anchor for anchor in missing if anchor not in ids] == []
+
+
 def test_api_examples_are_code(browser: Any, site: str) -> None:
     """Every docstring "Examples:" section of the API page is a highlighted code block (most
     of ``>>>`` lines), without doctest directives, whose copy button copies the code without

@@ -3,6 +3,7 @@ public name has a docstring."""
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import os
 import re
@@ -244,6 +245,64 @@ def test_mkdocs_builds_strictly(docs_site: Path) -> None:
     assert len(script) > 1_000_000
     assert b"mermaid" in script[:10_000]
     assert "fonts.googleapis.com" not in concepts  # nothing is loaded from the internet
+
+
+# An issue or pull request cited by number ("issue 23", "issues 22-25", "PR 7", "#23"), which a
+# reader of the pages cannot look up. Not: an anchor ("page.md#16-ranks", "#23-foo"), an HTML
+# entity ("&#123;"), a CSS colour ("color: #123456", "fill:#333"), a heading's "## ".
+_ISSUE_WORD = re.compile(r"\b(?:issues?|pull requests?)\s+#?\d+|\b(?:PRs?|GH)[\s-]#?\d+", re.I)
+_ISSUE_HASH = re.compile(r"(?<![\w&#/.\]):])(?<!: )#\d+(?![\w-])")
+
+
+def issue_references(text: str) -> list[str]:
+    """The issue references in ``text``, as written ("issue #7" once, not also as "#7")."""
+    words = list(_ISSUE_WORD.finditer(text))
+    hashes = [
+        m
+        for m in _ISSUE_HASH.finditer(text)
+        if not any(w.start() <= m.start() < w.end() for w in words)
+    ]
+    return [m.group() for m in (*words, *hashes)]
+
+
+def test_issue_references_are_told_from_anchors_and_colours() -> None:
+    """The pattern finds issue numbers however they are cited, and leaves anchors, entities,
+    colours and headings alone."""
+    cited = "issue 23; (issue 25's bound); Issues 22-25; issue #7; PR 12; fixed in #120, see #9."
+    assert issue_references(cited) == [
+        *("issue 23", "issue 25", "Issues 22", "issue #7", "PR 12"),
+        *("#120", "#9"),
+    ]
+    legitimate = (
+        "[Performance](performance.md#16-ranks-on-2-cores) [top](#23-ranks) &#123; "
+        "color: #123456; fill:#333; ## 16 ranks; x = 1  # 2 steps; rank 3 of 4; an issue-free run"
+    )
+    assert issue_references(legitimate) == []
+
+
+def test_no_page_cites_an_issue_number() -> None:
+    """No page (README.md, docs/*.md, their headings included) cites an issue by number: it says
+    what was measured and links where it is measured. CHANGELOG.md is not a page."""
+    found = {
+        f"{page.name}:{i}": refs
+        for page in [ROOT / "README.md", *PAGES]
+        for i, line in enumerate(page.read_text().splitlines(), 1)
+        if (refs := issue_references(line))
+    }
+    assert found == {}
+
+
+def test_no_built_page_cites_an_issue_number(docs_site: Path) -> None:
+    """Nor does any page as built, the API page's docstrings and the included files too."""
+    found = {}
+    for page in sorted(docs_site.rglob("index.html")):
+        source = page.read_text()
+        article = source[source.find("<article") : source.find("</article>")]
+        article = re.sub(r"<(script|style)\b.*?</\1>", "", article, flags=re.S)
+        text = html.unescape(re.sub(r"<[^>]+>", "", article))
+        if refs := issue_references(text):
+            found[str(page.relative_to(docs_site))] = refs
+    assert found == {}
 
 
 def test_every_public_name_has_a_docstring() -> None:
