@@ -345,6 +345,8 @@ class StepAnatomy:
                 return future
             return self._timed(launched, future)
 
+        # DDP checks the hook's annotations against its own types, and this module's are strings.
+        timed_allreduce.__annotations__.clear()
         try:
             model.register_comm_hook(model.process_group, timed_allreduce)
         except RuntimeError as exc:  # a built-in hook (not in _comm_hooks) was registered
