@@ -16,6 +16,10 @@ What passes through, as torch hands it out:
 
 ``merge_stats_across_ranks`` merges the Stat windows of every ``torch.distributed`` rank into
 one stream on one rank: it resolves the bus, and the package ``monitor_bus.ranks`` does the rest.
+
+``StepAnatomy`` (from ``monitor_bus._step_anatomy``) times where each training step's time goes
+on a rank (its stages, the wait in DDP's all-reduce, GC pauses) as Stats, which the merge
+compares across ranks.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from .._check import wrong_type
 from .._default import get_default_bus, log_event
 from .._event import Event
 from .._lifecycle import module_lock
+from .._step_anatomy import StepAnatomy as StepAnatomy
 from ..ranks import STRAGGLER_EVENT as STRAGGLER_EVENT
 from ..ranks import RankMerge as RankMerge
 from ..ranks import start_merge
