@@ -63,7 +63,7 @@ class StepAnatomy:
     already has a communication hook is refused (one hook per model, as DDP allows).
 
     Each Stat below is added once per step (a stage's, once per step the stage ran in, its
-    blocks summed), in seconds, with ``STEP_AGGREGATIONS`` (MEAN and MAX), over ``window``:
+    blocks summed), in seconds, with MEAN and MAX, over ``window``:
 
     - ``<prefix>.time_s``: the step, from entering ``step()`` to leaving it.
     - ``<prefix>.wait_s``: the time in it a collective was in flight (DDP's buckets,
@@ -74,7 +74,7 @@ class StepAnatomy:
       its own work (with DDP, backward's computation; the rest of backward is the wait).
     - ``<prefix>.<stage>.gc_s``: the GC pauses in the stage.
 
-    And, with ``GC_AGGREGATIONS`` (COUNT, MEAN, MAX), one value per collection while the
+    And, with COUNT, MEAN and MAX, one value per collection while the
     anatomy is open: ``<prefix>.gc.gen<N>_s``, the pause of a collection of generation N.
 
     Merged across ranks (``merge_stats_across_ranks``), the Stats' spread compares the ranks.

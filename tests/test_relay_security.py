@@ -7,11 +7,13 @@ import logging
 import multiprocessing
 import os
 import pickle
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -416,11 +418,21 @@ LISTEN = """
 """
 
 
-def test_a_new_listener_removes_the_directories_of_dead_ones(tmp_path: Path) -> None:
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A directory in /tmp with a short path: a socket's path must fit AF_UNIX's 108 bytes, and
+    pytest's ``tmp_path`` leaves too little room under pytest-xdist (``popen-gw0/...``)."""
+    path = Path(tempfile.mkdtemp(prefix="mb-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path)
+
+
+def test_a_new_listener_removes_the_directories_of_dead_ones(
+    tmp_path: Path, short_tmp: Path
+) -> None:
     """A listener killed with SIGKILL leaves its socket's directory; the next listener to start
     removes it, and leaves alone a live listener's, a symlink and another user's directory."""
-    temp = tmp_path / "tmp"
-    temp.mkdir()
+    temp = short_tmp
     env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(ROOT)}
 
     def listen() -> tuple[subprocess.Popen[str], Path]:

@@ -46,8 +46,22 @@ class Ticks:
 
 
 @pytest.fixture
-def anatomy(clock: StepClock) -> Iterator[StepAnatomy]:
-    """An open anatomy whose Stats' window is an hour of the standing Stat clock."""
+def no_auto_gc() -> Iterator[None]:
+    """Only the collections the test makes: an automatic one, which may come at any allocation,
+    would add a value to a GC Stat."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@pytest.fixture
+def anatomy(clock: StepClock, no_auto_gc: None) -> Iterator[StepAnatomy]:
+    """An open anatomy whose Stats' window is an hour of the standing Stat clock, with only the
+    collections the test makes."""
     with StepAnatomy(window=HOUR) as a:
         yield a
 
@@ -169,32 +183,26 @@ def test_a_bucket_is_a_wait_from_its_launch_to_its_completion(
 
 
 def test_gc_pauses_count_in_their_generation_stage_and_step(
-    clock: StepClock, monkeypatch: pytest.MonkeyPatch
+    clock: StepClock, monkeypatch: pytest.MonkeyPatch, no_auto_gc: None
 ) -> None:
     """Each collection while the anatomy is open is a value of ``gc.gen<N>_s``; one inside a
     stage counts in the stage's and the step's ``gc_s``, one between stages in the step's only,
     one between steps in neither."""
     ticks = Ticks()  # every read of the clock is one second later
     monkeypatch.setattr(anatomy_module, "_clock", ticks)
-    enabled = gc.isenabled()
-    gc.disable()  # only the collections the test makes
-    try:
-        with StepAnatomy(window=HOUR) as anatomy:
-            with anatomy.step():  # 0
-                with anatomy.stage("forward"):  # 1
-                    gc.collect(0)  # 2, 3: one second
-                    gc.collect(2)  # 4, 5
-                # forward ends at 6
-                gc.collect(1)  # 7, 8
-            # the step ends at 9
-            gc.collect(0)  # 10, 11: between steps
-            with anatomy.step(), anatomy.stage("forward"):  # 12, 13
-                pass  # 14
-            # 15
-            got = windows(anatomy, clock)
-    finally:
-        if enabled:
-            gc.enable()
+    with StepAnatomy(window=HOUR) as anatomy:
+        with anatomy.step():  # 0
+            with anatomy.stage("forward"):  # 1
+                gc.collect(0)  # 2, 3: one second
+                gc.collect(2)  # 4, 5
+            # forward ends at 6
+            gc.collect(1)  # 7, 8
+        # the step ends at 9
+        gc.collect(0)  # 10, 11: between steps
+        with anatomy.step(), anatomy.stage("forward"):  # 12, 13
+            pass  # 14
+        # 15
+        got = windows(anatomy, clock)
     one = {Aggregation.MEAN: 1.0, Aggregation.MAX: 1.0}
     assert got["step.gc.gen0_s"] == {Aggregation.COUNT: 2, **one}
     assert got["step.gc.gen1_s"] == {Aggregation.COUNT: 1, **one}
@@ -212,7 +220,7 @@ def test_a_real_collection_is_timed(anatomy: StepAnatomy, clock: StepClock) -> N
         gc.collect()
         del garbage
     got = windows(anatomy, clock)
-    assert got["step.gc.gen2_s"][Aggregation.COUNT] >= 1
+    assert got["step.gc.gen2_s"][Aggregation.COUNT] == 1
     pause = got["step.data.gc_s"][Aggregation.MEAN]
     assert 0 < pause <= got["step.data.time_s"][Aggregation.MEAN]
     assert got["step.gc_s"][Aggregation.MEAN] == pause
@@ -235,7 +243,9 @@ def test_close_stops_timing_gc_and_is_idempotent(clock: StepClock) -> None:
     assert "closed" in repr(anatomy)
 
 
-def test_stats_go_to_the_bus_given(bus: EventBus, recorder: Recorder, clock: StepClock) -> None:
+def test_stats_go_to_the_bus_given(
+    bus: EventBus, recorder: Recorder, clock: StepClock, no_auto_gc: None
+) -> None:
     """The Stats log their windows on ``bus``, named after ``prefix``, with MEAN and MAX."""
     bus.register_event_handler(recorder)
     with StepAnatomy(window=timedelta(seconds=10), prefix="train", bus=bus) as anatomy:
