@@ -3,7 +3,10 @@
 Guarantees
 ----------
 - Private: ``monitor_bus-<pid>-<random>`` in the temp dir, made by ``mkdtemp`` (mode 0700),
-  named after the process that listens in it.
+  named after the process that listens in it. Where the socket's path under the temp dir
+  would not fit ``AF_UNIX`` (a long ``TMPDIR``), the directory is made in ``/tmp`` instead,
+  as ``multiprocessing`` does from Python 3.13: a socket that cannot bind would leave every
+  child to run its own copies of the handlers.
 - Leftovers: a listener removes its directory when the relay closes; one killed (SIGKILL, or
   SIGTERM with no handler) leaves it behind, and the next listener to start removes it: each
   directory of that shape owned by this user (checked with ``lstat``: a symlink is never
@@ -20,23 +23,40 @@ import re
 import shutil
 import socket
 import stat
+import sys
 import tempfile
 
 SOCKET = "relay"  # the socket's name in its directory
 
+# The longest socket path AF_UNIX takes: sun_path less its NUL (108 bytes on Linux, 104 on
+# macOS and the BSDs).
+_MAX_PATH = 107 if sys.platform.startswith("linux") else 103
+_FALLBACK = "/tmp"
+
 
 def make() -> str:
     """A new private directory for this process's socket, after removing stale ones."""
-    _remove_stale()
-    return tempfile.mkdtemp(prefix=f"monitor_bus-{os.getpid()}-")
+    top = _top()
+    _remove_stale(top)
+    return tempfile.mkdtemp(prefix=f"monitor_bus-{os.getpid()}-", dir=top)
+
+
+def _top() -> str:
+    """The temp dir, or ``/tmp`` where a socket's path under the temp dir would be too long."""
+    top = tempfile.gettempdir()
+    # mkdtemp's random part is 8 characters.
+    longest = os.path.join(top, f"monitor_bus-{os.getpid()}-{'x' * 8}", SOCKET)
+    if len(os.fsencode(longest)) <= _MAX_PATH or not os.path.isdir(_FALLBACK):
+        return top
+    return _FALLBACK
 
 
 _STALE = re.compile(r"monitor_bus-(\d+)-\w+")
 
 
-def _remove_stale() -> None:
-    """Remove the socket directories of this user's listeners that died without closing."""
-    top = tempfile.gettempdir()
+def _remove_stale(top: str) -> None:
+    """Remove the socket directories in ``top`` of this user's listeners that died without
+    closing."""
     try:
         names = os.listdir(top)
     except OSError:

@@ -408,6 +408,44 @@ def test_a_childs_child_reports_to_the_same_listener(
     ]
 
 
+RELAY_FROM_A_CHILD = """
+    import multiprocessing, os
+    import monitor_bus
+    from monitor_bus._lifecycle import process
+    origins = []
+    monitor_bus.register_event_handler(lambda event: origins.append(event.origin))
+    print(os.path.dirname(os.path.dirname(process.listener.path)), flush=True)
+    child = multiprocessing.get_context("fork").Process(
+        target=monitor_bus.log, args=("from.child",), kwargs={"x": 1}
+    )
+    child.start()
+    child.join()
+    assert monitor_bus.flush(60)
+    print(sum(1 for o in origins if o is not None and o.pid == child.pid), flush=True)
+"""
+
+
+def test_a_temp_dir_too_long_for_a_socket_puts_the_listener_in_tmp(tmp_path: Path) -> None:
+    """Where the socket's path under ``TMPDIR`` would not fit AF_UNIX, the listener's directory
+    is made in /tmp instead: the relay listens, a forked child's event reaches the parent's
+    handler, and nothing is said on stderr (it used to be "cannot listen for child
+    processes", each child running its own copies of the handlers)."""
+    temp = tmp_path / ("d" * 100)
+    temp.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(RELAY_FROM_A_CHILD)],
+        env={**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert result.stdout.splitlines() == ["/tmp", "1"]
+
+
 LISTEN = """
     import os, sys
     import monitor_bus
