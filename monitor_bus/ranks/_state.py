@@ -116,7 +116,8 @@ class MergeState:
         self.exposed_fraction = exposed_fraction
         #: The host name of each rank, by rank.
         self.hosts: list[str] = hosts or [""] * self.world_size
-        #: The (Stat name, rank) pairs dst names stragglers now (dst only).
+        #: The (Stat name, rank) pairs dst names stragglers now (dst only); StepAnatomy's rule's
+        #: Stat name is its ``<prefix>.wait_s``.
         self.straggling: set[tuple[str, int]] = set()
         self._streaks: dict[tuple[str, int], int] = {}
         # StepAnatomy's rule: each straggling rank's episode so far, by (wait Stat, rank).
