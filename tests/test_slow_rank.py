@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import monitor_bus as monitor
+from monitor_bus.ranks import STRAGGLER_EVENT
 
 from .test_merge_ranks import ROOT, closed_records, merge_due, merge_on, run_job
 
@@ -58,7 +59,7 @@ def stragglers(windows: list[dict[str, dict[int, float]]], **kwargs: Any) -> lis
         bus.register_event_handler(seen.append)
         merge_anatomy(merge_on(bus, 0, 3, **kwargs), windows)
         bus.flush()
-    return [e.data for e in seen if e.name == monitor.STRAGGLER_EVENT]
+    return [e.data for e in seen if e.name == STRAGGLER_EVENT]
 
 
 # Binary fractions, so every mean and median is exact.
@@ -164,7 +165,7 @@ def test_each_prefix_is_its_own_family_and_two_ranks_compare_with_each_other() -
         }
         merge_anatomy(merge, [both] * 2)
         bus.flush()
-    named = [e.data for e in seen if e.name == monitor.STRAGGLER_EVENT]
+    named = [e.data for e in seen if e.name == STRAGGLER_EVENT]
     assert [(e["stat"], e["rank"], e["exposed_s"]) for e in named] == [("train.wait_s", 1, 0.5)]
     assert merge.straggling == {("train.wait_s", 1)}
 
