@@ -8,8 +8,10 @@ data, forward, backward, optimizer; windows of ``WINDOW`` seconds), merged acros
 whole number of windows on the wall clock (rank 0's, shared with every rank by a one-element
 all-reduce before each step, outside it): clean; rank 2 sleeping ``DELAY`` seconds per step in
 backward (a hook on the loss, so before any gradient bucket is launched); clean; rank 2
-collecting garbage for ``DELAY`` seconds per step in its data stage (full ``gc.collect()``
-calls); clean. Rank 0 writes ``OUT_DIR/rank0.json``: each phase's start (wall clock), every
+forcing full collections (``gc.collect()``) for ``DELAY`` seconds per step in its data stage;
+clean. (For the storm, rank 2 freezes what it holds, ``gc.freeze()``, so a collection
+traverses only a ballast of ``BALLAST`` lists: about 2 ms each, where one over all of torch's
+objects takes about 75 ms here.) Rank 0 writes ``OUT_DIR/rank0.json``: each phase's start (wall clock), every
 straggler event and every merged window of ``step.wait_s`` and ``step.time_s`` it logged.
 """
 
@@ -37,6 +39,7 @@ from monitor_bus.integrations.torch import (
 WINDOW = 0.5
 DELAY = 0.030
 SLOW_RANK = 2
+BALLAST = 100_000
 # (phase, windows long)
 PHASES = [("clean", 6), ("backward", 6), ("clean", 5), ("gc", 6), ("clean", 4)]
 
@@ -51,6 +54,7 @@ def main() -> None:
     bus = monitor.EventBus(name="slow-rank")
     seen: list[monitor.Event] = []
     bus.register_event_handler(seen.append)
+    ballast: list[list[int]] = []
 
     def train_step(anatomy: StepAnatomy | None, phase: str) -> None:
         slow = rank == SLOW_RANK
@@ -58,6 +62,9 @@ def main() -> None:
             with anatomy.stage("data") if anatomy else _nothing():
                 batch = torch.randn(16, 32)
                 if slow and phase == "gc":
+                    if not ballast:
+                        gc.freeze()
+                        ballast.extend([] for _ in range(BALLAST))
                     start = time.perf_counter()
                     while time.perf_counter() - start < DELAY:
                         gc.collect()
