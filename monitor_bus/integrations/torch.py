@@ -174,6 +174,7 @@ def merge_stats_across_ranks(
     spread: bool = True,
     stragglers: Mapping[str, float] | None = None,
     straggler_windows: int = 3,
+    exposed_fraction: float | None = 0.2,
     two_level: bool | None = None,
 ) -> RankMerge:
     """Merge the Stat windows of every ``torch.distributed`` rank into one stream on ``dst``.
@@ -203,6 +204,18 @@ def merge_stats_across_ranks(
     once more (``recovered`` True) when it falls back under the factor. A Stat without MEAN
     or SUM gives a rank's mean from its Histogram or moments (a percentile, HISTOGRAM or
     STDDEV); one with none of them is warned about on ``dst``.
+
+    ``StepAnatomy``'s Stats need no argument: in each merged window of a ``<prefix>.wait_s``
+    with a ``<prefix>.time_s`` of the same prefix (both with MEAN, as ``StepAnatomy`` makes
+    them), the rank that waits least is over the rule when the median of the other ranks'
+    wait means minus its own, its exposed time per step, is at least ``exposed_fraction`` of
+    the merged step time. After ``straggler_windows`` such windows in a row ``dst`` logs a
+    ``STRAGGLER_EVENT`` with ``stat`` (``"<prefix>.wait_s"``), ``rank``, ``host``, ``stage``
+    (the stage whose ``busy_s`` on that rank exceeds the median of the others' the most; ``""``
+    if none does, as in a step without stages), ``exposed_s`` (its mean exposed seconds per step
+    over the windows so far), ``cause`` (``"gc"`` when its ``<prefix>.gc_s`` over the others'
+    median is at least half of that, else ``""``), ``windows`` and ``recovered``, and once
+    more, ``recovered`` True, in its first window back under the rule.
 
     With ``two_level`` (by default, once a host other than ``dst``'s runs two or more ranks),
     the lowest rank of each host (a torchrun node: ``GROUP_RANK``, so two nodes on one machine
@@ -235,6 +248,8 @@ def merge_stats_across_ranks(
         spread: add the spread across ranks to each merged window of a Stat with MEAN.
         stragglers: Stat name -> factor (a number above 1) for naming straggling ranks.
         straggler_windows: how many merged windows in a row make a straggler (at least 1).
+        exposed_fraction: the part of the step the other ranks wait for a rank that puts it
+            over ``StepAnatomy``'s rule (above 0, at most 1); None turns that rule off.
         two_level: True: each host's leader merges its host first; False: every rank sends
             to ``dst`` (flat); None: two-level once a host other than ``dst``'s has two or
             more ranks.
@@ -246,7 +261,8 @@ def merge_stats_across_ranks(
     Raises:
         TypeError: an argument has the wrong type.
         ValueError: ``dst`` is not a rank of the job, ``timeout`` is not positive, a factor of
-            ``stragglers`` is not above 1 or ``straggler_windows`` is below 1.
+            ``stragglers`` is not above 1, ``straggler_windows`` is below 1 or
+            ``exposed_fraction`` is not in (0, 1].
         RuntimeError: ``torch.distributed`` is not initialized, or the bus is merged already.
         ImportError: torch is not installed.
 
@@ -267,5 +283,6 @@ def merge_stats_across_ranks(
         spread=spread,
         stragglers=stragglers,
         straggler_windows=straggler_windows,
+        exposed_fraction=exposed_fraction,
         two_level=two_level,
     )

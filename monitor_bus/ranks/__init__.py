@@ -16,7 +16,10 @@ role and opens with the guarantees it keeps:
   each window merged once, a lost rank rejoining, late windows logged on their own.
 - ``_leader`` and ``_dst``: the two-level shape merges as the flat one does; dst logs the
   merged windows.
-- ``_stragglers``: the spread across ranks and the straggler rule.
+- ``_stragglers``: the spread across ranks, the straggler rule on the ``stragglers`` given,
+  and the episode bookkeeping every straggler rule shares.
+- ``_anatomy``: the straggler rule on ``StepAnatomy``'s Stats, given nothing: the rank the
+  others wait for, its stage, the time it cost them, GC as a cause.
 - ``_merge``: ``RankMerge``, its start (windows lined up on the wall clock) and ``close()``.
 - ``_start``: the arguments checked, the merge's own gloo group, each rank's route.
 """

@@ -5,6 +5,10 @@ Guarantees
 - Two levels: ``dst``
   merges a host record as the windows it holds, so the merged window, its spread and the
   stragglers are those of the flat shape.
+- Stragglers: a window is watched by the ``stragglers`` rule as it is logged; StepAnatomy's
+  rule (``_anatomy``) reads the windows of a round together, once they are all logged, so it
+  sees a window's wait, step, stage and GC Stats at once (they end together, so they are due
+  in the same round).
 """
 
 from __future__ import annotations
@@ -12,20 +16,22 @@ from __future__ import annotations
 import logging
 
 from .._window import STAT_EVENT
+from ._anatomy import SUFFIXES, AnatomyStragglers, Merged
 from ._bucket import _data, _stamp
 from ._frame import _Record
 from ._receiving import Receiving, _Due
-from ._stragglers import _MEAN, Stragglers, _means, _spread
+from ._stragglers import _MEAN, _means, _spread
 
 logger = logging.getLogger("monitor_bus")
 
 
-class Dst(Receiving, Stragglers):
+class Dst(Receiving, AnatomyStragglers):
     """dst: it receives and merges, and logs each window merged."""
 
     def _log_merged(self, due: list[_Due]) -> None:
         """dst: log each window due, merged, with its spread, and watch it for stragglers; one
         merged before is logged on its own, marked late."""
+        anatomy: dict[tuple[float, int], dict[str, Merged]] = {}  # StepAnatomy's, by window
         for key, bucket, late, behind in due:
             if behind and not late:
                 self.missing += 1
@@ -52,3 +58,13 @@ class Dst(Receiving, Stragglers):
             self.merged += 1
             if key[0] in self.stragglers:
                 self._watch(key[0], key[1], means, stamp)
+            if (
+                self.exposed_fraction is not None
+                and _MEAN in key[1]
+                and key[0].endswith(SUFFIXES)
+                and bucket.count
+            ):
+                merged = (means, bucket.total / bucket.count, stamp)
+                anatomy.setdefault((key[2], key[3]), {})[key[0]] = merged
+        if anatomy:
+            self._watch_anatomy(anatomy)

@@ -36,6 +36,7 @@ def start_merge(
     spread: bool,
     stragglers: Mapping[str, float] | None,
     straggler_windows: int,
+    exposed_fraction: float | None,
     two_level: bool | None,
 ) -> RankMerge:
     """Check the arguments, make the merge's gloo group (a collective) and start merging
@@ -55,6 +56,14 @@ def start_merge(
         raise wrong_type("spread", "a bool", spread)
     factors = _check_stragglers(stragglers)
     check_int("straggler_windows", straggler_windows, 1)
+    if exposed_fraction is not None:
+        if isinstance(exposed_fraction, bool) or not isinstance(exposed_fraction, (int, float)):
+            raise wrong_type("exposed_fraction", "a number or None", exposed_fraction)
+        if not 0 < exposed_fraction <= 1:
+            raise ValueError(
+                f"exposed_fraction must be above 0 and at most 1, got {exposed_fraction}"
+            )
+        exposed_fraction = float(exposed_fraction)
     if two_level is not None and not isinstance(two_level, bool):
         raise wrong_type("two_level", "a bool or None", two_level)
     import torch.distributed as dist
@@ -87,6 +96,7 @@ def start_merge(
         spread=spread,
         stragglers=factors,
         straggler_windows=straggler_windows,
+        exposed_fraction=exposed_fraction,
         hosts=hosts,
         upstream=_routes([tuple(n) for n in nodes], dst, two_level),
     )

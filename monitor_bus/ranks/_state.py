@@ -46,6 +46,23 @@ _MIN_TICK = 0.02
 _EPSILON = 1e-3
 
 
+class Exposure:
+    """A straggling rank's episode so far under StepAnatomy's rule (``_anatomy``): its
+    windows over the rule, summed."""
+
+    __slots__ = ("exposed", "extra_gc", "extra_stage", "windows")
+
+    def __init__(self) -> None:
+        #: Windows counted.
+        self.windows = 0
+        #: The exposed seconds per step, summed over the windows.
+        self.exposed = 0.0
+        #: The rank's GC seconds per step over the others' median, summed.
+        self.extra_gc = 0.0
+        #: stage -> the rank's busy seconds per step over the others' median, summed.
+        self.extra_stage: dict[str, float] = {}
+
+
 class MergeState:
     """A rank merge's state, and what every rank does with it; ``RankMerge`` is the whole."""
 
@@ -61,6 +78,7 @@ class MergeState:
         spread: bool = True,
         stragglers: Mapping[str, float] | None = None,
         straggler_windows: int = 3,
+        exposed_fraction: float | None = None,
         hosts: list[str] | None = None,
         upstream: Mapping[int, int] | None = None,
     ) -> None:
@@ -93,11 +111,17 @@ class MergeState:
         self.spread = spread
         self.stragglers = dict(stragglers or {})
         self.straggler_windows = straggler_windows
+        #: StepAnatomy's straggler rule: the part of the step the others wait for a rank
+        #: from which it is over the rule; None: the rule is off.
+        self.exposed_fraction = exposed_fraction
         #: The host name of each rank, by rank.
         self.hosts: list[str] = hosts or [""] * self.world_size
-        #: The (Stat name, rank) pairs dst names stragglers now (dst only).
+        #: The (Stat name, rank) pairs dst names stragglers now (dst only); StepAnatomy's rule's
+        #: Stat name is its ``<prefix>.wait_s``.
         self.straggling: set[tuple[str, int]] = set()
         self._streaks: dict[tuple[str, int], int] = {}
+        # StepAnatomy's rule: each straggling rank's episode so far, by (wait Stat, rank).
+        self._exposures: dict[tuple[str, int], Exposure] = {}
         #: Windows this rank handed to dst (dst counts its own here too).
         self.sent = 0
         #: Merged windows dst logged (dst only).

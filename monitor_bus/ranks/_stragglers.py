@@ -14,6 +14,8 @@ Guarantees
   from its Histogram's sum or its moments; one with neither (only VALUE, COUNT, MAX, MIN)
   is warned about and names nobody. Windows it has no samples in (or no other rank has),
   and late windows, leave its count as it was.
+- Episodes: every straggler rule (this one, ``_anatomy``'s) counts windows over it with
+  ``_count`` and names a rank with ``_announce``: once per episode, once more recovered.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ logger = logging.getLogger("monitor_bus")
 
 #: The name of the event ``dst`` logs when it names a straggler, or one recovers: data
 #: ``stat``, ``rank``, ``ratio`` (the rank's window mean over the median of the other ranks' means), ``windows``
-#: (how many merged windows in a row it was over), ``host`` and ``recovered``.
+#: (how many merged windows in a row it was over), ``host`` and ``recovered``; from
+#: ``StepAnatomy``'s Stats, ``stage``, ``exposed_s`` and ``cause`` in place of ``ratio``.
 STRAGGLER_EVENT = "monitor_bus.straggler"
 
 _MEAN = _aggregates.Aggregation.MEAN.value
@@ -107,41 +110,62 @@ class Stragglers(MergeState):
             median = _median_without(values, place[rank])
             if not median > 0:  # no other rank, or no ratio to speak of: its count stays
                 continue
-            key = (name, rank)
             ratio = mean / median
-            if ratio > factor:
-                streak = self._streaks[key] = self._streaks.get(key, 0) + 1
-                if streak == self.straggler_windows:
-                    self.straggling.add(key)
-                    self._name_straggler(name, rank, ratio, streak, stamp, recovered=False)
-            else:
-                streak = self._streaks.pop(key, 0)
-                if key in self.straggling:
-                    self.straggling.discard(key)
-                    self._name_straggler(name, rank, ratio, streak, stamp, recovered=True)
+            turn = self._count((name, rank), ratio > factor)
+            if turn is None:
+                continue
+            windows, recovered = turn
+            data: dict[str, str | float | int | bool] = {
+                "stat": name,
+                "rank": rank,
+                "ratio": ratio,
+                "windows": windows,
+                "host": self.hosts[rank],
+                "recovered": recovered,
+            }
+            detail = f"its {name!r} mean is {ratio:.2f} times the other ranks' median"
+            self._announce(name, data, stamp, detail, f"over {factor}")
 
-    def _name_straggler(
-        self, name: str, rank: int, ratio: float, windows: int, stamp: datetime, *, recovered: bool
+    def _count(self, key: tuple[str, int], over: bool) -> tuple[int, bool] | None:
+        """Count one merged window of ``key`` (what a rule watches, a rank): over its rule or
+        not. The one episode bookkeeping of every straggler rule.
+
+        Returns:
+            (windows, recovered) when the rank is named now (``straggler_windows`` windows in
+            a row over) or recovers now (its first window back under, after it was named);
+            ``windows`` is how many windows in a row it was over. None otherwise.
+        """
+        if over:
+            streak = self._streaks[key] = self._streaks.get(key, 0) + 1
+            if streak != self.straggler_windows:
+                return None
+            self.straggling.add(key)
+            return streak, False
+        streak = self._streaks.pop(key, 0)
+        if key not in self.straggling:
+            return None
+        self.straggling.discard(key)
+        return streak, True
+
+    def _announce(
+        self,
+        name: str,
+        data: dict[str, str | float | int | bool],
+        stamp: datetime,
+        detail: str,
+        rule: str,
     ) -> None:
-        host = self.hosts[rank]
-        data: dict[str, str | float | int | bool] = {
-            "stat": name,
-            "rank": rank,
-            "ratio": ratio,
-            "windows": windows,
-            "host": host,
-            "recovered": recovered,
-        }
+        """Log a ``STRAGGLER_EVENT`` of ``data`` (which holds ``rank``, ``host``, ``windows``
+        and ``recovered``), and say it in a warning, rate-limited per ``name`` and way."""
         self.bus.log_event(Event(STRAGGLER_EVENT, stamp, data))
+        recovered = bool(data["recovered"])
         if self._throttle.ready(("straggler", name, recovered)):
             logger.warning(
-                "merge_stats_across_ranks: rank %d (%s) %s: its %r mean is %.2f times the other "
-                "ranks' median (%d merged windows%s)",
-                rank,
-                host,
+                "merge_stats_across_ranks: rank %d (%s) %s: %s (%d merged windows%s)",
+                data["rank"],
+                data["host"],
                 "has recovered" if recovered else "is a straggler",
-                name,
-                ratio,
-                windows,
-                "" if recovered else f" in a row over {self.stragglers[name]}",
+                detail,
+                data["windows"],
+                "" if recovered else f" in a row {rule}",
             )
