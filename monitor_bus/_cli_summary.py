@@ -143,13 +143,24 @@ def _straggler(event: Event, skips: _StatSkips) -> str:
     """One line of ``summary``'s stragglers: when, which rank, how slow."""
     data = event.data
     what = "recovered" if data.get("recovered") else "straggler"
-    ratio = data.get("ratio")
-    if isinstance(ratio, (int, float)):
-        ratio = _float(ratio, "ratio", skips)
-    ratio_text = f"{ratio:.2f}x" if isinstance(ratio, float) else "?"
+    if "exposed_s" in data:  # StepAnatomy's rule: the time the others waited, where, why
+        exposed = data["exposed_s"]
+        if isinstance(exposed, (int, float)):
+            exposed = _float(exposed, "exposed_s", skips)
+        how = f"others waited {exposed * 1e3:.1f} ms/step" if isinstance(exposed, float) else "?"
+        if data.get("stage"):
+            how += f" in {data['stage']}"
+        if data.get("cause"):
+            how += f" ({data['cause']})"
+    else:
+        ratio = data.get("ratio")
+        if isinstance(ratio, (int, float)):
+            ratio = _float(ratio, "ratio", skips)
+        how = f"{ratio:.2f}x" if isinstance(ratio, float) else "?"
+        how += " the median"
     return (
         f"{event.timestamp.isoformat(timespec='seconds')}  {what}  stat {data.get('stat')}  "
-        f"rank {data.get('rank')} ({data.get('host')})  {ratio_text} the median  "
+        f"rank {data.get('rank')} ({data.get('host')})  {how}  "
         f"{data.get('windows')} windows"
     )
 

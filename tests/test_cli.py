@@ -987,6 +987,33 @@ def test_summary_reports_a_number_beyond_a_float_and_does_not_count_it(
     )
 
 
+def test_summary_shows_a_step_anatomy_straggler_by_the_time_the_others_waited(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A straggler named from StepAnatomy's Stats (no ratio) is shown by the time the other
+    ranks waited for it per step, its stage and its cause."""
+    from monitor_bus.ranks import STRAGGLER_EVENT
+
+    named = {"stat": "step.wait_s", "rank": 2, "host": "n1", "windows": 3, "recovered": False}
+    events = [
+        Event(
+            STRAGGLER_EVENT, T0, {**named, "stage": "backward", "exposed_s": 0.02945, "cause": ""}
+        ),
+        Event(STRAGGLER_EVENT, T0, {**named, "stage": "data", "exposed_s": 0.031, "cause": "gc"}),
+        Event(STRAGGLER_EVENT, T0, {**named, "stage": "", "exposed_s": 0.5, "cause": ""}),
+    ]
+    run = write_run(tmp_path / "run.jsonl", events)
+    assert main(["summary", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    lines = [line.strip().split("  ", 1)[1] for line in out.splitlines() if "wait_s" in line]
+    assert lines == [
+        "straggler  stat step.wait_s  rank 2 (n1)  others waited 29.4 ms/step in backward  3 windows",
+        "straggler  stat step.wait_s  rank 2 (n1)  others waited 31.0 ms/step in data (gc)  3 windows",
+        "straggler  stat step.wait_s  rank 2 (n1)  others waited 500.0 ms/step  3 windows",
+    ]
+
+
 def test_summary_and_plot_take_ints_beyond_a_float_in_step_duration_and_ratio(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
