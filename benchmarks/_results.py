@@ -4,7 +4,8 @@
 nested dicts of numbers and strings), the commit they were measured at, the machine, the
 Python and the versions of the packages that took part, and the command that ran. ``load``
 reads one back. A page never holds a measured figure typed by hand; the docs build quotes
-these files.
+these files (``docs/hooks/figures.py``): a figure by its key path, a table ``table`` made, and
+the ``measured`` line.
 """
 
 from __future__ import annotations
@@ -81,6 +82,50 @@ def save(
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return target
+
+
+def table(columns: list[str], rows: list[list[str]], align: str = "") -> dict[str, Any]:
+    """A table for a results file: its column titles, its rows of cells (the figures formatted
+    as the page shows them) and each column's alignment, ``l`` or ``r`` (default: the first
+    left, the rest right).
+
+    Raises:
+        ValueError: a row or ``align`` does not have one entry per column.
+    """
+    align = align or "l" + "r" * (len(columns) - 1)
+    if len(align) != len(columns) or set(align) - {"l", "r"}:
+        raise ValueError(f"align must be one l or r per column, got {align!r}")
+    for row in rows:
+        if len(row) != len(columns):
+            raise ValueError(f"rows must have {len(columns)} cells, got {row!r}")
+    return {"columns": list(columns), "align": align, "rows": [list(r) for r in rows]}
+
+
+def is_table(value: object) -> bool:
+    """Whether ``value`` (from a results file) is a table ``table`` made."""
+    return isinstance(value, dict) and set(value) == {"columns", "align", "rows"}
+
+
+def markdown(spec: dict[str, Any]) -> str:
+    """The markdown of a table ``table`` made."""
+    rule = "|".join("---:" if a == "r" else "---" for a in spec["align"])
+    lines = [f"| {' | '.join(str(c) for c in row)} |" for row in spec["rows"]]
+    return "\n".join([f"| {' | '.join(spec['columns'])} |", f"|{rule}|", *lines])
+
+
+def measured(record: dict[str, Any]) -> str:
+    """The sentence saying at which commit, when, on what machine, with which versions and by
+    which command ``record`` (as ``save`` wrote it) was measured."""
+    m = record["machine"]
+    versions = ", ".join(f"{k} {v}" for k, v in record["versions"].items())
+    command = record["command"]
+    if command.split(" ", 1)[0].endswith(".py"):
+        command = f"python benchmarks/{command}"
+    return (
+        f"Measured at commit `{record['commit']}` on {record['date'][:10]}: {m['cpu']}, "
+        f"{m['cores']} cores, {m['system']}; {m['python']}, {versions}; "
+        f"by `{command}`."
+    )
 
 
 def load(name: str, *, path: Path | None = None) -> dict[str, Any]:

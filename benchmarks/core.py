@@ -2,7 +2,7 @@
 library's QueueHandler/QueueListener.
 
     python benchmarks/core.py                    # print the table
-    python benchmarks/core.py --write docs/performance.md
+    python benchmarks/core.py --save            # save benchmarks/results/core.json
     python benchmarks/core.py --only stat-add    # just the Stat.add rows
 
 Each figure is the median of several rounds; the contenders alternate within each round so
@@ -15,7 +15,6 @@ import argparse
 import gc
 import logging
 import logging.handlers
-import platform
 import queue
 import random
 import statistics
@@ -26,8 +25,9 @@ from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
-from _machine import cpu_model, write_between
+import _results
 
 import monitor_bus
 
@@ -295,130 +295,127 @@ def run(rounds: int, scale: float, only: str) -> dict[str, float]:
     return {k: median_of(results, k) for k in results[0]}
 
 
-def table(m: dict[str, float], rounds: int) -> str:
-    def ratio(a: str, b: str) -> str:
-        return f"{m[a] / m[b]:.2f}" if a in m and b in m else "n/a"
+# Each row: what is measured, monitor_bus's median, the other's, who the other is, the
+# format of both, the target, and the name its ratio is saved under.
+ROWS = [
+    ("`Stat.add`, ns/call", "add_ours", "add_torch", "torch.monitor", ".0f", "<= 1.0", "stat_add"),
+    (
+        "`Stat.add` [MEAN, P50, P99, STDDEV] vs [MEAN], caller's thread CPU ns/call",
+        "add_dist_cpu",
+        "add_mean_cpu",
+        "monitor_bus [MEAN]",
+        ".0f",
+        "<= 1.3",
+        "stat_add_dist_cpu",
+    ),
+    (
+        "`Stat.add` [MEAN, P50, P99, STDDEV] vs [MEAN], wall ns/call (same process)",
+        "add_dist_wall",
+        "add_mean_wall",
+        "monitor_bus [MEAN]",
+        ".0f",
+        "report",
+        "stat_add_dist_wall",
+    ),
+    (
+        "`Stat.add` [MEAN, P50, P99, STDDEV] vs torch.monitor [MEAN], wall ns/call",
+        "add_dist_wall",
+        "add_values_torch",
+        "torch.monitor",
+        ".0f",
+        "report",
+        "stat_add_dist_torch",
+    ),
+    (
+        "`Event(...)` + `log_event`, one handler, ns/call",
+        "log_ours",
+        "log_torch",
+        "torch.monitor",
+        ".0f",
+        "<= 0.5",
+        "log_event",
+    ),
+    (
+        "`log(name, **data)`, caller's thread CPU, ns/call",
+        "caller_log",
+        "caller_event",
+        "`Event(name, datetime.now(), data)` + `log_event`",
+        ".0f",
+        "<= 0.33",
+        "caller_log",
+    ),
+    (
+        "of which: a call with `log`'s arguments that does nothing, ns/call",
+        "caller_call",
+        "caller_event",
+        "`Event(name, datetime.now(), data)` + `log_event`",
+        ".0f",
+        "report",
+        "caller_call",
+    ),
+    (
+        "of which: that call, `time.time()` and a deque append, ns/call",
+        "caller_append",
+        "caller_event",
+        "`Event(name, datetime.now(), data)` + `log_event`",
+        ".0f",
+        "report",
+        "caller_append",
+    ),
+    (
+        "delivered events/s, one producer, one sync handler, `log()`",
+        "tp_log",
+        "tp_ours",
+        "`Event(...)` + `log_event`",
+        ",.0f",
+        ">= 1.5",
+        "tp_log",
+    ),
+    (
+        "delivered events/s, one producer, one sync handler, `log()`",
+        "tp_log",
+        "tp_now",
+        "`Event(name, datetime.now(), data)` + `log_event`",
+        ",.0f",
+        "report",
+        "tp_log_now",
+    ),
+    (
+        "delivered events/s, one producer, one sync handler",
+        "tp_ours",
+        "tp_queue",
+        "QueueHandler + QueueListener",
+        ",.0f",
+        ">= 10",
+        "tp_queue",
+    ),
+    (
+        "caller's p99 `log_event`, us, with a 10 ms/event handler vs without",
+        "p99_slow",
+        "p99_base",
+        "monitor_bus without the slow handler",
+        ".2f",
+        "<= 2.0",
+        "p99_slow",
+    ),
+]
 
-    def val(key: str, fmt: str) -> str:
-        return format(m[key], fmt) if key in m else "n/a"
 
+def ratios(m: dict[str, float]) -> dict[str, float]:
+    """Each row's ratio, monitor_bus's median over the other's (rows without both left out)."""
+    return {name: m[a] / m[b] for _, a, b, _, _, _, name in ROWS if a in m and b in m}
+
+
+def table(m: dict[str, float]) -> dict[str, Any]:
+    """The results table (``_results.table``): a row per measure with both medians."""
+    r = ratios(m)
     rows = [
-        (
-            "`Stat.add`, ns/call",
-            val("add_ours", ".0f"),
-            val("add_torch", ".0f"),
-            "torch.monitor",
-            ratio("add_ours", "add_torch"),
-            "<= 1.0",
-        ),
-        (
-            "`Stat.add` [MEAN, P50, P99, STDDEV] vs [MEAN], caller's thread CPU ns/call",
-            val("add_dist_cpu", ".0f"),
-            val("add_mean_cpu", ".0f"),
-            "monitor_bus [MEAN]",
-            ratio("add_dist_cpu", "add_mean_cpu"),
-            "<= 1.3",
-        ),
-        (
-            "`Stat.add` [MEAN, P50, P99, STDDEV] vs [MEAN], wall ns/call (same process)",
-            val("add_dist_wall", ".0f"),
-            val("add_mean_wall", ".0f"),
-            "monitor_bus [MEAN]",
-            ratio("add_dist_wall", "add_mean_wall"),
-            "report",
-        ),
-        (
-            "`Stat.add` [MEAN, P50, P99, STDDEV] vs torch.monitor [MEAN], wall ns/call",
-            val("add_dist_wall", ".0f"),
-            val("add_values_torch", ".0f"),
-            "torch.monitor",
-            ratio("add_dist_wall", "add_values_torch"),
-            "report",
-        ),
-        (
-            "`Event(...)` + `log_event`, one handler, ns/call",
-            val("log_ours", ".0f"),
-            val("log_torch", ".0f"),
-            "torch.monitor",
-            ratio("log_ours", "log_torch"),
-            "<= 0.5",
-        ),
-        (
-            "`log(name, **data)`, caller's thread CPU, ns/call",
-            val("caller_log", ".0f"),
-            val("caller_event", ".0f"),
-            "`Event(name, datetime.now(), data)` + `log_event`",
-            ratio("caller_log", "caller_event"),
-            "<= 0.33",
-        ),
-        (
-            "of which: a call with `log`'s arguments that does nothing, ns/call",
-            val("caller_call", ".0f"),
-            val("caller_event", ".0f"),
-            "`Event(name, datetime.now(), data)` + `log_event`",
-            ratio("caller_call", "caller_event"),
-            "report",
-        ),
-        (
-            "of which: that call, `time.time()` and a deque append, ns/call",
-            val("caller_append", ".0f"),
-            val("caller_event", ".0f"),
-            "`Event(name, datetime.now(), data)` + `log_event`",
-            ratio("caller_append", "caller_event"),
-            "report",
-        ),
-        (
-            "delivered events/s, one producer, one sync handler, `log()`",
-            val("tp_log", ",.0f"),
-            val("tp_ours", ",.0f"),
-            "`Event(...)` + `log_event`",
-            ratio("tp_log", "tp_ours"),
-            ">= 1.5",
-        ),
-        (
-            "delivered events/s, one producer, one sync handler, `log()`",
-            val("tp_log", ",.0f"),
-            val("tp_now", ",.0f"),
-            "`Event(name, datetime.now(), data)` + `log_event`",
-            ratio("tp_log", "tp_now"),
-            "report",
-        ),
-        (
-            "delivered events/s, one producer, one sync handler",
-            val("tp_ours", ",.0f"),
-            val("tp_queue", ",.0f"),
-            "QueueHandler + QueueListener",
-            ratio("tp_ours", "tp_queue"),
-            ">= 10",
-        ),
-        (
-            "caller's p99 `log_event`, us, with a 10 ms/event handler vs without",
-            val("p99_slow", ".2f"),
-            val("p99_base", ".2f"),
-            "monitor_bus without the slow handler",
-            ratio("p99_slow", "p99_base"),
-            "<= 2.0",
-        ),
+        [label, format(m[a], fmt), format(m[b], fmt), who, f"{r[name]:.2f}", target]
+        for label, a, b, who, fmt, target, name in ROWS
+        if name in r
     ]
-    lines = [
-        f"Median of {rounds} rounds; contenders alternate within each round.",
-        "",
-        "| measure | monitor_bus | other | other is | ratio | target |",
-        "|---|---:|---:|---|---:|---|",
-    ]
-    lines += [f"| {' | '.join(row)} |" for row in rows if row[1] != "n/a"]
-    return "\n".join(lines)
-
-
-def machine() -> str:
-    import os
-    from importlib.metadata import version
-
-    return (
-        f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; "
-        f"CPython {platform.python_version()}, monitor_bus {monitor_bus.__version__}, anyio {version('anyio')}, "
-        f"torch {torch.__version__ if torch is not None else 'not installed'}"
-    )
+    columns = ["measure", "monitor_bus", "other", "other is", "ratio", "target"]
+    return _results.table(columns, rows, "lrrlrl")
 
 
 def main() -> None:
@@ -433,14 +430,26 @@ def main() -> None:
         "--only", choices=["all", "stat-add"], default="all", help="run only these rows"
     )
     parser.add_argument(
-        "--write", type=Path, help="replace the results section of this markdown file"
+        "--save",
+        type=Path,
+        nargs="?",
+        const=_results.RESULTS / "core.json",
+        help="save the results file (default benchmarks/results/core.json)",
     )
     args = parser.parse_args()
     medians = run(args.rounds, args.scale, args.only)
-    text = f"Measured on {datetime.now():%Y-%m-%d}: {machine()}.\n\n{table(medians, args.rounds)}\n"
-    print(text)
-    if args.write:
-        write_between(args.write, text, "results")
+    results = {
+        "rounds": args.rounds,
+        "scale": args.scale,
+        "medians": medians,
+        "ratios": ratios(medians),
+        "tables": {"results": table(medians)},
+    }
+    print(f"Median of {args.rounds} rounds; contenders alternate within each round.\n")
+    print(_results.markdown(results["tables"]["results"]))
+    if args.save:
+        saved = _results.save("core", results, packages=("torch",), path=args.save)
+        print(f"\n{_results.measured(_results.load('core', path=saved))}")
 
 
 if __name__ == "__main__":

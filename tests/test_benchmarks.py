@@ -18,7 +18,6 @@ from .conftest import require
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
 def _number(cell: str) -> float:
@@ -66,17 +65,16 @@ def test_the_quotient_bounds_hold_for_every_sign_and_size_of_the_figures() -> No
             assert low <= _number(cell_q) <= high, (a, b)
 
 
-def test_core_benchmark_writes_the_figures_it_measured(tmp_path: Path) -> None:
+def test_core_benchmark_saves_the_figures_it_measured(tmp_path: Path) -> None:
     """benchmarks/core.py prints a positive measurement in every row, each ratio is its two
-    columns' quotient ("n/a" only for torch.monitor without torch), and --write puts exactly
-    the printed text between the page's markers."""
-    page = tmp_path / "performance.md"
-    page.write_text(f"before\n{BEGIN}\nold figures\n{END}\nafter\n")
+    columns' quotient (torch.monitor's rows left out without torch), and --save writes the
+    medians, their ratios and the printed table to the results file."""
+    saved = tmp_path / "core.json"
     out = subprocess.run(
         [
             sys.executable,
             str(BENCHMARKS / "core.py"),
-            *("--rounds", "1", "--scale", "0.01", "--write", str(page)),
+            *("--rounds", "1", "--scale", "0.01", "--save", str(saved)),
         ],
         capture_output=True,
         text=True,
@@ -86,7 +84,8 @@ def test_core_benchmark_writes_the_figures_it_measured(tmp_path: Path) -> None:
     rows = [line.strip("| ").split(" | ") for line in out.splitlines() if line.startswith("| ")]
     header, *measures = rows  # the |---| rule does not start with "| "
     assert header == ["measure", "monitor_bus", "other", "other is", "ratio", "target"]
-    assert [m[3] for m in measures] == [
+    has_torch = importlib.util.find_spec("torch") is not None
+    expected = [
         "torch.monitor",
         "monitor_bus [MEAN]",
         "monitor_bus [MEAN]",
@@ -100,18 +99,22 @@ def test_core_benchmark_writes_the_figures_it_measured(tmp_path: Path) -> None:
         "QueueHandler + QueueListener",
         "monitor_bus without the slow handler",
     ]
-    has_torch = importlib.util.find_spec("torch") is not None
-    for measure, ours, other, other_is, ratio, _target in measures:
+    assert [m[3] for m in measures] == [e for e in expected if has_torch or e != "torch.monitor"]
+    for measure, ours, other, _other_is, ratio, _target in measures:
         assert _number(ours) > 0, measure
-        if other_is == "torch.monitor" and not has_torch:
-            assert (other, ratio) == ("n/a", "n/a"), measure
-            continue
         assert _number(other) > 0, measure
         low, high = _quotient_bounds(
             _number(ours), _number(other), _half_unit(ours), _half_unit(other), _half_unit(ratio)
         )
         assert low <= _number(ratio) <= high, measure
-    assert page.read_text() == f"before\n{BEGIN}\n{out.removesuffix(chr(10))}{END}\nafter\n"
+    record = json.loads(saved.read_text())
+    assert record["benchmark"] == "core"
+    assert record["command"] == f"core.py --rounds 1 --scale 0.01 --save {saved}"
+    results = record["results"]
+    assert results["tables"]["results"]["rows"] == measures
+    medians = results["medians"]
+    assert results["ratios"]["tp_queue"] == medians["tp_ours"] / medians["tp_queue"]
+    assert len(results["ratios"]) == len(measures)
 
 
 def _report_module(monkeypatch: pytest.MonkeyPatch, build: Path) -> ModuleType:
