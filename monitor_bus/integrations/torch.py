@@ -35,6 +35,7 @@ from .._default import get_default_bus, log_event
 from .._event import Event
 from .._lifecycle import module_lock
 from .._step_anatomy import StepAnatomy as StepAnatomy
+from ..ranks import ANATOMY_EVENT as ANATOMY_EVENT
 from ..ranks import STRAGGLER_EVENT as STRAGGLER_EVENT
 from ..ranks import RankMerge as RankMerge
 from ..ranks import start_merge
