@@ -14,7 +14,6 @@ Below ``_cli_summary`` and ``_cli_plot``, which import it; it imports neither.
 from __future__ import annotations
 
 import math
-
 from collections.abc import Mapping
 
 from ._cli_read import _StatSkips

@@ -129,7 +129,7 @@ def _figure(
     panels: dict[str, list[str]],
     metrics: dict[str, tuple[array[float], array[float]]],
     metric_panels: list[str],
-    families: dict[str, Family],
+    families: dict[str, Family] | None = None,
 ) -> tuple[Figure, list[str]]:
     """The figure: a panel per StepAnatomy family (a bar per rank), a panel per Stat
     (``panels``: title -> keys of ``series``), over seconds since the first window drawn,
@@ -138,6 +138,7 @@ def _figure(
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    families = families or {}
     n = len(families) + len(panels) + len(metric_panels)
     figure = Figure(figsize=(8, 2.2 * n + 0.6 * (1 + len(families))), layout="constrained")
     FigureCanvasAgg(figure)
@@ -304,7 +305,7 @@ def _plot(args: argparse.Namespace) -> int:
         panels = dict(list(panels.items())[: args.max_panels - len(families)])
         metric_panels = metric_panels[: args.max_panels - len(families) - len(panels)]
     drawn = [key for keys in panels.values() for key in keys]
-    figure, partial = _figure(series, panels, metrics, metric_panels, families)
+    figure, partial = _figure(series, panels, metrics, metric_panels, families=families)
     parent = os.path.basename(os.path.dirname(os.path.abspath(run_path)))
     figure.suptitle(os.path.join(parent, os.path.basename(run_path)))
     n_panels = len(families) + len(panels) + len(metric_panels)

@@ -21,7 +21,10 @@ Guarantees
   rank's count as it was, as do late windows.
 - Episodes: those of ``Stragglers._count``: named once after ``straggler_windows`` windows in
   a row over, once more recovered, by a ``STRAGGLER_EVENT`` (and a warning) whose ``stage``,
-  ``exposed_s`` and ``cause`` are over the windows of the episode so far.
+  ``exposed_s`` and ``cause`` are over the windows of the episode so far. The stage is the one
+  whose time outside the wait is most over the others' median, if that explains at least
+  half the exposed time, as GC must to be the cause; a step without stages, or a stage a
+  few stray samples put ahead, names none.
 - What it cost (with ``spread``, whether the rule is on or off): the merged window of a
   family's ``<prefix>.wait_s`` holds ``.lost_s``, the exposed time per step of its rank that
   waits least (the rule's candidate, over the rule or not), and ``.lost_to_rank``, that rank
@@ -102,6 +105,13 @@ def _stages(prefix: str, merged: dict[str, Merged]) -> dict[str, dict[int, float
     return stages
 
 
+def _stage_of(extra: dict[str, float], exposed: float) -> str:
+    """The stage a rank spent most over the others in (``extra``: stage -> that time), when
+    that is at least half the ``exposed`` time (it explains the wait); else none, ``""``."""
+    stage = max(extra, key=extra.__getitem__, default="")
+    return stage if stage and extra[stage] > 0 and extra[stage] >= exposed / 2 else ""
+
+
 class AnatomyStragglers(Stragglers):
     """dst's straggler watch on ``StepAnatomy``'s Stats, with no ``stragglers=`` argument."""
 
@@ -144,12 +154,12 @@ class AnatomyStragglers(Stragglers):
             rank = int(lost[prefix + WAIT + ".lost_to_rank"])
             others = sorted(set(waits) - {rank})
             extra = {stage: _over_others(means, rank, others) for stage, means in stages.items()}
-            stage = max(extra, key=extra.__getitem__, default="")
+            stage = _stage_of(extra, float(lost[prefix + WAIT + ".lost_s"]))
             data.update(
                 lost_s=lost[prefix + WAIT + ".lost_s"],
                 lost_to_rank=rank,
                 host=self.hosts[rank],
-                stage=stage if stage and extra[stage] > 0 else "",
+                stage=stage,
                 steps=steps.get(rank, 0),
             )
         gc = merged.get(prefix + GC)
@@ -200,10 +210,7 @@ class AnatomyStragglers(Stragglers):
         episode."""
         windows, recovered = turn
         exposed = episode.exposed / episode.windows
-        # The stage the rank spent most over the others in; none if it spent more in none.
-        stage = max(episode.extra_stage, key=episode.extra_stage.__getitem__, default="")
-        if stage and not episode.extra_stage[stage] > 0:
-            stage = ""
+        stage = _stage_of(episode.extra_stage, episode.exposed)
         cause = "gc" if episode.extra_gc >= episode.exposed / 2 else ""
         data: dict[str, str | float | int | bool] = {
             "stat": watch,
