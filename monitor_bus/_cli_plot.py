@@ -121,7 +121,15 @@ def _draw_family(ax: Axes, prefix: str, family: Family) -> None:
     ax.set_title(title, loc="left", fontsize="medium")
     ax.grid(True, axis="y", alpha=0.3)
     ax.set_axisbelow(True)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    handles, labels = ax.get_legend_handles_labels()  # top to bottom, as the bars stack
+    ax.legend(
+        handles[::-1],
+        labels[::-1],
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize="small",
+        frameon=False,
+    )
 
 
 def _figure(

@@ -1,0 +1,51 @@
+"""Rerun examples/slow_rank_ddp.py under torchrun and put what it printed on the page and its
+plot in docs/img: the "Find the slow rank" section of docs/multihost.md quotes that run.
+
+Runs three gloo ranks on this machine (torch and matplotlib needed), writes the example's
+output between the page's ``slow-rank-example`` markers and its ``anatomy.png`` to
+``docs/img/slow-rank-anatomy.png``.
+Usage: python docs/slow_rank_example.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _machine import publish  # noqa: E402
+
+
+def main() -> int:
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    with tempfile.TemporaryDirectory() as out:
+        proc = subprocess.run(
+            [
+                torchrun,
+                "--nproc_per_node=3",
+                "--rdzv-backend=c10d",
+                "--rdzv-endpoint=localhost:0",
+                str(ROOT / "examples" / "slow_rank_ddp.py"),
+                out,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=out,
+            check=True,
+        )
+        shutil.copyfile(Path(out) / "anatomy.png", ROOT / "docs" / "img" / "slow-rank-anatomy.png")
+    printed = proc.stdout.replace(out, "runs/slow_rank_ddp").rstrip().splitlines()
+    publish(["```text", *printed, "```"], ROOT / "docs" / "multihost.md", "slow-rank-example")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
