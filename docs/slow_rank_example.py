@@ -25,7 +25,9 @@ from _machine import publish  # noqa: E402
 def main() -> int:
     torchrun = str(Path(sys.executable).parent / "torchrun")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "slow_rank_ddp")  # the plot's title: slow_rank_ddp/rank0.jsonl
+        os.mkdir(out)
         proc = subprocess.run(
             [
                 torchrun,

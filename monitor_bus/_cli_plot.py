@@ -110,14 +110,14 @@ def _draw_family(ax: Axes, prefix: str, family: Family) -> None:
         label = part if part in (WAIT, OTHER) else f"{part} (outside the wait)"
         ax.bar(xs, heights, 0.6, bottom=bottoms, label=label, linewidth=0.5, **style)  # type: ignore[arg-type]
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
-    hosts = family.hosts
-    ax.set_xticks(xs, [f"rank {r}" + (f"\n{hosts[r]}" if hosts.get(r) else "") for r in ranks])
+    ax.set_xticks(xs, [f"rank {r}" for r in ranks])
     ax.set_ylabel("ms per step")
     title = f"where each rank's step goes ({prefix}: mean over {family.windows} windows)"
     if family.lost:
         (rank, stage), (seconds, _) = max(family.lost.items(), key=lambda item: item[1][0])
+        host = f" ({family.hosts[rank]})" if family.hosts.get(rank) else ""
         where = f" in {stage}" if stage else ""
-        title += f"\nthe others lost {seconds:.3g} s waiting for rank {rank}{where}"
+        title += f"\nthe others lost {seconds:.3g} s waiting for rank {rank}{host}{where}"
     ax.set_title(title, loc="left", fontsize="medium")
     ax.grid(True, axis="y", alpha=0.3)
     ax.set_axisbelow(True)

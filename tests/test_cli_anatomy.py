@@ -115,8 +115,8 @@ def test_a_breakdown_value_that_is_not_a_number_is_skipped_and_counted(
 
 def test_plot_draws_a_stacked_bar_per_rank(tmp_path: Path) -> None:
     """The family's panel holds a bar per rank for each part, stacked in ms per step (rank
-    2's backward 11.5 ms on its 1 ms of data), the legend outside the axes, and the rank the
-    job lost most time waiting for in the title."""
+    2's backward 11.5 ms on its 1 ms of data), the legend outside the axes, top part first,
+    and the rank the job lost most time waiting for, with its host, in the title."""
     anatomy = Anatomy()
     skips = _StatSkips()
     for data in (SLOW, CLEAN):
@@ -130,14 +130,13 @@ def test_plot_draws_a_stacked_bar_per_rank(tmp_path: Path) -> None:
     assert [bar.get_y() for bar in bars["backward (outside the wait)"]] == pytest.approx([1.0] * 3)
     tops = [bar.get_y() + bar.get_height() for bar in bars["other"]]
     assert tops == pytest.approx([17.5] * 3)
-    assert [t.get_text() for t in ax.get_xticklabels()] == [
-        "rank 0\nnode0",
-        "rank 1",
-        "rank 2\nnode1",
-    ]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["rank 0", "rank 1", "rank 2"]
     assert ax.get_ylabel() == "ms per step"
-    assert "the others lost 0.3 s waiting for rank 2 in backward" in ax.get_title(loc="left")
+    assert "the others lost 0.3 s waiting for rank 2 (node1) in backward" in ax.get_title(
+        loc="left"
+    )
     legend = ax.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == list(bars)[::-1]
     assert legend.get_bbox_to_anchor().x0 > ax.get_window_extent().x1  # outside the bars
 
 
