@@ -55,10 +55,10 @@ SUFFIXES = (WAIT, TIME, BUSY, GC)
 #: (with ``spread``): data ``prefix``, ``window_s``, ``ranks``, ``step_s`` (the merged mean
 #: step), ``lost_s``, ``lost_to_rank`` and ``host`` (as the wait's ``.lost_s`` and
 #: ``.lost_to_rank``, and that rank's host; two ranks or more), ``stage`` (where that rank's
-#: time outside the wait is most over the others' median; ``""`` if nowhere), ``steps`` (that
-#: rank's steps in the window), and each rank's window means ``rank<r>.time_s``,
-#: ``rank<r>.wait_s``, ``rank<r>.gc_s`` and ``rank<r>.<stage>.busy_s``. ``steps`` is there
-#: with one rank too (its steps).
+#: time outside the wait is most over the others' median, where that explains half the lost
+#: time; ``""`` if nowhere), ``steps`` (that rank's steps in the window; with one rank, its
+#: steps), and each rank's window means ``rank<r>.time_s``, ``rank<r>.wait_s``,
+#: ``rank<r>.gc_s`` and ``rank<r>.<stage>.busy_s``.
 ANATOMY_EVENT = "monitor_bus.anatomy"
 
 # A merged window of one Stat: each rank's window mean, the merged mean, its stamp, each
