@@ -102,10 +102,10 @@ def test_slow_rank_ddp_names_the_slow_rank_in_its_stage_and_shows_what_it_cost(
     tmp_path: Path,
 ) -> None:
     """examples/slow_rank_ddp.py under torchrun (3 gloo ranks, DDP): rank 0 names rank 2, its
-    data loading 20 ms slower per step for a while, a straggler in stage "data" with the
-    others' wait per step within 40% of that, then recovered; ``monitor-bus summary`` puts
-    rank 2's data stage first in the time lost, and ``monitor-bus plot --anatomy`` draws the
-    bars."""
+    data loading 20 ms slower per step for a while, a straggler in stage "data" with its host,
+    then recovered; ``monitor-bus summary`` puts rank 2's data stage first in the time lost,
+    and ``monitor-bus plot --anatomy`` draws the bars. (How close the wait comes to the delay
+    is timing, checked in tests/test_slow_rank.py's stress job.)"""
     import socket
 
     from .test_merge_ranks import ROOT, run_job
@@ -120,8 +120,6 @@ def test_slow_rank_ddp_names_the_slow_rank_in_its_stage_and_shows_what_it_cost(
         f"recovered: rank 2 on {host}",
     ], proc.stdout
     assert all(line.endswith("in stage 'data'") for line in named), proc.stdout
-    waited = float(re.search(r"waited ([\d.]+) ms", named[0]).group(1))  # type: ignore[union-attr]
-    assert abs(waited - 20.0) <= 8.0, proc.stdout
     at = next(i for i, line in enumerate(lines) if line.startswith("time lost waiting"))
     assert lines[at + 2].split()[:3] == ["2", f"({host})", "data"], proc.stdout
     assert (
