@@ -5,7 +5,9 @@ Every rank times its steps into a ``step_time`` Stat, as it would anyway. Merged
 (``step_time.rank_min`` / ``rank_p50`` / ``rank_max``) and which rank was slowest
 (``step_time.slowest_rank``); with ``stragglers={"step_time": 1.5}`` rank 0 names a rank
 whose mean stays over 1.5 times the other ranks' median for 3 windows in a row, once, and once
-more when it has recovered. Here the last rank is made slow on purpose for 1.5 s.
+more when it has recovered. Here the last rank is made slow on purpose for 1.5 s. This works
+where ranks do not wait for each other; in a synchronized (DDP) job every rank's step is as
+long as the slowest one's: see ``slow_rank_ddp.py``.
 
 Run:  torchrun --nproc_per_node=3 examples/find_slow_rank.py
 """

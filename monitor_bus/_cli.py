@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Draw each Stat of a JSONL run file over time, one panel per Stat (counts "
         "and sums get panels of their own; a p50-p99 band where the windows have both), and "
         "each metric of its metrics events (Lightning, Hugging Face) over its step, into an "
-        "image file. Needs matplotlib: pip install 'monitor_bus[plot]'.",
+        "image file; a run merged across ranks with StepAnatomy's Stats first gets a stacked "
+        "bar per rank: where its step goes. Needs matplotlib: pip install 'monitor_bus[plot]'.",
     )
     plot.add_argument("run", metavar="RUN.jsonl", help="a file written by JsonlEventHandler")
     plot.add_argument(
@@ -114,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATTERN",
         help="draw only the Stats and metrics whose name matches this glob pattern "
         "(step_time_ms, 'loss*'); repeat for more",
+    )
+    plot.add_argument(
+        "--anatomy",
+        action="store_true",
+        help="draw only where each rank's step goes: StepAnatomy's stacked bar per rank, from "
+        "the breakdown merge_stats_across_ranks logs (drawn first by default; not with --stat)",
     )
     plot.add_argument(
         "--max-panels",

@@ -8,7 +8,10 @@ doubles, 16 bytes a point drawn. One panel per Stat (counts and sums get panels 
 own), with the band between ``<name>.p50`` and ``<name>.p99`` shaded where a Stat's windows
 have both; then one panel per metric. A Stat's last window cut short by the run's end is
 drawn hollow and labelled (and said so on stderr). What the read skipped is reported on
-stderr (``_cli_read``).
+stderr (``_cli_read``). A run with StepAnatomy's breakdown (``_cli_anatomy``) gets first a
+panel per family: a stacked bar per rank, its stages' time outside the wait, the wait and
+the rest, in ms per step over the run (with ``--anatomy``, only those; with ``--stat``,
+none of them).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ._cli_anatomy import OTHER, WAIT, Anatomy, Family
 from ._cli_read import (
     PROG,
     CliError,
@@ -89,22 +93,67 @@ def _draw_series(ax: Axes, xs: list[float], ys: Sequence[float], label: str, par
     )
 
 
+def _draw_family(ax: Axes, prefix: str, family: Family) -> None:
+    """A stacked bar per rank: where its ``prefix`` step goes, in ms per step over the run;
+    the legend outside the bars, the rank the job lost most time waiting for said above."""
+    ranks = family.breakdown()
+    xs = list(range(len(ranks)))
+    bottoms = [0.0] * len(ranks)
+    parts = [*family.stages, WAIT, OTHER]
+    for i, part in enumerate(parts):
+        heights = [means[part] * 1e3 for means in ranks.values()]
+        style: dict[str, object] = {"color": f"C{i % 10}"}
+        if part == WAIT:
+            style = {"color": "0.6", "hatch": "//", "edgecolor": "0.35"}
+        elif part == OTHER:
+            style = {"color": "0.88", "edgecolor": "0.6"}
+        label = part if part in (WAIT, OTHER) else f"{part} (outside the wait)"
+        ax.bar(xs, heights, 0.6, bottom=bottoms, label=label, linewidth=0.5, **style)  # type: ignore[arg-type]
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    ax.set_xticks(xs, [f"rank {r}" for r in ranks])
+    ax.set_ylabel("ms per step")
+    title = f"where each rank's step goes ({prefix}: mean over {family.windows} windows)"
+    if family.lost:
+        (rank, stage), (seconds, _) = max(family.lost.items(), key=lambda item: item[1][0])
+        host = f" ({family.hosts[rank]})" if family.hosts.get(rank) else ""
+        where = f" in {stage}" if stage else ""
+        title += f"\nthe others lost {seconds:.3g} s waiting for rank {rank}{host}{where}"
+    ax.set_title(title, loc="left", fontsize="medium")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    handles, labels = ax.get_legend_handles_labels()  # top to bottom, as the bars stack
+    ax.legend(
+        handles[::-1],
+        labels[::-1],
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize="small",
+        frameon=False,
+    )
+
+
 def _figure(
     series: dict[str, tuple[array[float], array[float]]],
     panels: dict[str, list[str]],
     metrics: dict[str, tuple[array[float], array[float]]],
     metric_panels: list[str],
+    families: dict[str, Family] | None = None,
 ) -> tuple[Figure, list[str]]:
-    """The figure: a panel per Stat (``panels``: title -> keys of ``series``), over seconds
-    since the first window drawn, then a panel per metric, over its step. Returns it with the
-    Stats whose last window is partial."""
+    """The figure: a panel per StepAnatomy family (a bar per rank), a panel per Stat
+    (``panels``: title -> keys of ``series``), over seconds since the first window drawn,
+    then a panel per metric, over its step. Returns it with the Stats whose last window is
+    partial."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    n = len(panels) + len(metric_panels)
-    figure = Figure(figsize=(8, 2.2 * n + 0.6), layout="constrained")
+    families = families or {}
+    n = len(families) + len(panels) + len(metric_panels)
+    figure = Figure(figsize=(8, 2.2 * n + 0.6 * (1 + len(families))), layout="constrained")
     FigureCanvasAgg(figure)
     axes = list(figure.subplots(n, 1, squeeze=False)[:, 0])
+    for ax, (prefix, family) in zip(axes, families.items(), strict=False):
+        _draw_family(ax, prefix, family)
+    axes = axes[len(families) :]
     stat_axes, metric_axes = axes[: len(panels)], axes[len(panels) :]
     partial: list[str] = []
     drawn = [key for keys in panels.values() for key in keys]
@@ -193,6 +242,8 @@ def _plot(args: argparse.Namespace) -> int:
     unchosen: set[str] = set()
     skips = _Skips(run_path)
     stat_skips = _StatSkips()
+    anatomy = Anatomy()
+    bars: bool = args.anatomy or not patterns
 
     def chosen(name: str) -> bool:
         if patterns and not any(fnmatch.fnmatchcase(name, p) for p in patterns):
@@ -202,6 +253,10 @@ def _plot(args: argparse.Namespace) -> int:
 
     order = 0
     for event in _events(run_path, skips):
+        if bars and anatomy.add(event, stat_skips):
+            continue
+        if args.anatomy:
+            continue
         ts = event.timestamp.timestamp()
         for key, value in _stat_values(event, stat_skips):
             points = series.get(key)
@@ -226,7 +281,13 @@ def _plot(args: argparse.Namespace) -> int:
                 points[1].append(value)
     skips.report()
     stat_skips.report()
-    if not series and not metrics:
+    families = {prefix: f for prefix, f in anatomy.families.items() if f.windows}
+    if args.anatomy and not families:
+        raise CliError(
+            f"no StepAnatomy breakdown in {run_path} (the monitor_bus.anatomy events that "
+            "merge_stats_across_ranks logs on dst): nothing to plot"
+        )
+    if not series and not metrics and not families:
         if unchosen:
             chosen_args = " ".join(f"--stat {p}" for p in patterns)
             raise CliError(
@@ -241,20 +302,21 @@ def _plot(args: argparse.Namespace) -> int:
     for key in sorted(series):
         panels.setdefault(_panel(key), []).append(key)
     metric_panels = sorted(metrics)
-    total = len(panels) + len(metric_panels)
+    total = len(families) + len(panels) + len(metric_panels)
     if total > args.max_panels:
         print(
             f"{PROG}: note: drew the first {args.max_panels} of {total} panels, by name; "
             "choose with --stat PATTERN or --max-panels N",
             file=sys.stderr,
         )
-        panels = dict(list(panels.items())[: args.max_panels])
-        metric_panels = metric_panels[: args.max_panels - len(panels)]
+        families = dict(list(families.items())[: args.max_panels])
+        panels = dict(list(panels.items())[: args.max_panels - len(families)])
+        metric_panels = metric_panels[: args.max_panels - len(families) - len(panels)]
     drawn = [key for keys in panels.values() for key in keys]
-    figure, partial = _figure(series, panels, metrics, metric_panels)
+    figure, partial = _figure(series, panels, metrics, metric_panels, families=families)
     parent = os.path.basename(os.path.dirname(os.path.abspath(run_path)))
     figure.suptitle(os.path.join(parent, os.path.basename(run_path)))
-    n_panels = len(panels) + len(metric_panels)
+    n_panels = len(families) + len(panels) + len(metric_panels)
 
     suffix = os.path.splitext(output)[1] or ".png"
     # Written beside the output and renamed over it, so a failed save leaves the old file be.
@@ -269,7 +331,8 @@ def _plot(args: argparse.Namespace) -> int:
     except BaseException:
         os.unlink(tmp)
         raise
-    print(f"wrote {output} ({n_panels} panels, {len(drawn) + len(metric_panels)} series)")
+    per_rank = f", {len(families)} with a bar per rank" if families else ""
+    print(f"wrote {output} ({n_panels} panels{per_rank}, {len(drawn) + len(metric_panels)} series)")
     if partial:
         print(
             f"{PROG}: note: the last window of {', '.join(partial)} is partial (the run ended "

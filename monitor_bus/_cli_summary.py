@@ -1,5 +1,6 @@
 """``monitor-bus summary``: a run's events per name (and per origin), its runs and
-stragglers, and a table of its Stats and metrics.
+stragglers, where each rank's step goes and the time lost waiting for the slowest rank
+(``_cli_anatomy``), and a table of its Stats and metrics.
 
 Guarantees: the run is folded one event at a time and no event is kept, so memory grows with
 the names and keys, not with the file. Per Stat aggregate it prints the windows and the last,
@@ -17,6 +18,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+from ._cli_anatomy import OTHER, WAIT, Anatomy, Family
 from ._cli_read import (
     _events,
     _float,
@@ -83,6 +85,7 @@ class _Summary:
         self.runs: dict[str, list[str]] = {}
         # One line per straggler named or recovered (the rank merge logs few: once each way).
         self.stragglers: list[str] = []
+        self.anatomy = Anatomy()
 
 
 def _summarize(events: Iterable[Event]) -> _Summary:
@@ -98,6 +101,8 @@ def _summarize(events: Iterable[Event]) -> _Summary:
             _fold_run(summary.runs, event, summary.skipped)
         elif event.name == STRAGGLER_EVENT:
             summary.stragglers.append(_straggler(event, summary.skipped))
+        else:
+            summary.anatomy.add(event, summary.skipped)
         ts = event.timestamp
         if summary.first is None or ts < summary.first:
             summary.first = ts
@@ -145,9 +150,8 @@ def _straggler(event: Event, skips: _StatSkips) -> str:
     what = "recovered" if data.get("recovered") else "straggler"
     if "exposed_s" in data:  # StepAnatomy's rule: the time the others waited, where, why
         exposed = data["exposed_s"]
-        if isinstance(exposed, (int, float)):
-            exposed = _float(exposed, "exposed_s", skips)
-        how = f"others waited {exposed * 1e3:.1f} ms/step" if isinstance(exposed, float) else "?"
+        seconds = _float(exposed, "exposed_s", skips) if isinstance(exposed, (int, float)) else None
+        how = f"others waited {seconds * 1e3:.1f} ms/step" if seconds is not None else "?"
         if data.get("stage"):
             how += f" in {data['stage']}"
         if data.get("cause"):
@@ -195,6 +199,8 @@ def _summary(args: argparse.Namespace) -> int:
         for line in summary.stragglers:
             print(f"  {line}")
         print()
+    for prefix, family in summary.anatomy.families.items():
+        _print_family(prefix, family)
     if args.by_origin:
         _print_origins(summary.origins)
     if summary.stats:
@@ -228,6 +234,37 @@ def _summary(args: argparse.Namespace) -> int:
             rows.append((key, str(column.windows), f"{column.last_step:.0f}", last, low, high))
         _print_table(("metric", "points", "last step", "last", "min", "max"), rows, 1)
     return 0
+
+
+def _print_family(prefix: str, family: Family) -> None:
+    """Where each rank's step goes in the StepAnatomy family ``prefix``, and the time the job
+    lost waiting for a rank, per rank and stage, most first."""
+    if not family.windows:
+        return
+    parts = [*family.stages, WAIT, OTHER, "step"]
+    print(f"where each rank's step goes ({prefix}: ms per step over {family.windows} windows)")
+    rows = [
+        (str(rank), *(f"{means[part] * 1e3:.1f}" for part in parts))
+        for rank, means in family.breakdown().items()
+    ]
+    _print_table(("rank", *parts), rows, 1)
+    print()
+    if not family.lost:
+        return
+    lost = sum(seconds for seconds, _ in family.lost.values())
+    share = f", {lost / family.step_s:.1%} of the step time" if family.step_s > 0 else ""
+    print(
+        f"time lost waiting for the slowest rank ({prefix}: {lost:.3g} s over "
+        f"{family.windows} windows{share})"
+    )
+    rows = []
+    for (rank, stage), (seconds, windows) in sorted(
+        family.lost.items(), key=lambda item: (-item[1][0], item[0])
+    ):
+        host = family.hosts.get(rank, "")
+        rows.append((f"{rank} ({host})", stage or "-", f"{seconds:.3f}", f"{windows:.0f}"))
+    _print_table(("rank", "stage", "lost s", "windows"), rows, 2)
+    print()
 
 
 def _last_low_high(column: _Column) -> tuple[str, str, str]:

@@ -1,22 +1,36 @@
 """One rank of a torchrun job for tests/test_slow_rank.py (CPU, gloo, DDP), in phases.
 
-    torchrun --nproc_per_node=3 tests/slow_rank_job.py OUT_DIR
+    torchrun --nnodes=2 --node_rank=0 --nproc_per_node=1 ... tests/slow_rank_job.py OUT_DIR
+    torchrun --nnodes=2 --node_rank=1 --nproc_per_node=2 ... tests/slow_rank_job.py OUT_DIR
 
+Two torchrun "nodes": rank 0 (dst) on the first, ranks 1 and 2 on the second, so the merge
+is two-level (rank 1 merges its node's windows for dst) and ``SLOW_RANK`` sits behind a leader.
 Every rank trains a tiny ``DistributedDataParallel`` model under a ``StepAnatomy`` (stages
 data, forward, backward, optimizer; windows of ``WINDOW`` seconds), merged across ranks by
-``merge_stats_across_ranks()`` with no ``stragglers`` argument. The job runs ``PHASES``, each a
-whole number of windows on the wall clock (rank 0's, shared with every rank by a one-element
-all-reduce before each step, outside it): clean; rank 2 sleeping ``DELAY`` seconds per step in
-backward (a hook on the loss, so before any gradient bucket is launched); clean; rank 2
-forcing full collections (``gc.collect()``) for ``DELAY`` seconds per step in its data stage;
-clean. (For the storm, rank 2 freezes what it holds, ``gc.freeze()``, so a collection
-traverses only a ballast of ``BALLAST`` lists: about 2 ms each, where one over all of torch's
-objects takes about 75 ms here.) Rank 0 writes ``OUT_DIR/rank0.json``: each phase's start (wall clock), every
-straggler event and every merged window of ``step.wait_s`` and ``step.time_s`` it logged.
+``merge_stats_across_ranks()`` with no ``stragglers`` argument. Each step opens with a
+one-element all-reduce of the phase (rank 0's wall clock says which), wrapped in
+``anatomy.collective()``: a collective called by hand, so a rank late to it is waited for
+there, in the step. The job runs ``PHASES``, each a whole number of windows; in each slow one,
+rank 2 spends ``DELAY`` seconds more per step:
+
+- ``backward``: sleeping in a hook on the loss (inside the backward pass, before any gradient
+  bucket is launched);
+- ``gc``: forcing full collections (``gc.collect()``) in its data stage (it freezes what it
+  holds, ``gc.freeze()``, so a collection traverses only a ballast of ``BALLAST`` lists:
+  about 2 ms each, where one over all of torch's objects takes about 75 ms here);
+- ``data``, ``forward``, ``optimizer``: sleeping in that stage;
+- ``nostages``: sleeping in a step without stages;
+- ``collective``: sleeping in forward, in steps that bypass DDP (the plain module's backward,
+  then the gradients all-reduced by hand inside ``anatomy.collective()``).
+
+Rank 0 writes ``OUT_DIR/rank0.json``: each phase's start (wall clock), the host of each rank,
+every straggler and anatomy event, and every merged window of ``step.wait_s`` and
+``step.time_s`` it logged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
@@ -31,6 +45,7 @@ import torch.distributed as dist
 
 import monitor_bus as monitor
 from monitor_bus.integrations.torch import (
+    ANATOMY_EVENT,
     STRAGGLER_EVENT,
     StepAnatomy,
     merge_stats_across_ranks,
@@ -40,14 +55,19 @@ WINDOW = 0.5
 DELAY = 0.030
 SLOW_RANK = 2
 BALLAST = 100_000
+SLOW, CLEAN = 4, 2  # windows of a slow phase, and of the clean one after it
 # (phase, windows long)
-PHASES = [("clean", 6), ("backward", 6), ("clean", 5), ("gc", 6), ("clean", 4)]
+PHASES = [("clean", 6)] + [
+    phase
+    for name in ("backward", "gc", "data", "forward", "optimizer", "nostages", "collective")
+    for phase in ((name, SLOW), ("clean", CLEAN))
+]
 
 
 def main() -> None:
     out = Path(sys.argv[1])
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 8))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -55,31 +75,50 @@ def main() -> None:
     seen: list[monitor.Event] = []
     bus.register_event_handler(seen.append)
     ballast: list[list[int]] = []
+    none = contextlib.nullcontext()
 
     def train_step(anatomy: StepAnatomy | None, phase: str) -> None:
-        slow = rank == SLOW_RANK
-        with anatomy.step() if anatomy else _nothing():
-            with anatomy.stage("data") if anatomy else _nothing():
-                batch = torch.randn(16, 32)
-                if slow and phase == "gc":
-                    if not ballast:
-                        gc.freeze()
-                        ballast.extend([] for _ in range(BALLAST))
-                    start = time.perf_counter()
-                    while time.perf_counter() - start < DELAY:
-                        gc.collect()
-            with anatomy.stage("forward") if anatomy else _nothing():
-                loss = model(batch).square().mean()
-            with anatomy.stage("backward") if anatomy else _nothing():
-                if slow and phase == "backward":
-                    loss.register_hook(lambda grad: time.sleep(DELAY))
-                loss.backward()
-            with anatomy.stage("optimizer") if anatomy else _nothing():
-                optimizer.step()
-                optimizer.zero_grad()
+        slow = rank == SLOW_RANK and phase
+        staged = anatomy is not None and phase != "nostages"
+
+        def stage(name: str) -> Any:
+            return anatomy.stage(name) if staged and anatomy else none
+
+        if slow == "nostages":
+            time.sleep(DELAY)
+        with stage("data"):
+            batch = torch.randn(16, 32)
+            if slow == "data":
+                time.sleep(DELAY)
+            if slow == "gc":
+                if not ballast:
+                    gc.freeze()
+                    ballast.extend([] for _ in range(BALLAST))
+                start = time.perf_counter()
+                while time.perf_counter() - start < DELAY:
+                    gc.collect()
+        with stage("forward"):
+            net = model.module if phase == "collective" else model
+            loss = net(batch).square().mean()
+            if slow in ("forward", "collective"):
+                time.sleep(DELAY)
+        with stage("backward"):
+            if slow == "backward":
+                loss.register_hook(lambda grad: time.sleep(DELAY))
+            loss.backward()
+            if phase == "collective":  # DDP bypassed: the gradients all-reduced by hand
+                with anatomy.collective() if anatomy else none:
+                    for param in model.module.parameters():
+                        dist.all_reduce(param.grad)
+                        param.grad /= world
+        with stage("optimizer"):
+            optimizer.step()
+            optimizer.zero_grad()
+            if slow == "optimizer":
+                time.sleep(DELAY)
 
     for _ in range(5):  # warm up, untimed
-        train_step(None, "clean")
+        train_step(None, "")
     merge = merge_stats_across_ranks(bus=bus, timeout=10.0)
     anatomy = StepAnatomy(model, window=timedelta(seconds=WINDOW), bus=bus)
     # Rank 0's schedule: each phase a whole number of windows, from the next window but one.
@@ -91,16 +130,19 @@ def main() -> None:
     end = at
     phase_now = torch.zeros(1)
     while True:
-        if rank == 0:  # rank 0's clock says the phase: 1 + its index; 0 before; -1 the end
-            now = time.time()
-            phase_now[0] = sum(now >= s for s in starts) if now < end else -1
-        else:
-            phase_now[0] = 0
-        dist.all_reduce(phase_now)  # outside the step: not a wait the anatomy sees
-        index = int(phase_now[0])
-        if index < 0:
-            break
-        train_step(anatomy, PHASES[index - 1][0] if index else "clean")
+        with anatomy.step():
+            if rank == 0:  # rank 0's clock says the phase: 1 + its index; 0 before; -1 the end
+                now = time.time()
+                phase_now[0] = sum(now >= s for s in starts) if now < end else -1
+            else:
+                phase_now[0] = 0
+            with anatomy.collective():
+                dist.all_reduce(phase_now)
+            index = int(phase_now[0])
+            if index < 0:
+                break
+            phase = PHASES[index - 1][0] if index else "clean"
+            train_step(anatomy, "" if phase == "clean" else phase)
     anatomy.close()
     assert merge.close(30)
     assert bus.close(30)
@@ -108,10 +150,16 @@ def main() -> None:
         result: dict[str, Any] = {
             "phases": [[name, start] for (name, _), start in zip(PHASES, starts, strict=True)],
             "end": end,
+            "hosts": merge.hosts,
             "stragglers": [
                 {"stamp": e.timestamp.timestamp(), **e.data}
                 for e in seen
                 if e.name == STRAGGLER_EVENT
+            ],
+            "anatomy": [
+                {"stamp": e.timestamp.timestamp(), **e.data}
+                for e in seen
+                if e.name == ANATOMY_EVENT
             ],
             "windows": [
                 {"stamp": e.timestamp.timestamp(), **e.data}
@@ -122,16 +170,6 @@ def main() -> None:
         }
         (out / "rank0.json").write_text(json.dumps(result))
     dist.destroy_process_group()
-
-
-class _nothing:
-    """A context manager doing nothing (the untimed warm-up steps)."""
-
-    def __enter__(self) -> None:
-        pass
-
-    def __exit__(self, *exc: object) -> None:
-        pass
 
 
 if __name__ == "__main__":

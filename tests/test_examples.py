@@ -96,3 +96,33 @@ def test_dataloader_workers_reach_the_parents_sink() -> None:
         "Stat windows from the workers counted 200 items",
         "dropped 0",
     ]
+
+
+def test_slow_rank_ddp_names_the_slow_rank_in_its_stage_and_shows_what_it_cost(
+    tmp_path: Path,
+) -> None:
+    """examples/slow_rank_ddp.py under torchrun (3 gloo ranks, DDP): rank 0 names rank 2, its
+    data loading 20 ms slower per step for a while, a straggler in stage "data" with its host,
+    then recovered; ``monitor-bus summary`` puts rank 2's data stage first in the time lost,
+    and ``monitor-bus plot --anatomy`` draws the bars. (How close the wait comes to the delay
+    is timing, checked in tests/test_slow_rank.py's stress job.)"""
+    import socket
+
+    from .test_merge_ranks import ROOT, run_job
+
+    proc = run_job(tmp_path, str(tmp_path), script=ROOT / "examples" / "slow_rank_ddp.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    host = socket.gethostname()
+    named = [line for line in lines if line.startswith(("straggler:", "recovered:"))]
+    assert [line.split(", the others")[0] for line in named] == [
+        f"straggler: rank 2 on {host}",
+        f"recovered: rank 2 on {host}",
+    ], proc.stdout
+    assert all(line.endswith("in stage 'data'") for line in named), proc.stdout
+    at = next(i for i, line in enumerate(lines) if line.startswith("time lost waiting"))
+    assert lines[at + 2].split()[:3] == ["2", f"({host})", "data"], proc.stdout
+    assert (
+        lines[-1] == f"wrote {tmp_path / 'anatomy.png'} (1 panels, 1 with a bar per rank, 0 series)"
+    )
+    assert (tmp_path / "anatomy.png").stat().st_size > 0

@@ -311,7 +311,7 @@ def test_a_starved_host_leader_and_its_rank_rejoin_and_every_window_reaches_dst(
     tmp_path: Path,
 ) -> None:
     """Two nodes of 2 ranks; the second node's leader (rank 2) stopped past the timeout and resumed while dst closes: dst names it lost and takes it back, rank 3 holds its windows while its leader takes none (warned) and sends them once it runs again, none logged locally; every close returns True and dst names no rank lost or unfinished: every sample of every rank reaches dst, in a merged window or one logged on its own (late), and the windows merged without the leader's host count as missing."""
-    outputs = run_nodes(tmp_path, "starved")
+    outputs = run_nodes(tmp_path, str(tmp_path), "starved")
     dst_err, node_err = outputs[0][1], outputs[1][1]
     assert "rank 2 silent for" in dst_err
     assert "rank 2 is heard from again" in dst_err
@@ -348,9 +348,11 @@ def free_port() -> int:
         return port
 
 
-def run_nodes(tmp_path: Path, scenario: str) -> list[tuple[str, str]]:
-    """merge_ranks_job.py as two torchrun "nodes" of 2 ranks on this machine: (stdout,
-    stderr) of each node's torchrun, both asserted to exit 0."""
+def run_nodes(
+    tmp_path: Path, *args: str, script: Path = JOB, ranks: tuple[int, int] = (2, 2)
+) -> list[tuple[str, str]]:
+    """``script`` (merge_ranks_job.py) as two torchrun "nodes" on this machine, of ``ranks``
+    ranks each: (stdout, stderr) of each node's torchrun, both asserted to exit 0."""
     require(torchrun_available(), "torch with torch.distributed is not installed")
     torchrun = str(Path(sys.executable).parent / "torchrun")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -361,12 +363,11 @@ def run_nodes(tmp_path: Path, scenario: str) -> list[tuple[str, str]]:
                 torchrun,
                 "--nnodes=2",
                 f"--node_rank={node}",
-                "--nproc_per_node=2",
+                f"--nproc_per_node={ranks[node]}",
                 "--master_addr=127.0.0.1",
                 f"--master_port={port}",
-                str(JOB),
-                str(tmp_path),
-                scenario,
+                str(script),
+                *args,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -386,7 +387,7 @@ def test_two_nodes_merge_exactly_and_name_the_straggler_once_then_its_recovery(
     tmp_path: Path,
 ) -> None:
     """Two torchrun "nodes" of 2 ranks on one machine, so the two-level shape: rank 2 merges its node's windows for dst, and global rank 0 logs every window exactly as the flat merge of every rank's windows, with the spread across ranks; rank 3, slow for a while behind its leader, is named a straggler once (event, warning, TensorBoard text, `monitor-bus summary`) with its host, then once recovered."""
-    outputs = run_nodes(tmp_path, "straggler")
+    outputs = run_nodes(tmp_path, str(tmp_path), "straggler")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     results = [load(tmp_path, r) for r in range(4)]
     host = socket.gethostname()
@@ -447,7 +448,7 @@ def test_two_nodes_merge_exactly_and_name_the_straggler_once_then_its_recovery(
 
 def test_a_dead_host_leader_costs_its_host_only_what_was_in_flight(tmp_path: Path) -> None:
     """Two nodes of 2 ranks, the second node's leader (rank 2) gone halfway: rank 3 logs the windows it cannot send on its own bus, marked; dst names rank 2 lost with its host (lost_ranks 2 and 3, close unfinished for both), merges every window of ranks 0 and 1 with a prefix of each of 2's and 3's, and counts the windows merged without them in missing."""
-    outputs = run_nodes(tmp_path, "leader_dies")
+    outputs = run_nodes(tmp_path, str(tmp_path), "leader_dies")
     dst_err, node_err = outputs[0][1], outputs[1][1]
     assert "cannot reach its host's leader rank 2" in node_err
     assert_logged_what_it_could_not_send(tmp_path, 3)

@@ -35,6 +35,7 @@ from .._default import get_default_bus, log_event
 from .._event import Event
 from .._lifecycle import module_lock
 from .._step_anatomy import StepAnatomy as StepAnatomy
+from ..ranks import ANATOMY_EVENT as ANATOMY_EVENT
 from ..ranks import STRAGGLER_EVENT as STRAGGLER_EVENT
 from ..ranks import RankMerge as RankMerge
 from ..ranks import start_merge
@@ -211,11 +212,17 @@ def merge_stats_across_ranks(
     wait means minus its own, its exposed time per step, is at least ``exposed_fraction`` of
     the merged step time. After ``straggler_windows`` such windows in a row ``dst`` logs a
     ``STRAGGLER_EVENT`` with ``stat`` (``"<prefix>.wait_s"``), ``rank``, ``host``, ``stage``
-    (the stage whose ``busy_s`` on that rank exceeds the median of the others' the most; ``""``
-    if none does, as in a step without stages), ``exposed_s`` (its mean exposed seconds per step
+    (the stage whose ``busy_s`` on that rank exceeds the median of the others' the most, when
+    that is at least half the exposed time; ``""`` otherwise, as in a step without stages),
+    ``exposed_s`` (its mean exposed seconds per step
     over the windows so far), ``cause`` (``"gc"`` when its ``<prefix>.gc_s`` over the others'
     median is at least half of that, else ``""``), ``windows`` and ``recovered``, and once
-    more, ``recovered`` True, in its first window back under the rule.
+    more, ``recovered`` True, in its first window back under the rule. With ``spread``, rule
+    on or off, the merged ``<prefix>.wait_s`` also holds ``"<prefix>.wait_s.lost_s"`` (the
+    median of the other ranks' wait means minus the lowest: what the job lost per step waiting
+    for that rank) and ``"<prefix>.wait_s.lost_to_rank"`` (that rank), and after the family's
+    windows ``dst`` logs an ``ANATOMY_EVENT`` with each rank's means (what ``monitor-bus
+    summary`` and ``plot`` read).
 
     With ``two_level`` (by default, once a host other than ``dst``'s runs two or more ranks),
     the lowest rank of each host (a torchrun node: ``GROUP_RANK``, so two nodes on one machine

@@ -19,16 +19,18 @@ role and opens with the guarantees it keeps:
 - ``_stragglers``: the spread across ranks, the straggler rule on the ``stragglers`` given,
   and the episode bookkeeping every straggler rule shares.
 - ``_anatomy``: the straggler rule on ``StepAnatomy``'s Stats, given nothing: the rank the
-  others wait for, its stage, the time it cost them, GC as a cause.
+  others wait for, its stage, the time it cost them, GC as a cause; and what each window
+  cost (``lost_s``) with each rank's breakdown (``ANATOMY_EVENT``).
 - ``_merge``: ``RankMerge``, its start (windows lined up on the wall clock) and ``close()``.
 - ``_start``: the arguments checked, the merge's own gloo group, each rank's route.
 """
 
 from __future__ import annotations
 
+from ._anatomy import ANATOMY_EVENT as ANATOMY_EVENT
 from ._frame import FRAME_BYTES as FRAME_BYTES
 from ._merge import RankMerge as RankMerge
 from ._start import start_merge as start_merge
 from ._stragglers import STRAGGLER_EVENT as STRAGGLER_EVENT
 
-__all__ = ["FRAME_BYTES", "RankMerge", "STRAGGLER_EVENT", "start_merge"]
+__all__ = ["ANATOMY_EVENT", "FRAME_BYTES", "RankMerge", "STRAGGLER_EVENT", "start_merge"]

@@ -8,7 +8,8 @@ Guarantees
 - Stragglers: a window is watched by the ``stragglers`` rule as it is logged; StepAnatomy's
   rule (``_anatomy``) reads the windows of a round together, once they are all logged, so it
   sees a window's wait, step, stage and GC Stats at once (they end together, so they are due
-  in the same round).
+  in the same round). The wait's cost keys (``_anatomy.lost_keys``) need only the wait, so
+  they go on its merged window as it is logged, once the round's families are known.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import logging
 
 from .._window import STAT_EVENT
-from ._anatomy import SUFFIXES, AnatomyStragglers, Merged
+from ._anatomy import SUFFIXES, AnatomyStragglers, Merged, families, lost_keys
 from ._bucket import _data, _stamp
 from ._frame import _Record
 from ._receiving import Receiving, _Due
@@ -32,6 +33,9 @@ class Dst(Receiving, AnatomyStragglers):
         """dst: log each window due, merged, with its spread, and watch it for stragglers; one
         merged before is logged on its own, marked late."""
         anatomy: dict[tuple[float, int], dict[str, Merged]] = {}  # StepAnatomy's, by window
+        waits = families(
+            [(k[0], k[2], k[3]) for k, _, late, _ in due if not late and _MEAN in k[1]]
+        )
         for key, bucket, late, behind in due:
             if behind and not late:
                 self.missing += 1
@@ -54,17 +58,20 @@ class Dst(Receiving, AnatomyStragglers):
             means = _means(bucket)
             if self.spread and _MEAN in key[1]:
                 data.update(_spread(key[0], means))
+                if (key[0], key[2], key[3]) in waits:
+                    data.update(lost_keys(key[0], means))
             self.bus._log_window((STAT_EVENT, stamp, data))
             self.merged += 1
             if key[0] in self.stragglers:
                 self._watch(key[0], key[1], means, stamp)
             if (
-                self.exposed_fraction is not None
+                (self.exposed_fraction is not None or self.spread)
                 and _MEAN in key[1]
                 and key[0].endswith(SUFFIXES)
                 and bucket.count
             ):
-                merged = (means, bucket.total / bucket.count, stamp)
+                counts = {rank: count for rank, (count, _) in bucket.parts.items()}
+                merged = (means, bucket.total / bucket.count, stamp, counts)
                 anatomy.setdefault((key[2], key[3]), {})[key[0]] = merged
         if anatomy:
             self._watch_anatomy(anatomy)
