@@ -11,8 +11,14 @@ backward (a hook on the loss, so before any gradient bucket is launched); clean;
 forcing full collections (``gc.collect()``) for ``DELAY`` seconds per step in its data stage;
 clean. (For the storm, rank 2 freezes what it holds, ``gc.freeze()``, so a collection
 traverses only a ballast of ``BALLAST`` lists: about 2 ms each, where one over all of torch's
-objects takes about 75 ms here.) Rank 0 writes ``OUT_DIR/rank0.json``: each phase's start (wall clock), every
-straggler event and every merged window of ``step.wait_s`` and ``step.time_s`` it logged.
+objects takes about 75 ms here.)
+
+Then the hang: with ``hang_after`` at ``HANG_AFTER`` seconds, rank 2 is stuck in its data stage
+until dst has named it (dst's handler of ``HANG_EVENT`` writes ``OUT_DIR/hang``; rank 2 waits
+for that file), while ranks 0 and 1 wait for it in DDP's all-reduce; then, ``hang_after`` back
+at its default, the job trains ``AFTER`` more windows and ends. Rank 0 writes
+``OUT_DIR/rank0.json``: each phase's start (wall clock), every straggler and hang event and
+every merged window of ``step.wait_s`` and ``step.time_s`` it logged.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ from __future__ import annotations
 import gc
 import json
 import math
+import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -31,6 +39,7 @@ import torch.distributed as dist
 
 import monitor_bus as monitor
 from monitor_bus.integrations.torch import (
+    HANG_EVENT,
     STRAGGLER_EVENT,
     StepAnatomy,
     merge_stats_across_ranks,
@@ -42,6 +51,9 @@ SLOW_RANK = 2
 BALLAST = 100_000
 # (phase, windows long)
 PHASES = [("clean", 6), ("backward", 6), ("clean", 5), ("gc", 6), ("clean", 4)]
+HANG_AFTER = 2.0  # four of the senders' half-second rounds: rank 2 reports its stage first
+AFTER = 4  # windows of clean steps after the hang
+HANG_WAIT = 60.0  # how long rank 2 waits at most for dst to name it
 
 
 def main() -> None:
@@ -54,6 +66,14 @@ def main() -> None:
     bus = monitor.EventBus(name="slow-rank")
     seen: list[monitor.Event] = []
     bus.register_event_handler(seen.append)
+    hang_file = out / "hang"
+
+    def on_hang(event: monitor.Event) -> None:
+        if event.name == HANG_EVENT and not hang_file.exists():
+            (out / "hang.tmp").write_text(json.dumps(event.data))
+            os.replace(out / "hang.tmp", hang_file)  # whole, for rank 2 to see
+
+    bus.register_event_handler(on_hang)
     ballast: list[list[int]] = []
 
     def train_step(anatomy: StepAnatomy | None, phase: str) -> None:
@@ -61,6 +81,12 @@ def main() -> None:
         with anatomy.step() if anatomy else _nothing():
             with anatomy.stage("data") if anatomy else _nothing():
                 batch = torch.randn(16, 32)
+                if slow and phase == "hang":  # stuck until dst has named it
+                    deadline = time.monotonic() + HANG_WAIT
+                    while not hang_file.exists():
+                        if time.monotonic() > deadline:
+                            raise TimeoutError(f"no hang event within {HANG_WAIT} s")
+                        time.sleep(0.01)
                 if slow and phase == "gc":
                     if not ballast:
                         gc.freeze()
@@ -90,17 +116,26 @@ def main() -> None:
         at += windows * WINDOW
     end = at
     phase_now = torch.zeros(1)
-    while True:
-        if rank == 0:  # rank 0's clock says the phase: 1 + its index; 0 before; -1 the end
-            now = time.time()
-            phase_now[0] = sum(now >= s for s in starts) if now < end else -1
-        else:
-            phase_now[0] = 0
-        dist.all_reduce(phase_now)  # outside the step: not a wait the anatomy sees
-        index = int(phase_now[0])
-        if index < 0:
-            break
-        train_step(anatomy, PHASES[index - 1][0] if index else "clean")
+
+    def phase_at(now: float) -> float:  # rank 0's clock: 1 + the phase's index; 0 before
+        return sum(now >= s for s in starts) if now < end else -1
+
+    def train_while(phase: Callable[[float], float]) -> None:
+        """Train while rank 0's clock says a phase (its index; below 0: stop)."""
+        while True:
+            phase_now[0] = phase(time.time()) if rank == 0 else 0
+            dist.all_reduce(phase_now)  # outside the step: not a wait the anatomy sees
+            index = int(phase_now[0])
+            if index < 0:
+                return
+            train_step(anatomy, PHASES[index - 1][0] if index else "clean")
+
+    train_while(phase_at)
+    anatomy.hang_after = HANG_AFTER
+    train_step(anatomy, "hang")
+    anatomy.hang_after = 60.0  # dst's own, at once: no other hang can be named after this
+    after = time.time() + AFTER * WINDOW
+    train_while(lambda now: 0 if now < after else -1)
     anatomy.close()
     assert merge.close(30)
     assert bus.close(30)
@@ -113,6 +148,8 @@ def main() -> None:
                 for e in seen
                 if e.name == STRAGGLER_EVENT
             ],
+            "hangs": [dict(e.data) for e in seen if e.name == HANG_EVENT],
+            "hosts": merge.hosts,
             "windows": [
                 {"stamp": e.timestamp.timestamp(), **e.data}
                 for e in seen

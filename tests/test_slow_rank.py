@@ -1,13 +1,13 @@
 """The slow rank named from StepAnatomy's Stats (monitor_bus/ranks/_anatomy.py): the rule driven
 on synthetic per-rank windows, and a real torchrun job of three DDP ranks on gloo in phases
-(tests/slow_rank_job.py) merged with ``merge_stats_across_ranks()`` and no ``stragglers``."""
+(tests/slow_rank_job.py) merged with ``merge_stats_across_ranks()`` and no ``stragglers``, whose
+last phase is a hang (the hang rule, monitor_bus/ranks/_hang.py, is tested in test_hang.py)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -197,6 +197,7 @@ def test_exposed_fraction_is_checked() -> None:
 
 
 WINDOW = 0.5  # as in slow_rank_job.py
+HANG_AFTER = 2.0  # as in slow_rank_job.py
 
 
 def end_of(stamp: float) -> float:
@@ -219,18 +220,26 @@ def exposed_fractions(windows: list[dict[str, Any]]) -> dict[float, float]:
     return out
 
 
+@pytest.fixture(scope="module")
+def slow_rank_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """tests/slow_rank_job.py run once under torchrun (3 ranks): rank 0's result."""
+    out = tmp_path_factory.mktemp("slow_rank")
+    proc = run_job(out, str(out), script=ROOT / "tests" / "slow_rank_job.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads((out / "rank0.json").read_text())
+    return result
+
+
 def test_the_slow_rank_is_named_with_its_stage_and_gc_cause_then_recovered(
-    tmp_path: Path,
+    slow_rank_run: dict[str, Any],
 ) -> None:
     """3 gloo ranks, DDP, merged with ``merge_stats_across_ranks()`` and no ``stragglers``:
     clean, then rank 2 sleeping 30 ms per step in backward, clean, then rank 2 collecting
-    garbage for 30 ms per step in its data stage, clean. Exactly four events: rank 2 named in
-    backward, in its third slow window, with an exposed time within 40% of 30 ms, recovered in
-    the first clean window; named in data with cause "gc", recovered. The clean windows before
-    name nobody."""
-    proc = run_job(tmp_path, str(tmp_path), script=ROOT / "tests" / "slow_rank_job.py")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((tmp_path / "rank0.json").read_text())
+    garbage for 30 ms per step in its data stage, clean, then a hang. Exactly four events:
+    rank 2 named in backward, in its third slow window, with an exposed time within 40% of
+    30 ms, recovered in the first clean window; named in data with cause "gc", recovered. The
+    clean windows before name nobody, nor does the hang's one long step."""
+    result = slow_rank_run
     starts = [start for _, start in result["phases"]]
     fractions = exposed_fractions(result["windows"])
     report = {
@@ -253,3 +262,24 @@ def test_the_slow_rank_is_named_with_its_stage_and_gc_cause_then_recovered(
     ], report
     assert abs(result["stragglers"][0]["exposed_s"] - 0.030) <= 0.4 * 0.030, report
     assert all(f < 0.2 for end, f in fractions.items() if end <= starts[1]), report
+
+
+def test_a_rank_stuck_in_its_data_stage_is_named_while_it_hangs(
+    slow_rank_run: dict[str, Any],
+) -> None:
+    """Rank 2 stuck in its data stage, ``hang_after`` 2 s, ranks 0 and 1 blocked in DDP's
+    all-reduce: dst names it once, by a hang event it logs while rank 2 is stuck (rank 2 waits
+    for dst's handler to see it), in stage data, inside a step, not waiting, two ranks
+    waiting, after at least ``hang_after`` seconds; the job then trains on, ends cleanly, and
+    names no hang again."""
+    [hang] = slow_rank_run["hangs"]
+    assert hang["seconds"] >= HANG_AFTER, hang
+    assert hang["silent_s"] < hang["seconds"], hang  # heard of in the data stage, since
+    assert {k: v for k, v in hang.items() if k not in ("seconds", "silent_s")} == {
+        "rank": 2,
+        "host": slow_rank_run["hosts"][2],
+        "stage": "data",
+        "in_step": True,
+        "waits": False,
+        "waiting": 2,
+    }

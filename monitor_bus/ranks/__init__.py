@@ -20,6 +20,9 @@ role and opens with the guarantees it keeps:
   and the episode bookkeeping every straggler rule shares.
 - ``_anatomy``: the straggler rule on ``StepAnatomy``'s Stats, given nothing: the rank the
   others wait for, its stage, the time it cost them, GC as a cause.
+- ``_hang``: the hang rule: each rank's ``StepAnatomy`` progress sent upstream with its
+  messages, and on dst, once no step has ended on any rank for ``hang_after``, the rank not
+  waiting in a collective named while the job hangs.
 - ``_merge``: ``RankMerge``, its start (windows lined up on the wall clock) and ``close()``.
 - ``_start``: the arguments checked, the merge's own gloo group, each rank's route.
 """
@@ -27,8 +30,9 @@ role and opens with the guarantees it keeps:
 from __future__ import annotations
 
 from ._frame import FRAME_BYTES as FRAME_BYTES
+from ._hang import HANG_EVENT as HANG_EVENT
 from ._merge import RankMerge as RankMerge
 from ._start import start_merge as start_merge
 from ._stragglers import STRAGGLER_EVENT as STRAGGLER_EVENT
 
-__all__ = ["FRAME_BYTES", "RankMerge", "STRAGGLER_EVENT", "start_merge"]
+__all__ = ["FRAME_BYTES", "HANG_EVENT", "RankMerge", "STRAGGLER_EVENT", "start_merge"]

@@ -9,6 +9,9 @@ Guarantees
   rule (``_anatomy``) reads the windows of a round together, once they are all logged, so it
   sees a window's wait, step, stage and GC Stats at once (they end together, so they are due
   in the same round).
+- Hangs: each round while it is not closing, after logging the windows due, dst's merge
+  thread applies the hang rule (``_hang``) to every rank's last progress; the training
+  thread, blocked in a collective or not, has no part in it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,173 @@
+"""The hang rule: while the job hangs, dst names the rank that holds it up, from the progress
+each rank's ``StepAnatomy`` reports (``_step_anatomy.progress()``).
+
+A hung data-parallel job stops in a collective: the ranks that reached it wait there (gloo's
+default timeout is 30 minutes, NCCL's 10) for the one that did not. Each rank's progress says
+whether it waits, so the one that does not is named, with its stage, while the job hangs.
+
+Guarantees
+----------
+- What travels: every message a rank sends upstream carries its progress, read on the
+  merge's thread (never the training thread), and a rank sends at least every heartbeat (a
+  second) whatever its training thread does, blocked in the all-reduce or stuck; a host
+  leader passes on each of its host's ranks' last progress, its seconds grown by the time the
+  leader held it. Bounded: a stage name travels cut to ``_STAGE_CHARS`` characters, and a
+  host's progress longer than half a frame is left out of its message (warned, rate-limited;
+  its windows and mark travel as ever).
+- Clocks: every time is a difference on one process's clock (a rank's seconds since its last
+  step, a leader's and dst's time since they heard of a rank): ranks' clocks need not agree.
+- The rule (dst's merge thread, each round: at least every heartbeat, the training thread
+  blocked or not): the job hangs once every rank reporting progress has had no step end for
+  its own ``hang_after``. dst then logs one ``HANG_EVENT`` (and a warning) per rank not waiting
+  in a collective, the ranks that hold the others up; when every rank waits (a collective some
+  rank never called outside the anatomy's sight, a rank reporting no progress, the network),
+  one per rank, each with ``waits`` True, so their stages can be compared. Once per episode:
+  the rule re-arms once a step ends on any rank (its seconds back under its ``hang_after``).
+- Who counts: a rank with no ``StepAnatomy`` open reports none and is left out, as is one
+  whose merge said goodbye. A rank gone silent (dead, stopped, starved of CPU) keeps its last
+  progress, its seconds growing on dst's clock: it is named in the stage it was last heard in,
+  ``silent_s`` (how long dst has not heard of it) telling it from one alive and stuck.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from typing import Any
+
+from .. import _step_anatomy
+from .._event import Event
+from ._frame import _ROOM
+from ._state import MergeState
+
+logger = logging.getLogger("monitor_bus")
+
+#: The name of the event ``dst`` logs when no step has ended on any rank for ``hang_after``
+#: (``StepAnatomy``'s), once per hung rank: data ``rank``, ``host``, ``stage`` (where it is;
+#: ``""`` outside every stage), ``in_step`` (False: between steps), ``waits`` (whether it waits
+#: in a collective itself: only when every rank does), ``waiting`` (how many ranks wait in a
+#: collective), ``seconds`` (since a step last ended on it) and ``silent_s`` (since dst last
+#: heard of it).
+HANG_EVENT = "monitor_bus.hang"
+
+# A stage name travels cut to this many characters, so that a host's progress fits a frame.
+_STAGE_CHARS = 64
+# A rank not heard of for this long (five heartbeats) is said silent in the warning.
+_SILENT = 5.0
+
+# One rank's progress as it travels: [seconds since its last step ended, seconds since it was
+# heard of (at the hop that sent it), stage, in_step, waits, hang_after].
+_Entry = list[Any]
+
+
+def _grown(entry: _Entry, heard: float, now: float) -> _Entry:
+    """``entry``, heard of at ``heard``, as of ``now``: its seconds and silence grown."""
+    held = max(now - heard, 0.0)
+    return [entry[0] + held, entry[1] + held, *entry[2:]]
+
+
+class Hang(MergeState):
+    """Every rank's progress: sent upstream, passed on by a leader, and dst's rule on it."""
+
+    def _own_progress(self) -> _Entry | None:
+        """This rank's progress, from its open anatomies; None if it has none open."""
+        own = _step_anatomy.progress()
+        if own is None:
+            return None
+        stage = own.stage[:_STAGE_CHARS]
+        return [own.seconds, 0.0, stage, own.in_step, own.waits, own.hang_after]
+
+    def _progress_out(self, now: float) -> str:
+        """The progress a message upstream carries, as JSON: this rank's and (a leader) its
+        host's ranks', each as of ``now``, null for a rank with none; "" if too long."""
+        entries: dict[str, _Entry | None] = {}
+        for rank, held in sorted(self._progress.items()):
+            entry = None if held is None else _grown(*held, now)
+            entries[str(rank)] = None if entry is None else [round(entry[0], 3), *entry[1:]]
+        own = self._own_progress()
+        entries[str(self.rank)] = None if own is None else [round(own[0], 3), *own[1:]]
+        text = json.dumps(entries, separators=(",", ":"))
+        if len(text) <= _ROOM // 2:
+            return text
+        if self._throttle.ready("progress"):
+            logger.warning(
+                "merge_stats_across_ranks: rank %d: the progress of %d ranks takes %d bytes, "
+                "over half a frame: it is left out of the messages upstream, and the hang "
+                "rule goes without it",
+                self.rank,
+                len(entries),
+                len(text),
+            )
+        return ""
+
+    def _note_progress(self, source: int, message: dict[str, Any], now: float) -> None:
+        """dst's and a leader's: what a message from ``source``, read at ``now``, says of its
+        ranks' progress; a goodbye ends its ranks' (they are done, not hung)."""
+        entries: dict[str, _Entry | None] = message.get("progress") or {}
+        for key, entry in entries.items():
+            self._progress[int(key)] = None if entry is None else (entry, now)
+        if message["bye"]:
+            for rank in {source, *map(int, entries)}:
+                self._progress[rank] = None
+
+    def _watch_hang(self, now: float) -> None:
+        """dst: the hang rule on every rank's last progress, as of ``now`` (dst's clock)."""
+        own = self._own_progress()
+        self._progress[self.rank] = None if own is None else (own, now)
+        ranks = {
+            rank: _grown(*held, now) for rank, held in self._progress.items() if held is not None
+        }
+        if not ranks or any(entry[0] < entry[5] for entry in ranks.values()):
+            self._hanging = False  # a step ended on some rank: the next hang is named again
+            return
+        if self._hanging:
+            return
+        self._hanging = True
+        waiting = sum(bool(entry[4]) for entry in ranks.values())
+        named = [rank for rank, entry in sorted(ranks.items()) if not entry[4]] or sorted(ranks)
+        stamp = datetime.now()
+        for rank in named:
+            seconds, silent, stage, in_step, waits, _ = ranks[rank]
+            data: dict[str, str | float | int | bool] = {
+                "rank": rank,
+                "host": self.hosts[rank],
+                "stage": stage,
+                "in_step": bool(in_step),
+                "waits": bool(waits),
+                "waiting": waiting,
+                "seconds": seconds,
+                "silent_s": silent,
+            }
+            self.bus.log_event(Event(HANG_EVENT, stamp, data))
+            self._warn_hang(data)
+
+    def _warn_hang(self, data: dict[str, Any]) -> None:
+        """dst: say a ``HANG_EVENT``'s ``data`` in a warning (once per episode and rank)."""
+        stage = data["stage"]
+        where = (
+            f"in stage {stage!r}"
+            if stage
+            else ("in a step, outside every stage" if data["in_step"] else "between steps")
+        )
+        silent = (
+            f"; not heard of for {data['silent_s']:.1f} s (dead or stopped?)"
+            if data["silent_s"] >= _SILENT
+            else ""
+        )
+        if data["waits"]:
+            what = (
+                f"waits in a collective {where}, as every rank does (a collective not every "
+                "rank called, or the network?)"
+            )
+        else:
+            what = f"holds the job up {where}; {data['waiting']} rank(s) wait in a collective"
+        logger.warning(
+            "merge_stats_across_ranks: rank %d (%s) %s: no step has ended on it for %.1f s, "
+            "nor on any rank for its hang_after%s",
+            data["rank"],
+            data["host"],
+            what,
+            data["seconds"],
+            silent,
+        )
