@@ -81,12 +81,15 @@ class Hang(MergeState):
     def _progress_out(self, now: float) -> str:
         """The progress a message upstream carries, as JSON: this rank's and (a leader) its
         host's ranks', each as of ``now``, null for a rank with none; "" if too long."""
-        entries: dict[str, _Entry | None] = {}
-        for rank, held in sorted(self._progress.items()):
-            entry = None if held is None else _grown(*held, now)
-            entries[str(rank)] = None if entry is None else [round(entry[0], 3), *entry[1:]]
-        own = self._own_progress()
-        entries[str(self.rank)] = None if own is None else [round(own[0], 3), *own[1:]]
+        ranks = {
+            rank: None if held is None else _grown(*held, now)
+            for rank, held in self._progress.items()
+        }
+        ranks[self.rank] = self._own_progress()
+        entries = {
+            str(rank): None if entry is None else [round(entry[0], 3), *entry[1:]]
+            for rank, entry in sorted(ranks.items())
+        }
         text = json.dumps(entries, separators=(",", ":"))
         if len(text) <= _ROOM // 2:
             return text
