@@ -222,9 +222,13 @@ def test_each_rank_is_held_to_its_own_hang_after(times: StepClock, dst: Dst) -> 
     assert dst.watch(60.0) == [named(2, "data", 60.0, 60.0, waiting=1)]
 
 
-def test_when_every_rank_waits_every_rank_is_named_waiting(times: StepClock, dst: Dst) -> None:
+def test_when_every_rank_waits_every_rank_is_named_waiting(
+    times: StepClock, dst: Dst, caplog: pytest.LogCaptureFixture
+) -> None:
     """Every rank in a collective (one some rank never called, or the network): each rank is
-    named, ``waits`` True, with its stage, so a mismatch shows."""
+    named, ``waits`` True, with its stage, so a mismatch shows; one warning groups them by
+    stage and says which were not heard of lately."""
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
     with (
         StepAnatomy(window=HOUR, hang_after=10) as anatomy,
         anatomy.step(),
@@ -238,6 +242,33 @@ def test_when_every_rank_waits_every_rank_is_named_waiting(times: StepClock, dst
             named(1, "backward", 10.0, 10.0, waits=True, waiting=3),
             named(2, "eval", 10.0, 10.0, waits=True, waiting=3),
         ]
+    assert [r.getMessage() for r in caplog.records] == [
+        "merge_stats_across_ranks: every rank (3) waits in a collective, and no step has ended "
+        "on any for its hang_after (a collective not every rank called, or the network?): in "
+        "stage 'backward': ranks 0, 1; in stage 'eval': rank 2; not heard of for 5 s or more: "
+        "ranks 1, 2"
+    ]
+
+
+def test_the_warning_of_many_ranks_waiting_names_eight_of_each_group(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Eleven ranks waiting in backward: one warning, naming eight of them and counting the
+    rest; eleven events."""
+    caplog.set_level(logging.WARNING, logger="monitor_bus")
+    d = Dst(size=12)
+    try:
+        d.hear(0.0, dict.fromkeys(range(1, 12), entry(0.0)))
+        assert [e["rank"] for e in d.watch(4.0)] == []
+        assert [e["rank"] for e in d.watch(10.0)] == list(range(1, 12))
+    finally:
+        d.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        "merge_stats_across_ranks: every rank (11) waits in a collective, and no step has ended "
+        "on any for its hang_after (a collective not every rank called, or the network?): in "
+        "stage 'backward': ranks 1, 2, 3, 4, 5, 6, 7, 8 and 3 more; not heard of for 5 s or "
+        "more: ranks 1, 2, 3, 4, 5, 6, 7, 8 and 3 more"
+    ]
 
 
 def test_a_silent_rank_is_named_in_its_last_stage_with_its_silence(
@@ -273,7 +304,8 @@ def test_a_silent_rank_is_named_in_its_last_stage_with_its_silence(
 def test_the_warnings_say_who_where_and_how_long(
     times: StepClock, dst: Dst, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A rank heard of lately holding the job up in a stage, and ranks all waiting."""
+    """A rank heard of lately holding the job up in a stage; ranks all waiting, in one
+    warning."""
     caplog.set_level(logging.WARNING, logger="monitor_bus")
     dst.hear(9.0, {1: entry(9.0), 2: entry(9.0, "data", waits=False)})
     dst.watch(10.0)
@@ -284,14 +316,9 @@ def test_the_warnings_say_who_where_and_how_long(
         "merge_stats_across_ranks: rank 2 () holds the job up in stage 'data'; 1 rank(s) wait "
         "in a collective: no step has ended on it for 10.0 s, nor on any rank for its "
         "hang_after",
-        "merge_stats_across_ranks: rank 1 () waits in a collective in stage 'backward', as "
-        "every rank does (a collective not every rank called, or the network?): no step has "
-        "ended on it for 21.0 s, nor on any rank for its hang_after; not heard of for 12.0 s "
-        "(dead or stopped?)",
-        "merge_stats_across_ranks: rank 2 () waits in a collective in stage 'backward', as "
-        "every rank does (a collective not every rank called, or the network?): no step has "
-        "ended on it for 10.0 s, nor on any rank for its hang_after; not heard of for 10.0 s "
-        "(dead or stopped?)",
+        "merge_stats_across_ranks: every rank (2) waits in a collective, and no step has ended "
+        "on any for its hang_after (a collective not every rank called, or the network?): in "
+        "stage 'backward': ranks 1, 2; not heard of for 5 s or more: ranks 1, 2",
     ]
 
 

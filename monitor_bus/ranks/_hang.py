@@ -21,7 +21,8 @@ Guarantees
   its own ``hang_after``. dst then logs one ``HANG_EVENT`` (and a warning) per rank not waiting
   in a collective, the ranks that hold the others up; when every rank waits (a collective some
   rank never called outside the anatomy's sight, a rank reporting no progress, the network),
-  one per rank, each with ``waits`` True, so their stages can be compared. Once per episode:
+  one per rank, each with ``waits`` True, so their stages can be compared, and one warning
+  grouping them by stage (one line however many ranks). Once per episode:
   the rule re-arms once a step ends on any rank (its seconds back under its ``hang_after``).
 - Who counts: a rank with no ``StepAnatomy`` open reports none and is left out, as is one
   whose merge said goodbye. A rank gone silent (dead, stopped, starved of CPU) keeps its last
@@ -128,9 +129,9 @@ class Hang(MergeState):
             return
         self._hanging = True
         waiting = sum(bool(entry[4]) for entry in ranks.values())
-        named = [rank for rank, entry in sorted(ranks.items()) if not entry[4]] or sorted(ranks)
+        holding = [rank for rank, entry in sorted(ranks.items()) if not entry[4]]
         stamp = datetime.now()
-        for rank in named:
+        for rank in holding or sorted(ranks):
             seconds, silent, stage, in_step, waits, _ = ranks[rank]
             data: dict[str, str | float | int | bool] = {
                 "rank": rank,
@@ -143,34 +144,55 @@ class Hang(MergeState):
                 "silent_s": silent,
             }
             self.bus.log_event(Event(HANG_EVENT, stamp, data))
-            self._warn_hang(data)
+            if holding:
+                self._warn_holding(data)
+        if not holding:
+            self._warn_all_waiting(ranks)
 
-    def _warn_hang(self, data: dict[str, Any]) -> None:
-        """dst: say a ``HANG_EVENT``'s ``data`` in a warning (once per episode and rank)."""
-        stage = data["stage"]
-        where = (
-            f"in stage {stage!r}"
-            if stage
-            else ("in a step, outside every stage" if data["in_step"] else "between steps")
-        )
+    def _warn_holding(self, data: dict[str, Any]) -> None:
+        """dst: say a ``HANG_EVENT``'s ``data``, of a rank not waiting, in a warning."""
         silent = (
             f"; not heard of for {data['silent_s']:.1f} s (dead or stopped?)"
             if data["silent_s"] >= _SILENT
             else ""
         )
-        if data["waits"]:
-            what = (
-                f"waits in a collective {where}, as every rank does (a collective not every "
-                "rank called, or the network?)"
-            )
-        else:
-            what = f"holds the job up {where}; {data['waiting']} rank(s) wait in a collective"
         logger.warning(
-            "merge_stats_across_ranks: rank %d (%s) %s: no step has ended on it for %.1f s, "
-            "nor on any rank for its hang_after%s",
+            "merge_stats_across_ranks: rank %d (%s) holds the job up %s; %d rank(s) wait in a "
+            "collective: no step has ended on it for %.1f s, nor on any rank for its "
+            "hang_after%s",
             data["rank"],
             data["host"],
-            what,
+            _where(data["stage"], data["in_step"]),
+            data["waiting"],
             data["seconds"],
             silent,
         )
+
+    def _warn_all_waiting(self, ranks: dict[int, _Entry]) -> None:
+        """dst: say in one warning (however many ranks) that every rank waits, and where."""
+        places: dict[str, list[int]] = {}
+        for rank, entry in sorted(ranks.items()):
+            places.setdefault(_where(entry[2], entry[3]), []).append(rank)
+        silent = [rank for rank, entry in sorted(ranks.items()) if entry[1] >= _SILENT]
+        logger.warning(
+            "merge_stats_across_ranks: every rank (%d) waits in a collective, and no step has "
+            "ended on any for its hang_after (a collective not every rank called, or the "
+            "network?): %s%s",
+            len(ranks),
+            "; ".join(f"{where}: {_ranks(members)}" for where, members in places.items()),
+            f"; not heard of for {_SILENT:g} s or more: {_ranks(silent)}" if silent else "",
+        )
+
+
+def _where(stage: str, in_step: bool) -> str:
+    """Where a rank is, in words."""
+    if stage:
+        return f"in stage {stage!r}"
+    return "in a step, outside every stage" if in_step else "between steps"
+
+
+def _ranks(ranks: list[int], most: int = 8) -> str:
+    """``ranks`` in words, the first ``most`` of them named."""
+    named = ", ".join(map(str, ranks[:most]))
+    more = f" and {len(ranks) - most} more" if len(ranks) > most else ""
+    return f"rank{'s' if len(ranks) > 1 else ''} {named}{more}"
