@@ -24,6 +24,12 @@ Guarantees
   cannot unregister a comm hook, so the hook stays, calling the default all-reduce untimed.
 - One anatomy is driven by one training thread: ``step``, ``stage`` and ``collective`` are not
   thread-safe (the comm hook's and the gc callback's records are).
+- Progress: ``progress()`` says, from any thread, where this process's open anatomies are (the
+  seconds since a step last ended, the stage, whether a collective is in flight) by reading
+  what the training thread keeps anyway, plus one time it takes already (a step's end): it
+  costs the training thread nothing more. Reading races only with a step's edges, where it may
+  see the step just ended or just begun. The open anatomies are a snapshot published under a
+  lock, at construction and ``close()``.
 """
 
 from __future__ import annotations
@@ -34,11 +40,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._aggregates import Aggregation
 from ._bus import EventBus
 from ._check import wrong_type
+from ._lifecycle import module_lock
 from ._stat import Stat
 
 # The anatomy's clock, a module attribute so tests can step time (the Stats' windows keep
@@ -51,6 +58,49 @@ STEP_AGGREGATIONS = (Aggregation.MEAN, Aggregation.MAX)
 GC_AGGREGATIONS = (Aggregation.COUNT, Aggregation.MEAN, Aggregation.MAX)
 
 _Interval = tuple[float, float]
+
+_lock = module_lock(__name__, "_lock")  # changes to _open
+_open: tuple[StepAnatomy, ...] = ()  # the open anatomies: a snapshot, replaced under _lock
+
+
+class Progress(NamedTuple):
+    """Where this process's training is, from its open ``StepAnatomy``s (``progress()``)."""
+
+    #: Seconds since a step last ended (or, before the first, since the anatomy opened).
+    seconds: float
+    #: The stage it is in; ``""`` in a step outside every stage, or between steps.
+    stage: str
+    #: Whether it is inside a step (False: between steps, as in an evaluation or a save).
+    in_step: bool
+    #: Whether it waits in a collective: a DDP bucket launched and not completed, or a
+    #: ``collective()`` block.
+    waits: bool
+    #: Its anatomy's ``hang_after``.
+    hang_after: float
+
+
+def progress() -> Progress | None:
+    """Where this process's training is now, from its open ``StepAnatomy``s; None if none is.
+
+    With several open (a training and an evaluation anatomy), a step ended in any of them is
+    progress: ``seconds`` is since the latest one; the stage, ``in_step`` and ``hang_after``
+    are those of the anatomy that moved last (its step began or ended last); ``waits`` is
+    whether any has a collective in flight. Thread-safe; it takes no lock the training
+    thread takes.
+    """
+    anatomies = _open
+    if not anatomies:
+        return None
+    now = _clock()
+    last = max(anatomies, key=StepAnatomy._moved)
+    stage = last._stage
+    return Progress(
+        seconds=now - max(a._last_end for a in anatomies),
+        stage=stage or "",
+        in_step=last._step_start is not None,
+        waits=any(w[1] == math.inf for a in anatomies for w in list(a._waits)),
+        hang_after=last.hang_after,
+    )
 
 
 class StepAnatomy:
@@ -88,8 +138,12 @@ class StepAnatomy:
         window: the Stats' window, at least one millisecond.
         prefix: the start of the Stats' names.
         bus: the bus of the Stats; the default bus if omitted.
-        hang_after: seconds without a step ending after which a rank counts as hung. Checked
-            and kept (``hang_after``) for the hang rule to come; nothing reads it yet.
+        hang_after: seconds without a step ending, on any rank, after which the job counts
+            as hung: ``merge_stats_across_ranks()`` then names each rank not waiting in a
+            collective by a ``HANG_EVENT`` (see docs/multihost.md, "A hung rank"). The
+            default, a minute, is far past any step of a healthy job and far under the
+            timeouts of gloo (30 minutes) and NCCL (10), so a hang is named while the job
+            still runs. Read at each report (about once a second): it may be changed.
 
     Raises:
         TypeError: an argument has the wrong type (``model`` not a DDP model).
@@ -129,16 +183,11 @@ class StepAnatomy:
             raise ValueError("prefix must not be empty")
         if bus is not None and not isinstance(bus, EventBus):
             raise wrong_type("bus", "a monitor_bus.EventBus or None", bus)
-        if isinstance(hang_after, bool) or not isinstance(hang_after, (int, float)):
-            raise wrong_type("hang_after", "a number of seconds", hang_after)
-        if not 0 < hang_after < math.inf:
-            raise ValueError(f"hang_after must be a positive number of seconds, got {hang_after}")
+        self.hang_after = hang_after
         #: The Stats' window.
         self.window = window
         #: The start of the Stats' names.
         self.prefix = prefix
-        #: Seconds without a step ending after which the hang rule to come names the rank.
-        self.hang_after = float(hang_after)
         #: The DDP model whose all-reduce is timed, or None.
         self.model = model
         self._bus = bus
@@ -163,6 +212,27 @@ class StepAnatomy:
             self._gc_stat(generation)
         self._on_gc = self._gc_callback  # the one bound method to remove at close
         gc.callbacks.append(self._on_gc)
+        self._last_end = _clock()  # when the last step ended, or the anatomy opened
+        global _open
+        with _lock:
+            _open = (*_open, self)
+
+    @property
+    def hang_after(self) -> float:
+        """Seconds without a step ending, on any rank, after which the job counts as hung.
+
+        Settable from any thread (checked as the argument is): raise it around a long
+        evaluation or save between steps, which would otherwise count as a hang.
+        """
+        return self._hang_after
+
+    @hang_after.setter
+    def hang_after(self, seconds: float) -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise wrong_type("hang_after", "a number of seconds", seconds)
+        if not 0 < seconds < math.inf:
+            raise ValueError(f"hang_after must be a positive number of seconds, got {seconds}")
+        self._hang_after = float(seconds)
 
     @property
     def stats(self) -> dict[str, Stat]:
@@ -221,6 +291,9 @@ class StepAnatomy:
         if self._closed:
             return
         self._closed = True
+        global _open
+        with _lock:
+            _open = tuple(a for a in _open if a is not self)
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
         self._drain_pauses()
@@ -267,6 +340,7 @@ class StepAnatomy:
         start, self._step_start = self._step_start, None
         if start is None:
             return
+        self._last_end = end
         if self._stage is not None:  # a stage left open: it ends with the step
             self._blocks.append((self._stage, self._stage_start, end))
             self._stage = None
@@ -315,7 +389,12 @@ class StepAnatomy:
         stat = self._gc_stats[generation] = self._stat(f"gc.gen{generation}_s", GC_AGGREGATIONS)
         return stat
 
-    # -- other threads' side: the gc callback and the comm hook ------------------------------
+    # -- other threads' side: the gc callback, the comm hook and progress() ------------------
+
+    def _moved(self) -> float:
+        """When this anatomy last moved: its open step's start, or its last step's end."""
+        start = self._step_start
+        return self._last_end if start is None else max(start, self._last_end)
 
     def _gc_callback(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":

@@ -23,8 +23,13 @@ rank 2 spends ``DELAY`` seconds more per step:
 - ``collective``: sleeping in forward, in steps that bypass DDP (the plain module's backward,
   then the gradients all-reduced by hand inside ``anatomy.collective()``).
 
+Then the hang: with ``hang_after`` at ``HANG_AFTER`` seconds, rank 2 is stuck in its data stage
+until dst has named it (dst's handler of ``HANG_EVENT`` writes ``OUT_DIR/hang``; rank 2 waits
+for that file), while ranks 0 and 1 wait for it in DDP's all-reduce; then, ``hang_after`` back
+at its default, the job trains ``AFTER`` more windows and ends.
+
 Rank 0 writes ``OUT_DIR/rank0.json``: each phase's start (wall clock), the host of each rank,
-every straggler and anatomy event, and every merged window of ``step.wait_s`` and
+every straggler, anatomy and hang event, and every merged window of ``step.wait_s`` and
 ``step.time_s`` it logged.
 """
 
@@ -34,6 +39,7 @@ import contextlib
 import gc
 import json
 import math
+import os
 import sys
 import time
 from datetime import timedelta
@@ -46,6 +52,7 @@ import torch.distributed as dist
 import monitor_bus as monitor
 from monitor_bus.integrations.torch import (
     ANATOMY_EVENT,
+    HANG_EVENT,
     STRAGGLER_EVENT,
     StepAnatomy,
     merge_stats_across_ranks,
@@ -62,6 +69,9 @@ PHASES = [("clean", 6)] + [
     for name in ("backward", "gc", "data", "forward", "optimizer", "nostages", "collective")
     for phase in ((name, SLOW), ("clean", CLEAN))
 ]
+HANG_AFTER = 2.0  # four of the senders' half-second rounds: rank 2 reports its stage first
+AFTER = 4  # windows of clean steps after the hang
+HANG_WAIT = 60.0  # how long rank 2 waits at most for dst to name it
 
 
 def main() -> None:
@@ -74,6 +84,14 @@ def main() -> None:
     bus = monitor.EventBus(name="slow-rank")
     seen: list[monitor.Event] = []
     bus.register_event_handler(seen.append)
+    hang_file = out / "hang"
+
+    def on_hang(event: monitor.Event) -> None:
+        if event.name == HANG_EVENT and not hang_file.exists():
+            (out / "hang.tmp").write_text(json.dumps(event.data))
+            os.replace(out / "hang.tmp", hang_file)  # whole, for rank 2 to see
+
+    bus.register_event_handler(on_hang)
     ballast: list[list[int]] = []
     none = contextlib.nullcontext()
 
@@ -90,6 +108,12 @@ def main() -> None:
             batch = torch.randn(16, 32)
             if slow == "data":
                 time.sleep(DELAY)
+            if slow == "hang":  # stuck until dst has named it
+                deadline = time.monotonic() + HANG_WAIT
+                while not hang_file.exists():
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"no hang event within {HANG_WAIT} s")
+                    time.sleep(0.01)
             if slow == "gc":
                 if not ballast:
                     gc.freeze()
@@ -129,20 +153,28 @@ def main() -> None:
         at += windows * WINDOW
     end = at
     phase_now = torch.zeros(1)
-    while True:
-        with anatomy.step():
-            if rank == 0:  # rank 0's clock says the phase: 1 + its index; 0 before; -1 the end
+
+    def train_until(end: float, phase_of: Any) -> None:
+        """Train while rank 0's clock is before ``end``, in the phase ``phase_of(now)`` says
+        (1 + its index in PHASES; 0: clean)."""
+        while True:
+            with anatomy.step():
                 now = time.time()
-                phase_now[0] = sum(now >= s for s in starts) if now < end else -1
-            else:
-                phase_now[0] = 0
-            with anatomy.collective():
-                dist.all_reduce(phase_now)
-            index = int(phase_now[0])
-            if index < 0:
-                break
-            phase = PHASES[index - 1][0] if index else "clean"
-            train_step(anatomy, "" if phase == "clean" else phase)
+                phase_now[0] = (phase_of(now) if now < end else -1) if rank == 0 else 0
+                with anatomy.collective():
+                    dist.all_reduce(phase_now)
+                index = int(phase_now[0])
+                if index < 0:
+                    return
+                phase = PHASES[index - 1][0] if index else "clean"
+                train_step(anatomy, "" if phase == "clean" else phase)
+
+    train_until(end, lambda now: sum(now >= s for s in starts))
+    anatomy.hang_after = HANG_AFTER
+    with anatomy.step():
+        train_step(anatomy, "hang")
+    anatomy.hang_after = 60.0  # dst's own, at once: no other hang can be named after this
+    train_until(time.time() + AFTER * WINDOW, lambda now: 0)
     anatomy.close()
     assert merge.close(30)
     assert bus.close(30)
@@ -156,6 +188,7 @@ def main() -> None:
                 for e in seen
                 if e.name == STRAGGLER_EVENT
             ],
+            "hangs": [dict(e.data) for e in seen if e.name == HANG_EVENT],
             "anatomy": [
                 {"stamp": e.timestamp.timestamp(), **e.data}
                 for e in seen

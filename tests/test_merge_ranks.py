@@ -875,7 +875,7 @@ def test_a_leader_sends_dst_its_host_s_mark_only_past_a_window_end_or_a_heartbea
     the mark back until the leader's patience (half the timeout) is past."""
     sends: list[tuple[list[Any], float, bool, dict[str, Any]]] = []
     leader = merge_on(monitor.EventBus(), 2, 4, upstream=ROUTES)
-    leader._send = lambda records, mark, *, bye, host: sends.append(
+    leader._send = lambda records, mark, *, bye, host, progress: sends.append(
         (records, mark, bye, json.loads(host))
     )
     index = math.floor(time.time() / 10.0) + 1  # a window that ends in the future

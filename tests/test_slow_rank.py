@@ -1,7 +1,8 @@
 """The slow rank named from StepAnatomy's Stats (monitor_bus/ranks/_anatomy.py): the rule and
 what it cost driven on synthetic per-rank windows, and a real torchrun job of three DDP ranks
 on gloo, two nodes, in phases (tests/slow_rank_job.py) merged with
-``merge_stats_across_ranks()`` and no ``stragglers``."""
+``merge_stats_across_ranks()`` and no ``stragglers``, whose last phase is a hang (the hang
+rule, monitor_bus/ranks/_hang.py, is tested in test_hang.py)."""
 
 from __future__ import annotations
 
@@ -312,6 +313,7 @@ def test_exposed_fraction_is_checked() -> None:
 
 
 WINDOW = 0.5  # as in slow_rank_job.py
+HANG_AFTER = 2.0  # as in slow_rank_job.py
 DELAY = 0.030
 SLOW_PHASES = ["backward", "gc", "data", "forward", "optimizer", "nostages", "collective"]
 # The stage each slow phase is named in, and its cause.
@@ -421,3 +423,23 @@ def test_the_slow_rank_waits_least_and_its_stage_is_busiest(job: dict[str, Any])
         if "step.wait_s.lost_s" in w:
             others = (w["step.wait_s.rank_p50"] + w["step.wait_s.rank_max"]) / 2
             assert w["step.wait_s.lost_s"] == pytest.approx(others - w["step.wait_s.rank_min"])
+
+
+@pytest.mark.stress  # the job's other tests are: one launch serves them all
+def test_a_rank_stuck_in_its_data_stage_is_named_while_it_hangs(job: dict[str, Any]) -> None:
+    """Rank 2 stuck in its data stage, ``hang_after`` 2 s, ranks 0 and 1 blocked in DDP's
+    all-reduce: dst names it once, by a hang event it logs while rank 2 is stuck (rank 2 waits
+    for dst's handler to see it), in stage data, inside a step, not waiting, two ranks
+    waiting, after at least ``hang_after`` seconds; the job then trains on, ends cleanly, and
+    names no hang again."""
+    [hang] = job["hangs"]
+    assert hang["seconds"] >= HANG_AFTER, hang
+    assert hang["silent_s"] < hang["seconds"], hang  # heard of in the data stage, since
+    assert {k: v for k, v in hang.items() if k not in ("seconds", "silent_s")} == {
+        "rank": 2,
+        "host": job["hosts"][2],
+        "stage": "data",
+        "in_step": True,
+        "waits": False,
+        "waiting": 2,
+    }

@@ -36,6 +36,7 @@ from .._event import Event
 from .._lifecycle import module_lock
 from .._step_anatomy import StepAnatomy as StepAnatomy
 from ..ranks import ANATOMY_EVENT as ANATOMY_EVENT
+from ..ranks import HANG_EVENT as HANG_EVENT
 from ..ranks import STRAGGLER_EVENT as STRAGGLER_EVENT
 from ..ranks import RankMerge as RankMerge
 from ..ranks import start_merge
@@ -223,6 +224,14 @@ def merge_stats_across_ranks(
     for that rank) and ``"<prefix>.wait_s.lost_to_rank"`` (that rank), and after the family's
     windows ``dst`` logs an ``ANATOMY_EVENT`` with each rank's means (what ``monitor-bus
     summary`` and ``plot`` read).
+
+    A hang is named while it lasts: each rank's open ``StepAnatomy``s report, about once a
+    second, how long since a step last ended on it, its stage and whether it waits in a
+    collective. Once no step has ended on any rank for its ``hang_after`` (a minute by
+    default), ``dst`` logs a ``HANG_EVENT`` (``"monitor_bus.hang"``: ``rank``, ``host``,
+    ``stage``, ``in_step``, ``waits``, ``waiting``, ``seconds``, ``silent_s``) and a warning for
+    each rank not waiting in a collective, the one the others wait for; if every rank waits,
+    for each rank. Once per hang: it is named again after a step has ended on some rank.
 
     With ``two_level`` (by default, once a host other than ``dst``'s runs two or more ranks),
     the lowest rank of each host (a torchrun node: ``GROUP_RANK``, so two nodes on one machine

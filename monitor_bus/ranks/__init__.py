@@ -21,6 +21,9 @@ role and opens with the guarantees it keeps:
 - ``_anatomy``: the straggler rule on ``StepAnatomy``'s Stats, given nothing: the rank the
   others wait for, its stage, the time it cost them, GC as a cause; and what each window
   cost (``lost_s``) with each rank's breakdown (``ANATOMY_EVENT``).
+- ``_hang``: the hang rule: each rank's ``StepAnatomy`` progress sent upstream with its
+  messages, and on dst, once no step has ended on any rank for ``hang_after``, the rank not
+  waiting in a collective named while the job hangs.
 - ``_merge``: ``RankMerge``, its start (windows lined up on the wall clock) and ``close()``.
 - ``_start``: the arguments checked, the merge's own gloo group, each rank's route.
 """
@@ -29,8 +32,16 @@ from __future__ import annotations
 
 from ._anatomy import ANATOMY_EVENT as ANATOMY_EVENT
 from ._frame import FRAME_BYTES as FRAME_BYTES
+from ._hang import HANG_EVENT as HANG_EVENT
 from ._merge import RankMerge as RankMerge
 from ._start import start_merge as start_merge
 from ._stragglers import STRAGGLER_EVENT as STRAGGLER_EVENT
 
-__all__ = ["ANATOMY_EVENT", "FRAME_BYTES", "RankMerge", "STRAGGLER_EVENT", "start_merge"]
+__all__ = [
+    "ANATOMY_EVENT",
+    "FRAME_BYTES",
+    "HANG_EVENT",
+    "RankMerge",
+    "STRAGGLER_EVENT",
+    "start_merge",
+]

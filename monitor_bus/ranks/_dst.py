@@ -10,6 +10,9 @@ Guarantees
   sees a window's wait, step, stage and GC Stats at once (they end together, so they are due
   in the same round). The wait's cost keys (``_anatomy.lost_keys``) need only the wait, so
   they go on its merged window as it is logged, once the round's families are known.
+- Hangs: each round while it is not closing, after logging the windows due, dst's merge
+  thread applies the hang rule (``_hang``) to every rank's last progress; the training
+  thread, blocked in a collective or not, has no part in it.
 """
 
 from __future__ import annotations

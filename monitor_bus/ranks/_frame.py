@@ -6,8 +6,9 @@ host word fit by construction; the rank that sends them (``_sending``) logs what
 
 Guarantees
 ----------
-- Every sample travels: every frame is within ``FRAME_BYTES`` (the mark and a leader's word
-  on its host go in a frame of their own when they do not fit beside the windows; a frame
+- Every sample travels: every frame is within ``FRAME_BYTES`` (the mark, a leader's word
+  on its host and the ranks' progress, ``_hang``'s, bounded there to half a frame, go in a
+  frame of their own when they do not fit beside the windows; a frame
   that cannot be encoded costs its own windows, logged and counted in ``unsent``, never
   upstream). A window too large for a frame goes with its
   Histogram coarsened a scale at a time until it fits (each scale doubles the percentiles'
@@ -81,9 +82,11 @@ def _windows_in(record: _Record) -> int:
     return len(record[12]["parts"]) if len(record) > 12 else 1
 
 
-def _encode(batch: list[str], mark: float | None, bye: bool, host: str = "") -> bytes:
+def _encode(
+    batch: list[str], mark: float | None, bye: bool, host: str = "", progress: str = ""
+) -> bytes:
     windows = ",".join(batch)
-    extra = f',"host":{host}' if host else ""
+    extra = (f',"host":{host}' if host else "") + (f',"progress":{progress}' if progress else "")
     body = f'{{"mark":{json.dumps(mark)},"bye":{json.dumps(bye)},"windows":[{windows}]{extra}}}'
     data = body.encode()
     return struct.pack("<I", len(data)) + data
@@ -126,12 +129,12 @@ def _fit(record: _Record) -> tuple[str, tuple[int, int] | None] | None:
 
 
 def _pack(
-    fitted: list[tuple[str, _Record]], mark: float, bye: bool, host: str = ""
+    fitted: list[tuple[str, _Record]], mark: float, bye: bool, host: str = "", progress: str = ""
 ) -> list[tuple[bytes, list[_Record]]]:
     """The frames carrying the ``fitted`` records (each its JSON and itself), each within
     ``_FRAME`` bytes (but for a ``host`` longer than a frame); only the last one says how far
-    this rank is and carries ``host``, a JSON object, on its own if they do not fit beside
-    the windows."""
+    this rank is and carries ``host`` and ``progress``, JSON objects, on its own if they do not
+    fit beside the windows."""
     frames: list[tuple[bytes, list[_Record]]] = []
     batch: list[str] = []
     batch_records: list[_Record] = []
@@ -144,10 +147,10 @@ def _pack(
         size += len(text) + (1 if batch else 0)
         batch.append(text)
         batch_records.append(record)
-    if batch and len(_encode([], mark, bye, host)) + size > _FRAME:
+    if batch and len(_encode([], mark, bye, host, progress)) + size > _FRAME:
         frames.append((_encode(batch, None, False), batch_records))
         batch, batch_records = [], []
-    frames.append((_encode(batch, mark, bye, host), batch_records))
+    frames.append((_encode(batch, mark, bye, host, progress), batch_records))
     return frames
 
 

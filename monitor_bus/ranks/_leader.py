@@ -58,8 +58,8 @@ class Leader(Receiving, Sending):
 
     def _send_on(self, due: list[_Due], now: float, *, final: bool) -> None:
         """A host leader: send dst a host record of each window due, how far this host is,
-        and its word on its ranks; with nothing to send, only once the mark passed a window
-        end (dst may wait for it) or a heartbeat is due."""
+        and its word on its ranks and their progress; with nothing to send, only once the
+        mark passed a window end (dst may wait for it) or a heartbeat is due."""
         # Every window ending before the mark was sent on: those of the ranks expected, and
         # any once past the leader's patience.
         ahead = max(min(self._mark[r] for r in self._expected()), now - self._patience)
@@ -69,7 +69,8 @@ class Leader(Receiving, Sending):
         if records or final or self._crossed(mark) or clock - self._last_sent >= self._heartbeat:
             done = sorted(self._sources - self._unfinished())
             host = json.dumps({"lost": sorted(self._lost), "done": done}, separators=(",", ":"))
-            self._send(records, mark, bye=final, host=host)
+            progress = self._progress_out(clock)
+            self._send(records, mark, bye=final, host=host, progress=progress)
             self._sent_mark, self._last_sent = mark, clock
 
     def _crossed(self, mark: float) -> bool:

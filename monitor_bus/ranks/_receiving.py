@@ -43,7 +43,8 @@ from typing import Any
 
 from ._bucket import _Bucket
 from ._frame import _FOREVER, _FRAME, _TAG, _Record, _windows_in
-from ._state import _MIN_TICK, MergeState
+from ._hang import Hang
+from ._state import _MIN_TICK
 
 logger = logging.getLogger("monitor_bus")
 
@@ -55,7 +56,7 @@ _RECEIVE_TRIES = 3
 _Due = tuple[tuple[Any, ...], "_Bucket", bool, set[int]]
 
 
-class Receiving(MergeState):
+class Receiving(Hang):
     """What dst and a host leader share: they take what others send them and merge it."""
 
     @property
@@ -160,6 +161,8 @@ class Receiving(MergeState):
                 due = self._due(now, final=final)
                 if self.rank == self.dst:
                     self._log_merged(due)
+                    if not closing:
+                        self._watch_hang(time.monotonic())
                 else:
                     self._send_on(due, now, final=final)
             except Exception:
@@ -201,7 +204,8 @@ class Receiving(MergeState):
         inbox = self._inbox
         while inbox:
             source, message = inbox.popleft()
-            self._heard[source] = time.monotonic()
+            self._heard[source] = heard = time.monotonic()
+            self._note_progress(source, message, heard)
             self._spoken.add(source)
             if source in self._lost:
                 self._lost.discard(source)

@@ -34,12 +34,13 @@ from ._frame import (
     _tensor,
     _windows_in,
 )
-from ._state import _MIN_TICK, MergeState
+from ._hang import Hang
+from ._state import _MIN_TICK
 
 logger = logging.getLogger("monitor_bus")
 
 
-class Sending(MergeState):
+class Sending(Hang):
     """A rank's side that sends: a rank other than dst, and a host leader sending on."""
 
     # -- a rank other than dst --
@@ -59,7 +60,8 @@ class Sending(MergeState):
                 if self._dst_gone:
                     self._log_local(records)
                 else:
-                    self._send(records, mark, bye=closing)
+                    progress = self._progress_out(time.monotonic())
+                    self._send(records, mark, bye=closing, progress=progress)
                     last_sent = self._now()
             except Exception:
                 logger.exception("merge_stats_across_ranks: rank %d failed a round", self.rank)
@@ -67,10 +69,13 @@ class Sending(MergeState):
                 self._finish()
                 return
 
-    def _send(self, records: list[_Record], mark: float, *, bye: bool, host: str = "") -> None:
-        """Send ``records`` upstream (dst, or this host's leader), then how far this rank is
-        and, from a leader, ``host``: what it says of its host's ranks."""
-        for frame, sent in self._frames(records, mark, bye, host):
+    def _send(
+        self, records: list[_Record], mark: float, *, bye: bool, host: str = "", progress: str = ""
+    ) -> None:
+        """Send ``records`` upstream (dst, or this host's leader), then how far this rank is,
+        ``progress`` (``_hang``'s) and, from a leader, ``host``: what it says of its host's
+        ranks."""
+        for frame, sent in self._frames(records, mark, bye, host, progress):
             if self._dst_gone:
                 self._log_local(sent)
                 continue
@@ -164,7 +169,7 @@ class Sending(MergeState):
         return "dst" if self.upstream == self.dst else "its host's leader"
 
     def _frames(
-        self, records: list[_Record], mark: float, bye: bool, host: str = ""
+        self, records: list[_Record], mark: float, bye: bool, host: str = "", progress: str = ""
     ) -> list[tuple[bytes, list[_Record]]]:
         """The frames carrying ``records`` (``_pack``'s), each within ``_FRAME`` bytes (but for
         a ``host`` longer than a frame); a record no frame can carry is logged here."""
@@ -175,7 +180,7 @@ class Sending(MergeState):
                 self._log_unsent(record)
                 continue
             fitted.append((text, record))
-        return _pack(fitted, mark, bye, host)
+        return _pack(fitted, mark, bye, host, progress)
 
     def _fitted(self, record: _Record) -> str | None:
         """The record's JSON, within a frame (``_fit``: its Histogram coarsened until it

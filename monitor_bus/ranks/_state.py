@@ -3,8 +3,8 @@ Stat's closed window enters by, the collecting of those windows, and the logging
 window on the rank's own bus.
 
 ``MergeState`` holds what each role module (``_sending``, ``_receiving``, ``_leader``,
-``_dst``, ``_stragglers``) reads and writes: its ``__init__`` is the one place a merge's
-state is made, leader's and dst's included.
+``_dst``, ``_stragglers``, ``_hang``) reads and writes: its ``__init__`` is the one place a
+merge's state is made, leader's and dst's included.
 
 Guarantees
 ----------
@@ -122,6 +122,10 @@ class MergeState:
         self._streaks: dict[tuple[str, int], int] = {}
         # StepAnatomy's rule: each straggling rank's episode so far, by (wait Stat, rank).
         self._exposures: dict[tuple[str, int], Exposure] = {}
+        # The hang rule (``_hang``): each rank's last progress (a leader: its host's; dst: every
+        # rank's) and when it was heard of, None once it has none; whether a hang is named.
+        self._progress: dict[int, tuple[list[Any], float] | None] = {}
+        self._hanging = False
         #: Windows this rank handed to dst (dst counts its own here too).
         self.sent = 0
         #: Merged windows dst logged (dst only).
