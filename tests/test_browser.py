@@ -226,6 +226,14 @@ _FIGURES = """() => [...document.querySelectorAll("article img")].map(img => ({
     shown: img.getBoundingClientRect().width,
 }))"""
 
+# The page's diagrams (drawn by the theme in place of their source): in a box of their own,
+# their width, and whether that box scrolls.
+_DIAGRAMS = """() => [...document.querySelectorAll("article .mermaid")].map(d => ({
+    boxed: d.parentElement.classList.contains("diagram"),
+    shown: d.getBoundingClientRect().width,
+    scrolls: d.parentElement.scrollWidth > d.parentElement.clientWidth,
+}))"""
+
 # Code blocks whose first line runs under the block's copy button.
 _UNDER_COPY_BUTTON = """() => [...document.querySelectorAll("article .md-clipboard")].map(button => {
     const code = button.closest("pre")?.querySelector("code");
@@ -247,10 +255,15 @@ def test_tables_and_figures_read_at_1280px_and_on_a_phone(
     wide table scrolls in its box instead) and an API heading's dotted name breaks only after a
     dot; at 1280 px no code line runs under its copy button. Every image links to its own file,
     which is at least as wide as the image is shown at 1280 px: on a phone, where it is shrunk to
-    the column, a tap opens it at full size."""
+    the column, a tap opens it at full size. A diagram fits the column at 1280 px; on a phone it
+    is drawn at least 700 px wide (labels of about 10 px, not the 4 px of the column's width)
+    and scrolls in its own box."""
     visit = Visit(browser, site + path)
     try:
         page = visit.page
+        page.wait_for_function("document.querySelectorAll('pre.mermaid').length === 0")
+        diagrams = page.evaluate(_DIAGRAMS)
+        assert [d for d in diagrams if not d["boxed"] or d["scrolls"]] == []
         assert page.evaluate(_SPLIT_CODE) == []
         assert page.evaluate(_UNDER_COPY_BUTTON) == []
         figures = page.evaluate(_FIGURES)
@@ -263,6 +276,8 @@ def test_tables_and_figures_read_at_1280px_and_on_a_phone(
         page.set_viewport_size({"width": 390, "height": 900})
         assert page.evaluate(_SPLIT_CODE) == []
         assert [f["src"] for f in page.evaluate(_FIGURES) if f["link"] != f["src"]] == []
+        diagrams = page.evaluate(_DIAGRAMS)
+        assert [d for d in diagrams if d["shown"] < 700 or not d["scrolls"]] == []
     finally:
         visit.close()
 
