@@ -65,8 +65,10 @@ __all__ = ["AGGREGATIONS", "SystemMetrics"]
 
 logger = logging.getLogger("monitor_bus")
 
-#: What each ``system.<metric>`` Stat reports per window.
+#: What each ``system.<metric>`` Stat reports per window (but the ``*_total`` ones).
 AGGREGATIONS = (Aggregation.MEAN, Aggregation.MAX, Aggregation.MIN)
+# A cumulative ``*_total`` Stat: its reading at the window's last sample (a counter's value).
+_TOTAL_AGGREGATIONS = (Aggregation.VALUE,)
 
 PREFIX = "system."
 _EXTRA = "pip install 'monitor_bus[system]'"
@@ -231,7 +233,7 @@ class _Tree:
             # moves there from its own entry, so the sum goes on without a jump.
             cpu += times.user + times.system + times.children_user + times.children_system
             rss += memory.rss
-        readings = [("process_rss_bytes", rss)]
+        readings = [("process_rss_bytes", rss), ("process_cpu_seconds_total", cpu)]
         if self._last is not None:
             then, before = self._last
             # A descendant reparented away (not reaped here) takes its CPU out of the sum.
@@ -269,6 +271,8 @@ class _Host:
         cpu = (sum(times) - guest, idle)
         counters = self._counters()
         readings = [("host_memory_percent", float(psutil.virtual_memory().percent))]
+        # The counters as they are (since boot): OpenTelemetry's system.disk.io and the like.
+        readings += [(name[: -len("per_s")] + "total", v) for name, v in counters.items()]
         if self._last is not None:
             then, (total_before, idle_before), before = self._last
             total = cpu[0] - total_before
@@ -374,7 +378,10 @@ class SystemMetrics:
     ``process_cpu_percent`` (this process and all its descendants; 100 = one core),
     ``process_rss_bytes``; on local rank 0 only: ``host_cpu_percent`` (100 = every core
     busy), ``host_memory_percent``, ``disk_read_bytes_per_s``, ``disk_write_bytes_per_s``,
-    ``net_sent_bytes_per_s``, ``net_recv_bytes_per_s``; per GPU of this rank, ``gpu<i>.``
+    ``net_sent_bytes_per_s``, ``net_recv_bytes_per_s``; the cumulative counters behind the
+    rates, ``process_cpu_seconds_total`` and (local rank 0) ``disk_read_bytes_total``,
+    ``disk_write_bytes_total``, ``net_sent_bytes_total``, ``net_recv_bytes_total``, each
+    reporting VALUE (its last reading); per GPU of this rank, ``gpu<i>.``
     ``utilization_percent``, ``memory_used_bytes``, ``power_watts``, ``temperature_c``
     (``<i>`` is NVML's index of the device). Without psutil or nvidia-ml-py, one warning and
     the other metrics go on; a reading NVML fails is counted in ``missed``. At most one per
@@ -518,7 +525,8 @@ class SystemMetrics:
         name = PREFIX + metric
         stat = self._stats.get(name)
         if stat is None:
-            stat = self._stats[name] = Stat(name, AGGREGATIONS, self._window, bus=self.bus)
+            aggregations = _TOTAL_AGGREGATIONS if metric.endswith("_total") else AGGREGATIONS
+            stat = self._stats[name] = Stat(name, aggregations, self._window, bus=self.bus)
         stat.add(value)
 
     def sample(self) -> None:

@@ -107,6 +107,8 @@ def test_process_cpu_and_rss_count_every_descendant(
     data = windows(recorded)
     # Two descendants burned CPU_SECONDS each within at most `wall` seconds.
     assert data["system.process_cpu_percent.max"] >= 2 * CPU_SECONDS / wall * 100
+    # The cumulative counter holds their CPU too (and this process's own), as its last reading.
+    assert data["system.process_cpu_seconds_total.value"] >= 2 * CPU_SECONDS
     assert data["system.process_rss_bytes.max"] >= own_rss + (MIB << 20)
 
 
@@ -116,9 +118,12 @@ def test_host_metrics_only_on_local_rank_0(bus: monitor_bus.EventBus) -> None:
     host = {"system.host_cpu_percent", "system.host_memory_percent"}
     if counters[0]:
         host |= {"system.disk_read_bytes_per_s", "system.disk_write_bytes_per_s"}
+        host |= {"system.disk_read_bytes_total", "system.disk_write_bytes_total"}
     if counters[1]:
         host |= {"system.net_sent_bytes_per_s", "system.net_recv_bytes_per_s"}
+        host |= {"system.net_sent_bytes_total", "system.net_recv_bytes_total"}
     tree = {"system.process_cpu_percent", "system.process_rss_bytes"}
+    tree.add("system.process_cpu_seconds_total")
     for environ, expected in (({}, tree | host), ({"LOCAL_RANK": "1"}, tree)):
         metrics = started(SystemMetrics(NEVER, bus=bus, gpus=None, _environ=environ))
         try:
