@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 __all__ = [
     "CONVENTIONS",
@@ -140,15 +140,19 @@ _GPU: dict[str, tuple[Convention, dict[str, str], str, float | str]] = {
 }
 
 #: Every convention a system Stat maps to, by name.
-CONVENTIONS: dict[str, Convention] = {
-    c.name: c for c, *_ in (*_HOST.values(), *_GPU.values())
-}
+CONVENTIONS: dict[str, Convention] = {c.name: c for c, *_ in (*_HOST.values(), *_GPU.values())}
 
 _GPU_KEY = re.compile(r"system\.(gpu\d+)\.(\w+)\.(\w+)")
 _HOST_KEY = re.compile(r"system\.(\w+)\.(\w+)")
 
+
+class _NotConventional:
+    def __repr__(self) -> str:
+        return "NOT_CONVENTIONAL"
+
+
 #: ``convert``'s answer for a key that is no system Stat's the table knows.
-NOT_CONVENTIONAL: Any = object()
+NOT_CONVENTIONAL = _NotConventional()
 
 
 def _cpus() -> int:
@@ -157,7 +161,7 @@ def _cpus() -> int:
     return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
-def convert(key: str, value: float) -> Point | None:
+def convert(key: str, value: float) -> Point | _NotConventional | None:
     """A Stat window's ``key: value`` as a convention's point.
 
     Returns:

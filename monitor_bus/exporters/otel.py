@@ -304,10 +304,11 @@ class OpenTelemetryEventHandler:
                 self._skip_value(problem[0], key, f"Stat value {key!r} {problem[1]}")
                 continue
             if key.startswith("system."):
-                point = _semconv.convert(key, value)
-                if point is not _semconv.NOT_CONVENTIONAL:
-                    if point is not None:
-                        self._observe(point)
+                point = _semconv.convert(key, float(value))
+                if isinstance(point, _semconv.Point):
+                    self._observe(point)
+                    continue
+                if point is None:  # a known system metric's, not exported (_semconv)
                     continue
             gauge = gauges.get(key, _MISSING)
             if gauge is _MISSING:
