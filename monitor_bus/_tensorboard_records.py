@@ -173,9 +173,9 @@ def custom_scalars(layout: Mapping[str, Mapping[str, Sequence[Any]]]) -> Any:
             raise TypeError(f"layout[{category!r}] must be a mapping of chart titles")
         made = []
         for title, spec in charts.items():
-            kind, tags = spec
+            kind, tags = spec if isinstance(spec, (list, tuple)) and len(spec) == 2 else ("", [])
             tags = [str(tag) for tag in tags]
-            if kind == "Multiline":
+            if kind == "Multiline" and tags:
                 content = {"multiline": layout_pb2.MultilineChartContent(tag=tags)}
             elif kind == "Margin" and len(tags) == 3:
                 series = layout_pb2.MarginChartContent.Series(
