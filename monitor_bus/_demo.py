@@ -16,7 +16,7 @@ grouped under ``stats/``, the system metrics under ``system/`` (their min and ma
 SCALARS tab) and the epoch metrics under ``epoch/``, one section each; the step time's
 histogram is in the HISTOGRAMS and DISTRIBUTIONS tabs. The run's final metrics (losses,
 accuracy, the step time's p50 and p99 over the run) are the HPARAMS tab's metrics, under
-``run/``. The files go in the run's own subdirectory, ``<log dir>/demo``.
+``summary/``. The files go in the run's own subdirectory, ``<log dir>/demo``.
 
 Each Stat's last window (partial: cut short by the run's end, or closed just after it) is left
 out of TensorBoard, where it would be a point at the last step standing for a fraction of a

@@ -414,7 +414,7 @@ class SummaryWriter:
           axis; the tab has no int type and prints every number as a float (``256.00``),
           the ``run/start`` text shows it as logged.
         - ``RUN_END_EVENT``: the run's final metrics (``metrics.<key>``, ``Run.metrics``) as
-          scalars ``run/<key>`` and the experiment naming them as its metrics, so the
+          scalars ``summary/<key>`` and the experiment naming them as its metrics, so the
           HPARAMS tab lists those rather than every scalar tag of the run (each its last
           window; what the tab shows for a run without final metrics); the session's end (``success`` -> ``STATUS_SUCCESS``, ``failed`` and
           ``interrupted`` -> ``STATUS_FAILURE``, the tab having no "interrupted") and the end
@@ -463,8 +463,10 @@ class SummaryWriter:
     def _end_run(self, data: Mapping[str, Any], wall: float) -> None:
         with self._lock:
             step, hparams, self._hparams = self._last_step, self._hparams, {}
+        # "summary/", as W&B names a run's final metrics: a section sorting after the usual
+        # ones, as TensorBoard's SCALARS tab opens only its first few.
         metrics = {
-            f"run/{key[len('metrics.') :]}": float(value)
+            f"summary/{key[len('metrics.') :]}": float(value)
             for key, value in data.items()
             if key.startswith("metrics.") and value.__class__ in (int, float, bool) and is_utf8(key)
         }

@@ -141,13 +141,13 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
         ("system/" if agg in ("mean", "value") else f"system.{agg}/") + metric
         for metric, _, agg in (k.removeprefix("system.").rpartition(".") for k in system_keys)
     }
-    final = {f"run/{k.removeprefix('metrics.')}" for k in end.data if k.startswith("metrics.")}
+    final = {f"summary/{k.removeprefix('metrics.')}" for k in end.data if k.startswith("metrics.")}
     assert final == {
-        "run/train_loss",
-        "run/val_loss",
-        "run/val_accuracy",
-        "run/step_time_ms_p50",
-        "run/step_time_ms_p99",
+        "summary/train_loss",
+        "summary/val_loss",
+        "summary/val_accuracy",
+        "summary/step_time_ms_p50",
+        "summary/step_time_ms_p99",
     }
     assert (
         set(acc.Tags()["scalars"])
@@ -159,7 +159,7 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
     # The run's end (its final metrics, run/stop) at its last step, not at 0.
     for tag in final:
         ((step, value),) = [(s.step, s.value) for s in acc.Scalars(tag)]
-        assert (step, value) == (70, f32(end.data["metrics." + tag.removeprefix("run/")]))
+        assert (step, value) == (70, f32(end.data["metrics." + tag.removeprefix("summary/")]))
     assert end.data["metrics.val_accuracy"] == result.final_accuracy
     assert [e.step for e in acc.Tensors("run/stop")] == [70]
     # HPARAMS: the final metrics, not every scalar tag.

@@ -144,15 +144,15 @@ def test_a_run_s_final_metrics_are_the_hparams_metrics_at_its_last_step(
     content = _hparams(acc)
     experiment = metadata.parse_experiment_plugin_data(content[metadata.EXPERIMENT_TAG])
     assert [m.name.tag for m in experiment.metric_infos] == [
-        "run/val_accuracy",
-        "run/step_time_ms_p99",
+        "summary/val_accuracy",
+        "summary/step_time_ms_p99",
     ]
     assert [(i.name, i.type) for i in experiment.hparam_infos] == [
         ("hparams.lr", api_pb2.DATA_TYPE_FLOAT64),
         ("hparams.batch", api_pb2.DATA_TYPE_FLOAT64),
     ]
-    assert [(s.step, s.value) for s in acc.Scalars("run/val_accuracy")] == [(3000, 0.875)]
-    assert [(s.step, s.value) for s in acc.Scalars("run/step_time_ms_p99")] == [(3000, 4.5)]
+    assert [(s.step, s.value) for s in acc.Scalars("summary/val_accuracy")] == [(3000, 0.875)]
+    assert [(s.step, s.value) for s in acc.Scalars("summary/step_time_ms_p99")] == [(3000, 4.5)]
     assert [e.step for e in acc.Tensors("run/stop")] == [3000]
     assert "| metrics.note | not a number |" in _text(acc, "run/stop")
 
