@@ -57,6 +57,7 @@ from typing import Any
 from ._aggregates import Aggregation
 from ._bus import EventBus
 from ._check import check_timeout, wrong_type
+from ._descendants import Descendants
 from ._lifecycle import process
 from ._ratelimit import LOG_INTERVAL, Throttle
 from ._stat import Stat
@@ -142,55 +143,6 @@ def _nvidia_device_present() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.isdir("/proc/driver/nvidia/gpus")
 
 
-class _Descendants:
-    """The live descendants of a process, from Linux's ``/proc``.
-
-    Listing ``/proc`` is cheap; reading a process's parent is a file read per process, which on
-    a host of a thousand processes costs more than the rest of a sample (psutil's
-    ``children(recursive=True)`` reads them all each time). So each process's parent is read
-    once, and again only once its parent ended (it was reparented); a pid that left the
-    listing is forgotten.
-    """
-
-    def __init__(self, root: int) -> None:
-        self._root = root
-        self._parents: dict[int, int] = {}
-
-    def __call__(self) -> list[int]:
-        pids = {int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit()}
-        parents = self._parents
-        for pid in [pid for pid in parents if pid not in pids]:
-            del parents[pid]
-        for pid in pids:
-            parent = parents.get(pid)
-            if parent is None or (parent and parent not in pids):  # new, or reparented
-                parent = _parent(pid)
-                if parent is None:  # ended meanwhile
-                    continue
-                parents[pid] = parent
-        children: dict[int, list[int]] = {}
-        for pid, parent in parents.items():
-            children.setdefault(parent, []).append(pid)
-        found: list[int] = []
-        todo = [self._root]
-        while todo:
-            for child in children.get(todo.pop(), ()):
-                found.append(child)
-                todo.append(child)
-        return found
-
-
-def _parent(pid: int) -> int | None:
-    """The parent of ``pid`` from ``/proc/<pid>/stat``; None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # The command name, in parentheses, may hold spaces and parentheses: split after the last.
-    return int(stat.rsplit(b")", 1)[1].split(None, 2)[1])
-
-
 class _Tree:
     """This process and its descendants: CPU (100 = one core) and resident memory."""
 
@@ -199,7 +151,7 @@ class _Tree:
         self._me = psutil.Process()
         self._procs: dict[int, Any] = {}  # descendants' psutil objects, by pid
         linux = os.path.isdir(f"/proc/{self._me.pid}")
-        self._descendants = _Descendants(self._me.pid) if linux else None
+        self._descendants = Descendants(self._me.pid) if linux else None
         self._last: tuple[float, float] | None = None  # (clock, CPU seconds)
 
     def _tree(self) -> list[Any]:
