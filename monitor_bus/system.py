@@ -330,10 +330,11 @@ class SystemMetrics:
     ``process_cpu_percent`` (this process and all its descendants; 100 = one core),
     ``process_rss_bytes``; on local rank 0 only: ``host_cpu_percent`` (100 = every core
     busy), ``host_memory_percent``, ``disk_read_bytes_per_s``, ``disk_write_bytes_per_s``,
-    ``net_sent_bytes_per_s``, ``net_recv_bytes_per_s``; the cumulative counters behind the
-    rates, ``process_cpu_seconds_total`` and (local rank 0) ``disk_read_bytes_total``,
-    ``disk_write_bytes_total``, ``net_sent_bytes_total``, ``net_recv_bytes_total``, each
-    reporting VALUE (its last reading); per GPU of this rank, ``gpu<i>.``
+    ``net_sent_bytes_per_s``, ``net_recv_bytes_per_s``; with ``counters=True``, the
+    cumulative counters behind the rates, ``process_cpu_seconds_total`` and (local rank 0)
+    ``disk_read_bytes_total``, ``disk_write_bytes_total``, ``net_sent_bytes_total``,
+    ``net_recv_bytes_total``, each reporting VALUE (its last reading); per GPU of this rank,
+    ``gpu<i>.``
     ``utilization_percent``, ``memory_used_bytes``, ``power_watts``, ``temperature_c``
     (``<i>`` is NVML's index of the device). Without psutil or nvidia-ml-py, one warning and
     the other metrics go on; a reading NVML fails is counted in ``missed``. At most one per
@@ -349,6 +350,10 @@ class SystemMetrics:
         window: the Stats' window.
         gpus: ``"auto"`` (the rank's devices, from ``CUDA_VISIBLE_DEVICES`` and
             ``LOCAL_RANK``), a sequence of NVML indices or UUIDs, or None (no GPU metrics).
+        counters: also sample the cumulative ``*_total`` counters, which the OpenTelemetry
+            and Prometheus exporters send as the semantic conventions' ``process.cpu.time``,
+            ``system.disk.io`` and ``system.network.io``; off by default, as every other sink
+            has the rates.
 
     Raises:
         TypeError, ValueError: an argument (or ``LOCAL_RANK``) is invalid; the message names it.
@@ -371,6 +376,7 @@ class SystemMetrics:
         bus: EventBus | None = None,
         window: timedelta = timedelta(seconds=60),
         gpus: Sequence[int | str] | str | None = "auto",
+        counters: bool = False,
         _nvml: Any = None,  # tests: an NVML stand-in (no GPU here)
         _environ: Mapping[str, str] | None = None,  # tests: the launcher's variables
     ) -> None:
@@ -385,6 +391,9 @@ class SystemMetrics:
         if window < timedelta(milliseconds=1):
             raise ValueError(f"window must be at least 1 millisecond, got {window!r}")
         devices = _check_gpus(gpus)
+        if not isinstance(counters, bool):
+            raise wrong_type("counters", "a bool", counters)
+        self._counters = counters
         if bus is None:
             bus = process.get_default_bus()
         elif not isinstance(bus, EventBus):
@@ -495,7 +504,8 @@ class SystemMetrics:
                     logger.exception("monitor_bus.system: a sample failed; sampling goes on")
                 continue
             for metric, value in readings:
-                self._add(metric, value)
+                if self._counters or not metric.endswith("_total"):
+                    self._add(metric, value)
 
     def _run(self) -> None:
         start = time.monotonic()

@@ -109,12 +109,13 @@ def expected_points(data: dict[str, Any]) -> dict[tuple[str, tuple[tuple[str, st
 
 @pytest.fixture
 def sampled(bus: EventBus) -> dict[str, Any]:
-    """A real SystemMetrics (psutil; NVML's calls for two GPUs) that took two samples of every
-    metric on ``bus``, closed; yields its windows' data once the bus delivered them."""
+    """A real SystemMetrics (psutil, with its counters; NVML's calls for two GPUs) that took
+    two samples of every metric on ``bus``, closed; its windows' data once the bus delivered
+    them."""
     recorder = Recorder()
     bus.register_event_handler(recorder, name="recorder")
     metrics = SystemMetrics(
-        3600.0, bus=bus, window=timedelta(hours=1), gpus=[0, 1], _nvml=FakeNvml()
+        3600.0, bus=bus, window=timedelta(hours=1), gpus=[0, 1], counters=True, _nvml=FakeNvml()
     )
     try:
         assert metrics._baseline.wait(30)

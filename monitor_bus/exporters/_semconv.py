@@ -8,7 +8,7 @@ Guarantees
   it, and ``convert`` is the one place a window's value becomes a convention's.
 - The value: a gauge or an up-down counter takes the window's MEAN (for a utilization, the
   rate over the window); a counter takes the VALUE of the cumulative ``*_total`` Stat (its
-  reading at the window's last sample). Percentages become fractions (unit ``1``); the
+  reading at the window's last sample; ``SystemMetrics(counters=True)`` samples them). Percentages become fractions (unit ``1``); the
   process tree's CPU (100 = one core) becomes a fraction of the CPUs available to this
   process (``os.sched_getaffinity``), as ``process.cpu.utilization`` is defined.
 - Only conventions go out: the window's MAX and MIN and the ``*_per_s`` rates of a known

@@ -30,8 +30,8 @@ Mapping
   conventions (v1.44.0, the meter's schema URL says so): ``system.process_cpu_percent.mean``
   is ``process.cpu.utilization`` (unit ``1``, a fraction of the CPUs available),
   ``system.gpu0.memory_used_bytes.mean`` is ``hw.gpu.memory.usage`` (``By``) with
-  ``hw.id="gpu0"``, the cumulative ``*_total`` Stats are the counters ``process.cpu.time``,
-  ``system.disk.io`` and ``system.network.io``, each an observable instrument of the
+  ``hw.id="gpu0"``, the cumulative ``*_total`` Stats (``SystemMetrics(counters=True)``) are
+  the counters ``process.cpu.time``, ``system.disk.io`` and ``system.network.io``, each an observable instrument of the
   convention's kind reporting its latest window. Their MAX and MIN and the ``*_per_s`` rates
   are not exported (``_semconv`` holds the table and says why).
 - Any other event becomes one log record: ``event_name`` and ``body`` are the event's name,
