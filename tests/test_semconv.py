@@ -34,6 +34,7 @@ from opentelemetry.semconv._incubating.metrics import (  # noqa: E402
     system_metrics,
 )
 from opentelemetry.semconv.schemas import Schemas  # noqa: E402
+from prometheus_client import CollectorRegistry  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from monitor_bus.exporters import _semconv  # noqa: E402
@@ -226,6 +227,30 @@ def test_prometheus_exports_every_system_metric_under_the_conventions(
             attributes = zip(keys, (labels[k.replace(".", "_")] for k in keys), strict=True)
             got[(name, tuple(attributes))] = sample.value
     assert got == expected_points(sampled)
+
+
+def test_a_second_handler_on_one_registry_skips_and_counts_its_system_metrics(
+    sampled: dict[str, Any],
+) -> None:
+    """The conventions' names have no namespace: a second handler on the same registry (another
+    namespace) is made, exports its other Stats, and skips and counts its system metrics."""
+    registry = CollectorRegistry()
+    first = PrometheusEventHandler(registry, namespace="a")
+    second = PrometheusEventHandler(registry, namespace="b")
+    data = {**sampled, "loss.mean": 0.5}
+    exported = [
+        key for key, value in sampled.items() if isinstance(_semconv.convert(key, value), tuple)
+    ]
+    with EventBus(name="prom") as prom_bus:
+        prom_bus.register_event_handler(first)
+        prom_bus.register_event_handler(second)
+        prom_bus.log_event(Event(STAT_EVENT, datetime.now(timezone.utc), data))
+        assert prom_bus.flush(10)
+    get = registry.get_sample_value
+    assert (get("a_loss_mean"), get("b_loss_mean")) == (0.5, 0.5)
+    assert (first.skipped_names, second.skipped_names) == (0, len(exported))
+    assert get("b_skipped_total", {"reason": "name_taken"}) == len(exported)
+    assert get("process_memory_usage_bytes") == sampled["system.process_rss_bytes.mean"]
 
 
 def test_launcher_attributes_from_torchrun_else_slurm() -> None:

@@ -106,7 +106,8 @@ class PrometheusEventHandler:
 
     Values a gauge cannot hold are skipped, counted and the rest of the event is set, never
     raised: ``skipped_values`` (strings, and ints beyond float64's range) and ``skipped_names``
-    (keys whose sanitized name is taken, by another key or by another metric of the registry),
+    (keys whose sanitized name is taken, by another key or by another metric of the registry;
+    the system metrics, whose names have no namespace, of a second handler on one registry),
     also exported as ``<namespace>_skipped_total{reason=...}`` with the reasons
     ``"string_value"``, ``"out_of_range"`` and ``"name_taken"``. A skipped value makes no series.
     Each skip is logged as a warning on the ``monitor_bus`` logger, at most once per key and
@@ -183,10 +184,16 @@ class PrometheusEventHandler:
         self._skipped_string = skipped.labels(reason="string_value", **labels)
         self._skipped_range = skipped.labels(reason="out_of_range", **labels)
         self._skipped_name = skipped.labels(reason="name_taken", **labels)
-        self._system = _SystemCollector(labels)
-        registry.register(self._system)
+        # The system metrics' names are not namespaced: a second handler on this registry
+        # finds them taken, and skips (and counts) its system metrics, the same process's.
+        self._system: _SystemCollector | None = _SystemCollector(labels)
+        try:
+            registry.register(self._system)
+        except ValueError as exc:
+            self._system = None
+            self._taken_system = f"the system metrics' names are taken in the registry ({exc})"
         target = {k: str(v) for k, v in _semconv.launcher_attributes().items() if k not in labels}
-        if target:
+        if target and self._system is not None:
             from prometheus_client import Info
 
             info = Info("target", "The process's place in its job", list(labels), registry=registry)
@@ -219,7 +226,11 @@ class PrometheusEventHandler:
             if key.startswith("system."):
                 point = _semconv.convert(key, number)
                 if isinstance(point, _semconv.Point):
-                    self._system.set(point)
+                    if self._system is not None:
+                        self._system.set(point)
+                    else:
+                        self._taken.setdefault(key, self._taken_system)
+                        self._skip_name(key)
                     continue
                 if point is None:  # a known system metric's, not exported (_semconv)
                     continue
