@@ -11,9 +11,12 @@ long events take to reach a handler. Needs the ``demo`` extra (numpy; tensorboar
 In TensorBoard every chart's x axis is the training step: an epoch is drawn at the steps done
 by its end (its ``"step"`` key), a Stat window at the steps done when it closed (added to the
 window as ``"step"``, which ``TensorboardEventHandler`` takes as the global step). Stat tags are
-grouped under ``stats/``, the system metrics under ``system/`` and the epoch metrics under
-``epoch/``, one section each; the step time's histogram is in the HISTOGRAMS and DISTRIBUTIONS
-tabs. The files go in the run's own subdirectory, ``<log dir>/demo``.
+grouped under ``stats/``, the system metrics under ``system/`` (their min and max under
+``system.min/`` and ``system.max/``, each metric's mean and band on one chart in the CUSTOM
+SCALARS tab) and the epoch metrics under ``epoch/``, one section each; the step time's
+histogram is in the HISTOGRAMS and DISTRIBUTIONS tabs. The run's final metrics (losses,
+accuracy, the step time's p50 and p99 over the run) are the HPARAMS tab's metrics, under
+``summary/``. The files go in the run's own subdirectory, ``<log dir>/demo``.
 
 Each Stat's last window (partial: cut short by the run's end, or closed just after it) is left
 out of TensorBoard, where it would be a point at the last step standing for a fraction of a
@@ -46,7 +49,6 @@ from ._run import RUN_END_EVENT, Run
 from ._stat import Stat
 from ._tensorboard_handler import TensorboardEventHandler
 from ._window import STAT_EVENT
-from .system import PREFIX as SYSTEM_PREFIX
 from .system import SystemMetrics
 
 EPOCH_EVENT = "demo.epoch"
@@ -55,8 +57,6 @@ JSONL_NAME = "events.jsonl"
 TENSORBOARD_RUN = "demo"
 #: TensorBoard's section of the Stat tags (``stats/step_time_ms.mean``, ...).
 STAT_GROUP = "stats"
-#: TensorBoard's section of the system metrics (``system/process_cpu_percent.mean``, ...).
-SYSTEM_GROUP = "system"
 # A quarter second: a default run (about 4 s) draws some 16 points per chart, not 4.
 WINDOW = timedelta(milliseconds=250)
 # Seconds between system metrics samples: a few per window.
@@ -145,12 +145,9 @@ class _AtStep:
     Stat's only one. Which window is last is known then whatever the delivery's timing.
     """
 
-    def __init__(
-        self, handler: TensorboardEventHandler, progress: _Progress, system: TensorboardEventHandler
-    ) -> None:
+    def __init__(self, handler: TensorboardEventHandler, progress: _Progress) -> None:
         self._handler = handler
         self._progress = progress
-        self._system = system  # the system.* Stats' windows, in a section of their own
         self._held: dict[str, tuple[Event, bool]] = {}  # per Stat: its latest window, if first
 
     def __call__(self, event: Event) -> None:
@@ -169,18 +166,12 @@ class _AtStep:
         self._handler(event)
 
     def _draw(self, event: Event) -> None:
-        data = event.data
-        handler = self._handler
         step = self._progress.steps_by(event.timestamp)
-        if next(iter(data), "").startswith(SYSTEM_PREFIX):
-            data = {key.removeprefix(SYSTEM_PREFIX): value for key, value in data.items()}
-            handler = self._system
         # from_slots: a window may hold a Histogram, which Event() takes from no caller.
-        handler(from_slots(event.name, event.timestamp, {**data, "step": step}))
+        self._handler(from_slots(event.name, event.timestamp, {**event.data, "step": step}))
 
     def flush(self) -> None:
         self._handler.flush()
-        self._system.flush()
 
 
 class _EpochScalars:
@@ -267,10 +258,7 @@ def run_demo(
         bus.register_event_handler(jsonl, name="jsonl")
         if writer is not None:
             stat_scalars = TensorboardEventHandler(writer, group=STAT_GROUP)
-            system_scalars = TensorboardEventHandler(writer, group=SYSTEM_GROUP)
-            bus.register_event_handler(
-                _AtStep(stat_scalars, progress_of_steps, system_scalars), name="tensorboard"
-            )
+            bus.register_event_handler(_AtStep(stat_scalars, progress_of_steps), name="tensorboard")
             bus.register_event_handler(_EpochScalars(writer), name="tensorboard-epochs")
         bus.register_event_handler(tally, name="tally")
         started = time.perf_counter()
@@ -279,13 +267,17 @@ def run_demo(
         hparams = {"batch": BATCH, "hidden": HIDDEN}
         # The machine as the run used it: system.* Stats, drawn next to the training's (their
         # last windows logged before the run's end).
+        state = _State()
         with (
-            Run("demo", config=config, hparams=hparams, bus=bus),
+            Run("demo", config=config, hparams=hparams, bus=bus) as run,
             SystemMetrics(SYSTEM_INTERVAL, bus=bus, window=WINDOW),
         ):
-            epochs, accuracy = _run_interruptible(
-                _train, bus, steps, seed, progress, progress_of_steps
-            )
+            try:
+                epochs, accuracy = _run_interruptible(
+                    _train, bus, steps, seed, progress, progress_of_steps, state
+                )
+            finally:  # what the run is compared by, in the HPARAMS tab: interrupted or not
+                run.metrics.update(state.final_metrics())
         seconds = time.perf_counter() - started
         bus.flush()
         stats = bus.stats()
@@ -431,6 +423,26 @@ class _State:
     loss: float = math.nan
     epochs: int = 0
     accuracy: float = math.nan
+    #: The last epoch's losses.
+    train_loss: float = math.nan
+    val_loss: float = math.nan
+    #: Every step's time (ms): the run's percentiles, exactly.
+    step_times_ms: list[float] = field(default_factory=list)
+
+    def final_metrics(self) -> dict[str, float]:
+        """The run's final losses and accuracy, and its step time's p50 and p99 over the run
+        (those known)."""
+        import numpy as np
+
+        metrics = {
+            "train_loss": self.train_loss,
+            "val_loss": self.val_loss,
+            "val_accuracy": self.accuracy,
+        }
+        if self.step_times_ms:
+            p50, p99 = np.percentile(self.step_times_ms, [50, 99])
+            metrics |= {"step_time_ms_p50": float(p50), "step_time_ms_p99": float(p99)}
+        return {key: value for key, value in metrics.items() if not math.isnan(value)}
 
 
 async def _train(
@@ -439,6 +451,7 @@ async def _train(
     seed: int,
     progress: ProgressCallback | None,
     done: _Progress,
+    state: _State,
 ) -> tuple[int, float]:
     import numpy as np
 
@@ -466,7 +479,6 @@ async def _train(
     stats = (step_time, throughput, train_loss)
 
     send, receive = anyio.create_memory_object_stream[tuple[Any, Any, bool]](max_buffer_size=8)
-    state = _State()
 
     async def produce() -> None:
         async with send:
@@ -489,6 +501,7 @@ async def _train(
                 loss = net.step(xb, yb)
                 elapsed = time.perf_counter() - began
                 step_time.add(elapsed * 1000.0)
+                state.step_times_ms.append(elapsed * 1000.0)
                 throughput.add(len(xb) / elapsed)
                 train_loss.add(loss)
                 # After the adds: a window closed by one of them (stamped then) holds the
@@ -502,6 +515,8 @@ async def _train(
                     _, _, logits = net.forward(x_test)
                     accuracy = float(np.mean((logits > 0.0) == (y_test > 0.5)))
                     state.accuracy = accuracy
+                    state.train_loss = float(np.mean(epoch_losses))
+                    state.val_loss = net.loss(logits, y_test)
                     bus.log_event(
                         Event(
                             EPOCH_EVENT,
@@ -509,8 +524,8 @@ async def _train(
                             {
                                 "epoch": state.epochs,
                                 "step": state.done,
-                                "train_loss": float(np.mean(epoch_losses)),
-                                "val_loss": net.loss(logits, y_test),
+                                "train_loss": state.train_loss,
+                                "val_loss": state.val_loss,
                                 "val_accuracy": accuracy,
                             },
                         )

@@ -23,6 +23,8 @@ HPARAMS tab, JSONL as any event) and emitted by the integrations:
 - ``duration_s`` (float): seconds from start to end (monotonic clock).
 - ``exception`` (str): the exception's qualified type name (``"builtins.ValueError"``), or
   ``""`` when there is none.
+- ``metrics.<key>``: the run's final metrics (``Run.metrics``, ``end(metrics=...)``), flattened
+  as the hparams are: the values a run is compared by (TensorBoard's HPARAMS tab).
 
 ``METRICS_EVENT`` (``"monitor_bus.metrics"``): values a framework already reduced (one
 ``log_metrics`` / ``on_log`` call), as floats, with the training step as the int ``"step"``.
@@ -224,6 +226,9 @@ class Run:
         self._started: float | None = None
         #: ``None`` until the run ends, then its status.
         self.status: str | None = None
+        #: The run's final metrics (final loss, accuracy, ...): set them before the run ends,
+        #: and its end event carries them as ``metrics.<key>``.
+        self.metrics: dict[str, Any] = {}
 
     def start_data(self) -> dict[str, data_value_t]:
         """The data of this run's start event."""
@@ -253,7 +258,13 @@ class Run:
             process.leave_sigterm()
         return self
 
-    def end(self, status: str = "success", exception: BaseException | None = None) -> bool:
+    def end(
+        self,
+        status: str = "success",
+        exception: BaseException | None = None,
+        *,
+        metrics: Mapping[str, Any] | None = None,
+    ) -> bool:
         """Log the end event with ``status``, once; False if the run had already ended.
 
         A run never started is started first, so every end has its start.
@@ -261,12 +272,16 @@ class Run:
         Args:
             status: one of ``RUN_STATUSES``.
             exception: what ended the run, if anything (its type name is recorded).
+            metrics: final metrics, added to ``self.metrics`` (they win over its keys).
 
         Raises:
             ValueError: ``status`` is not one of ``RUN_STATUSES``.
+            TypeError: ``metrics`` is not a mapping.
         """
         if status not in RUN_STATUSES:
             raise ValueError(f"status must be one of {', '.join(RUN_STATUSES)}; got {status!r}")
+        if metrics is not None and not isinstance(metrics, Mapping):
+            raise wrong_type("metrics", "a mapping", metrics)
         self.start()
         with self._lock:
             if self.status is not None:
@@ -275,16 +290,15 @@ class Run:
             assert self._started is not None
             duration = time.monotonic() - self._started
         _close(self)
-        self._log(
-            RUN_END_EVENT,
-            {
-                "run_id": self.run_id,
-                "run_name": self.name,
-                "status": status,
-                "duration_s": duration,
-                "exception": exception_name(exception),
-            },
-        )
+        data: dict[str, data_value_t] = {
+            "run_id": self.run_id,
+            "run_name": self.name,
+            "status": status,
+            "duration_s": duration,
+            "exception": exception_name(exception),
+        }
+        data.update(flatten_params({**self.metrics, **(metrics or {})}, "metrics."))
+        self._log(RUN_END_EVENT, data)
         return True
 
     def _log(self, name: str, data: dict[str, data_value_t]) -> None:

@@ -4,6 +4,7 @@ for a window's ``Histogram``)."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Protocol
 
 from ._event import Event, epoch_seconds, from_slots
@@ -24,6 +25,42 @@ from .ranks import STRAGGLER_EVENT
 
 _RUN_EVENTS = frozenset((RUN_START_EVENT, RUN_END_EVENT, METRICS_EVENT, STRAGGLER_EVENT))
 _WANTED = _RUN_EVENTS | {STAT_EVENT}
+
+_SYSTEM = "system."  # SystemMetrics' Stats
+#: TensorBoard's section of the system metrics, and the CUSTOM SCALARS category of their charts.
+SYSTEM_SECTION = "system"
+# A system metric's unit, by the end of its name: in its chart's title.
+_UNITS = (
+    ("_bytes_per_s", "bytes/s"),
+    ("_bytes_total", "bytes"),
+    ("_seconds_total", "s"),
+    ("_percent", "%"),
+    ("_bytes", "bytes"),
+    ("_watts", "W"),
+    ("_c", "°C"),
+)
+
+
+def system_tag(key: str) -> tuple[str, str, str] | None:
+    """A system metric's key as (tag, metric, aggregation), or None for any other key.
+
+    The mean (a counter's value) is the metric's own tag, ``system/<metric>``; its min and
+    max go to sections of their own, ``system.min/<metric>`` and ``system.max/<metric>``: a
+    card's title, cut short, keeps the start of the tag's last part, which names the metric.
+    """
+    stat, _, aggregation = key.rpartition(".")
+    if not stat.startswith(_SYSTEM) or aggregation not in ("mean", "value", "min", "max"):
+        return None
+    metric = stat[len(_SYSTEM) :]
+    if aggregation in ("mean", "value"):
+        return f"{SYSTEM_SECTION}/{metric}", metric, aggregation
+    return f"{SYSTEM_SECTION}.{aggregation}/{metric}", metric, aggregation
+
+
+def chart_title(metric: str) -> str:
+    """A system metric's chart title: its name and unit (``disk_read_bytes_per_s (bytes/s)``)."""
+    unit = next((unit for end, unit in _UNITS if metric.endswith(end)), None)
+    return metric if unit is None else f"{metric} ({unit})"
 
 
 class ScalarWriter(Protocol):
@@ -123,6 +160,15 @@ class TensorboardEventHandler:
     then shows every key in a section of its own. With ``group="stats"`` the tags are
     ``"stats/step_time.mean"``, ..., all in one section.
 
+    System metrics (``SystemMetrics``' ``system.<metric>`` Stats, whatever ``group``): one
+    chart per metric in the section ``system``, its mean (a counter's value) under
+    ``system/<metric>``; the window's min and max under ``system.min/<metric>`` and
+    ``system.max/<metric>``, so cut titles stay distinct; and, through the writer's
+    ``add_custom_scalars`` where it has one (ours, torch's and tensorboardX's do), a CUSTOM
+    SCALARS chart per metric with a mean, titled with its unit (``disk_read_bytes_per_s
+    (bytes/s)``): the mean with its min-max band (a margin chart), the layout rewritten as
+    metrics appear. The cumulative ``*_total`` counters are in the SCALARS tab only.
+
     Args:
         writer: a ``SummaryWriter`` (``monitor_bus.tensorboard``, torch's or tensorboardX's).
         group: if given, a tag prefix: keys are written as ``"<group>/<key>"``.
@@ -156,6 +202,11 @@ class TensorboardEventHandler:
         add_run_event = getattr(writer, "add_run_event", None)
         self._add_run_event = add_run_event if callable(add_run_event) else None
         self._prefix = "" if group is None else group + "/"
+        add_custom_scalars = getattr(writer, "add_custom_scalars", None)
+        self._add_layout = add_custom_scalars if callable(add_custom_scalars) else None
+        self._tags: dict[str, str] = {}  # key -> its tag, made once
+        # The system metrics' CUSTOM SCALARS charts: title -> torch's chart spec.
+        self._charts: dict[str, list[Any]] = {}
         # Next step per tag; touched only by the handler's own thread.
         self._steps: dict[str, int] = {}
         self._skips = SkipReporter("TensorboardEventHandler")
@@ -222,11 +273,32 @@ class TensorboardEventHandler:
         ]
         call_each(wanted, self)
 
+    def _tag(self, key: str, data: dict[str, Any]) -> str:
+        """``key``'s tag, made at its first window (a system metric's adds its chart)."""
+        tag = self._tags.get(key)
+        if tag is not None:
+            return tag
+        system = system_tag(key)
+        if system is None:
+            tag = self._prefix + key
+        else:
+            tag, metric, aggregation = system
+            stat = key.rpartition(".")[0]
+            if aggregation == "mean":
+                bounds = f"{stat}.min" in data and f"{stat}.max" in data
+                band = [f"{SYSTEM_SECTION}.{edge}/{metric}" for edge in ("min", "max")]
+                self._charts[chart_title(metric)] = (
+                    ["Margin", [tag, *band]] if bounds else ["Multiline", [f"^{re.escape(tag)}$"]]
+                )
+                if self._add_layout is not None:
+                    self._add_layout({SYSTEM_SECTION: dict(sorted(self._charts.items()))})
+        self._tags[key] = tag
+        return tag
+
     def _write_window(self, event: Event) -> None:
         wall = epoch_seconds(event)
         add_scalar = self._writer.add_scalar
         data = event.data
-        prefix = self._prefix
         step = data.get("step")
         if step.__class__ is int and INT64_MIN <= step <= INT64_MAX:
             for key, value in data.items():
@@ -235,7 +307,8 @@ class TensorboardEventHandler:
                 elif key != "step":
                     scalar = self._scalar(key, value)
                     if scalar is not None:
-                        add_scalar(prefix + key, scalar, global_step=step, walltime=wall)
+                        tag = self._tag(key, data)
+                        add_scalar(tag, scalar, global_step=step, walltime=wall)
             return
         steps = self._steps
         for key, value in data.items():
@@ -248,7 +321,7 @@ class TensorboardEventHandler:
             if scalar is not None:
                 n = steps.get(key, 0)
                 steps[key] = n + 1
-                add_scalar(prefix + key, scalar, global_step=n, walltime=wall)
+                add_scalar(self._tag(key, data), scalar, global_step=n, walltime=wall)
 
     def _write_histogram(self, key: str, value: Histogram, step: int, walltime: float) -> bool:
         """Write ``value`` as a histogram summary; False (counted and reported) if it cannot

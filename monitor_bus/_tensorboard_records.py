@@ -1,6 +1,7 @@
 """TensorBoard's records, built from the ``tensorboard`` package's own protos: a scalar's
 summary value and the event around it at a step, the HPARAMS plugin's session and experiment
-records (without its TensorFlow API), and the text table a run's start and end are written as.
+records and the CUSTOM SCALARS plugin's layout (without their TensorFlow API), and the text
+table a run's start and end are written as.
 
 Guarantees
 ----------
@@ -13,14 +14,19 @@ Guarantees
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tensorboard.compat.proto import (  # type: ignore[import-untyped]
     event_pb2,
     summary_pb2,
     tensor_pb2,
+    tensor_shape_pb2,
 )
+from tensorboard.plugins.custom_scalar import (  # type: ignore[import-untyped]
+    layout_pb2,
+)
+from tensorboard.plugins.custom_scalar import metadata as custom_scalar_metadata
 from tensorboard.plugins.hparams import (  # type: ignore[import-untyped]
     api_pb2,
     plugin_data_pb2,
@@ -148,6 +154,50 @@ def experiment(
     )
     return _plugin_value(
         hparams_metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(experiment=experiment)
+    )
+
+
+def custom_scalars(layout: Mapping[str, Mapping[str, Sequence[Any]]]) -> Any:
+    """The CUSTOM SCALARS plugin's layout record (a ``Summary.Value``), from torch's form of a
+    layout: category -> chart title -> ``["Multiline", [tag regexes]]`` or
+    ``["Margin", [value tag, lower tag, upper tag]]``.
+
+    Raises:
+        TypeError, ValueError: ``layout`` is not of that form (the message says where).
+    """
+    if not isinstance(layout, Mapping):
+        raise TypeError(f"layout must be a mapping, not {type(layout).__name__}")
+    categories = []
+    for category, charts in layout.items():
+        if not isinstance(charts, Mapping):
+            raise TypeError(f"layout[{category!r}] must be a mapping of chart titles")
+        made = []
+        for title, spec in charts.items():
+            kind, tags = spec if isinstance(spec, (list, tuple)) and len(spec) == 2 else ("", [])
+            tags = [str(tag) for tag in tags]
+            if kind == "Multiline" and tags:
+                content = {"multiline": layout_pb2.MultilineChartContent(tag=tags)}
+            elif kind == "Margin" and len(tags) == 3:
+                series = layout_pb2.MarginChartContent.Series(
+                    value=tags[0], lower=tags[1], upper=tags[2]
+                )
+                content = {"margin": layout_pb2.MarginChartContent(series=[series])}
+            else:
+                raise ValueError(
+                    f"layout[{category!r}][{title!r}] must be ['Multiline', [tags]] or"
+                    f" ['Margin', [value, lower, upper]], got {spec!r}"
+                )
+            made.append(layout_pb2.Chart(title=str(title), **content))
+        categories.append(layout_pb2.Category(title=str(category), chart=made))
+    tensor = tensor_pb2.TensorProto(
+        dtype="DT_STRING",
+        string_val=[layout_pb2.Layout(category=categories).SerializeToString()],
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+    )
+    return summary_pb2.Summary.Value(
+        tag=custom_scalar_metadata.CONFIG_SUMMARY_TAG,
+        tensor=tensor,
+        metadata=custom_scalar_metadata.create_summary_metadata(),
     )
 
 

@@ -57,6 +57,7 @@ from typing import Any
 from ._aggregates import Aggregation
 from ._bus import EventBus
 from ._check import check_timeout, wrong_type
+from ._descendants import Descendants
 from ._lifecycle import process
 from ._ratelimit import LOG_INTERVAL, Throttle
 from ._stat import Stat
@@ -65,8 +66,10 @@ __all__ = ["AGGREGATIONS", "SystemMetrics"]
 
 logger = logging.getLogger("monitor_bus")
 
-#: What each ``system.<metric>`` Stat reports per window.
+#: What each ``system.<metric>`` Stat reports per window (but the ``*_total`` ones).
 AGGREGATIONS = (Aggregation.MEAN, Aggregation.MAX, Aggregation.MIN)
+# A cumulative ``*_total`` Stat: its reading at the window's last sample (a counter's value).
+_TOTAL_AGGREGATIONS = (Aggregation.VALUE,)
 
 PREFIX = "system."
 _EXTRA = "pip install 'monitor_bus[system]'"
@@ -140,55 +143,6 @@ def _nvidia_device_present() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.isdir("/proc/driver/nvidia/gpus")
 
 
-class _Descendants:
-    """The live descendants of a process, from Linux's ``/proc``.
-
-    Listing ``/proc`` is cheap; reading a process's parent is a file read per process, which on
-    a host of a thousand processes costs more than the rest of a sample (psutil's
-    ``children(recursive=True)`` reads them all each time). So each process's parent is read
-    once, and again only once its parent ended (it was reparented); a pid that left the
-    listing is forgotten.
-    """
-
-    def __init__(self, root: int) -> None:
-        self._root = root
-        self._parents: dict[int, int] = {}
-
-    def __call__(self) -> list[int]:
-        pids = {int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit()}
-        parents = self._parents
-        for pid in [pid for pid in parents if pid not in pids]:
-            del parents[pid]
-        for pid in pids:
-            parent = parents.get(pid)
-            if parent is None or (parent and parent not in pids):  # new, or reparented
-                parent = _parent(pid)
-                if parent is None:  # ended meanwhile
-                    continue
-                parents[pid] = parent
-        children: dict[int, list[int]] = {}
-        for pid, parent in parents.items():
-            children.setdefault(parent, []).append(pid)
-        found: list[int] = []
-        todo = [self._root]
-        while todo:
-            for child in children.get(todo.pop(), ()):
-                found.append(child)
-                todo.append(child)
-        return found
-
-
-def _parent(pid: int) -> int | None:
-    """The parent of ``pid`` from ``/proc/<pid>/stat``; None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # The command name, in parentheses, may hold spaces and parentheses: split after the last.
-    return int(stat.rsplit(b")", 1)[1].split(None, 2)[1])
-
-
 class _Tree:
     """This process and its descendants: CPU (100 = one core) and resident memory."""
 
@@ -197,7 +151,7 @@ class _Tree:
         self._me = psutil.Process()
         self._procs: dict[int, Any] = {}  # descendants' psutil objects, by pid
         linux = os.path.isdir(f"/proc/{self._me.pid}")
-        self._descendants = _Descendants(self._me.pid) if linux else None
+        self._descendants = Descendants(self._me.pid) if linux else None
         self._last: tuple[float, float] | None = None  # (clock, CPU seconds)
 
     def _tree(self) -> list[Any]:
@@ -231,7 +185,7 @@ class _Tree:
             # moves there from its own entry, so the sum goes on without a jump.
             cpu += times.user + times.system + times.children_user + times.children_system
             rss += memory.rss
-        readings = [("process_rss_bytes", rss)]
+        readings = [("process_rss_bytes", rss), ("process_cpu_seconds_total", cpu)]
         if self._last is not None:
             then, before = self._last
             # A descendant reparented away (not reaped here) takes its CPU out of the sum.
@@ -269,6 +223,8 @@ class _Host:
         cpu = (sum(times) - guest, idle)
         counters = self._counters()
         readings = [("host_memory_percent", float(psutil.virtual_memory().percent))]
+        # The counters as they are (since boot): OpenTelemetry's system.disk.io and the like.
+        readings += [(name[: -len("per_s")] + "total", v) for name, v in counters.items()]
         if self._last is not None:
             then, (total_before, idle_before), before = self._last
             total = cpu[0] - total_before
@@ -374,7 +330,11 @@ class SystemMetrics:
     ``process_cpu_percent`` (this process and all its descendants; 100 = one core),
     ``process_rss_bytes``; on local rank 0 only: ``host_cpu_percent`` (100 = every core
     busy), ``host_memory_percent``, ``disk_read_bytes_per_s``, ``disk_write_bytes_per_s``,
-    ``net_sent_bytes_per_s``, ``net_recv_bytes_per_s``; per GPU of this rank, ``gpu<i>.``
+    ``net_sent_bytes_per_s``, ``net_recv_bytes_per_s``; with ``counters=True``, the
+    cumulative counters behind the rates, ``process_cpu_seconds_total`` and (local rank 0)
+    ``disk_read_bytes_total``, ``disk_write_bytes_total``, ``net_sent_bytes_total``,
+    ``net_recv_bytes_total``, each reporting VALUE (its last reading); per GPU of this rank,
+    ``gpu<i>.``
     ``utilization_percent``, ``memory_used_bytes``, ``power_watts``, ``temperature_c``
     (``<i>`` is NVML's index of the device). Without psutil or nvidia-ml-py, one warning and
     the other metrics go on; a reading NVML fails is counted in ``missed``. At most one per
@@ -390,6 +350,10 @@ class SystemMetrics:
         window: the Stats' window.
         gpus: ``"auto"`` (the rank's devices, from ``CUDA_VISIBLE_DEVICES`` and
             ``LOCAL_RANK``), a sequence of NVML indices or UUIDs, or None (no GPU metrics).
+        counters: also sample the cumulative ``*_total`` counters, which the OpenTelemetry
+            and Prometheus exporters send as the semantic conventions' ``process.cpu.time``,
+            ``system.disk.io`` and ``system.network.io``; off by default, as every other sink
+            has the rates.
 
     Raises:
         TypeError, ValueError: an argument (or ``LOCAL_RANK``) is invalid; the message names it.
@@ -412,6 +376,7 @@ class SystemMetrics:
         bus: EventBus | None = None,
         window: timedelta = timedelta(seconds=60),
         gpus: Sequence[int | str] | str | None = "auto",
+        counters: bool = False,
         _nvml: Any = None,  # tests: an NVML stand-in (no GPU here)
         _environ: Mapping[str, str] | None = None,  # tests: the launcher's variables
     ) -> None:
@@ -426,6 +391,9 @@ class SystemMetrics:
         if window < timedelta(milliseconds=1):
             raise ValueError(f"window must be at least 1 millisecond, got {window!r}")
         devices = _check_gpus(gpus)
+        if not isinstance(counters, bool):
+            raise wrong_type("counters", "a bool", counters)
+        self._counters = counters
         if bus is None:
             bus = process.get_default_bus()
         elif not isinstance(bus, EventBus):
@@ -518,7 +486,8 @@ class SystemMetrics:
         name = PREFIX + metric
         stat = self._stats.get(name)
         if stat is None:
-            stat = self._stats[name] = Stat(name, AGGREGATIONS, self._window, bus=self.bus)
+            aggregations = _TOTAL_AGGREGATIONS if metric.endswith("_total") else AGGREGATIONS
+            stat = self._stats[name] = Stat(name, aggregations, self._window, bus=self.bus)
         stat.add(value)
 
     def sample(self) -> None:
@@ -535,7 +504,8 @@ class SystemMetrics:
                     logger.exception("monitor_bus.system: a sample failed; sampling goes on")
                 continue
             for metric, value in readings:
-                self._add(metric, value)
+                if self._counters or not metric.endswith("_total"):
+                    self._add(metric, value)
 
     def _run(self) -> None:
         start = time.monotonic()

@@ -50,6 +50,7 @@ from ._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
 from ._skipped import INT64_MAX, INT64_MIN, is_utf8
 from ._tensorboard_records import (
     check_tag,
+    custom_scalars,
     experiment,
     plain_event,
     session_end,
@@ -123,6 +124,8 @@ class SummaryWriter:
         self._lock = threading.Lock()
         self._closed = False
         self._stragglers = 0  # the next step of the text "stragglers"
+        self._last_step = 0  # the highest step written: a run's end is drawn there
+        self._hparams: dict[str, Any] = {}  # the running session's, for its experiment
         self._pid = os.getpid()  # the process that owns the files
         self._writer = self._open(self._log_dir)
         # add_scalars keeps one file per (main_tag, tag) pair, in its own subdirectory.
@@ -195,10 +198,7 @@ class SummaryWriter:
                 another try (it is counted in ``dropped_records``).
         """
         value = summary_value(tag, scalar_value, new_style, double_precision)
-        event = step_event(value, global_step, walltime)
-        with self._lock:
-            self._check_open()
-            self._writer.add(event.SerializeToString())
+        self._add(step_event(value, global_step, walltime))
 
     def add_histogram_raw(
         self,
@@ -334,6 +334,20 @@ class SummaryWriter:
         )
         self._add(step_event(value, global_step, walltime))
 
+    def add_custom_scalars(self, layout: Mapping[str, Mapping[str, Sequence[Any]]]) -> None:
+        """Lay out TensorBoard's CUSTOM SCALARS tab, with the interface of torch's writer.
+
+        ``layout`` maps a category to its charts, each a title and either
+        ``["Multiline", [tag regex, ...]]`` (the matching tags on one chart) or
+        ``["Margin", [value tag, lower tag, upper tag]]`` (a line with its band). The tab
+        shows the layout written last.
+
+        Raises:
+            TypeError, ValueError: ``layout`` is not of that form.
+            RuntimeError: the writer is closed.
+        """
+        self._add(plain_event(custom_scalars(layout), time.time()))
+
     def add_hparams(
         self,
         hparam_dict: Mapping[str, Any],
@@ -395,15 +409,18 @@ class SummaryWriter:
 
         - ``RUN_START_EVENT``: an HPARAMS session start holding the ``hparams.*`` values (the
           ``config.*`` ones where there are none), and the whole start data as a Markdown
-          table (text ``run/start``; floats to six significant digits). TensorBoard builds
-          the experiment from the sessions, with every scalar tag of the run as a metric. A
-          number is written as a number, so the tab sorts it, filters it by range and draws
-          it on a numeric axis; the tab prints every number to five significant digits
-          (``2048.0``), and the ``run/start`` text shows it as logged.
-        - ``RUN_END_EVENT``: the session's end (``success`` -> ``STATUS_SUCCESS``, ``failed``
-          and ``interrupted`` -> ``STATUS_FAILURE``, the tab having no "interrupted") and the
-          end data as text ``run/stop``, which names the exact status (the TEXT tab lists
-          tags by name: ``run/start``, then ``run/stop``).
+          table (text ``run/start``; floats to six significant digits). A number is written
+          as a number, so the tab sorts it, filters it by range and draws it on a numeric
+          axis; the tab has no int type and prints every number as a float (``256.00``),
+          the ``run/start`` text shows it as logged.
+        - ``RUN_END_EVENT``: the run's final metrics (``metrics.<key>``, ``Run.metrics``) as
+          scalars ``summary/<key>`` and the experiment naming them as its metrics, so the
+          HPARAMS tab lists those rather than every scalar tag of the run (each its last
+          window; what the tab shows for a run without final metrics); the session's end (``success`` -> ``STATUS_SUCCESS``, ``failed`` and
+          ``interrupted`` -> ``STATUS_FAILURE``, the tab having no "interrupted") and the end
+          data as text ``run/stop``, which names the exact status (the TEXT tab lists tags by
+          name: ``run/start``, then ``run/stop``). All at the highest step this writer has
+          written: the run's last.
         - ``METRICS_EVENT``: each number as a scalar at the event's int ``"step"`` (strings
           are left out).
         - ``STRAGGLER_EVENT`` (the rank merge naming a slow rank, or its recovery): its data
@@ -422,12 +439,12 @@ class SummaryWriter:
             hparams = {k: v for k, v in data.items() if k.startswith("hparams.")}
             if not hparams:
                 hparams = {k: v for k, v in data.items() if k.startswith("config.")}
+            with self._lock:
+                self._hparams = hparams
             self._add(plain_event(session_start(hparams, wall), wall))
             self.add_text("run/start", table(data), 0, wall)
         elif event.name == RUN_END_EVENT:
-            self._add(plain_event(session_end(str(data.get("status")), wall), wall))
-            # Not "run/end": the TEXT tab sorts tags by name, and would list it first.
-            self.add_text("run/stop", table(data), 0, wall)
+            self._end_run(data, wall)
         elif event.name == METRICS_EVENT:
             step = data.get("step")
             fixed = isinstance(step, int) and step.__class__ is int
@@ -443,10 +460,30 @@ class SummaryWriter:
             return False
         return True
 
+    def _end_run(self, data: Mapping[str, Any], wall: float) -> None:
+        with self._lock:
+            step, hparams, self._hparams = self._last_step, self._hparams, {}
+        # "summary/", as W&B names a run's final metrics: a section sorting after the usual
+        # ones, as TensorBoard's SCALARS tab opens only its first few.
+        metrics = {
+            f"summary/{key[len('metrics.') :]}": float(value)
+            for key, value in data.items()
+            if key.startswith("metrics.") and value.__class__ in (int, float, bool) and is_utf8(key)
+        }
+        if hparams and metrics:  # the experiment: the session's hparams, the chosen metrics
+            self._add(plain_event(experiment(hparams, metrics, {}), wall))
+        for tag, value in metrics.items():
+            self._add(step_event(summary_value(tag, value, False, False), step, wall))
+        self._add(plain_event(session_end(str(data.get("status")), wall), wall))
+        # Not "run/end": the TEXT tab sorts tags by name, and would list it first.
+        self.add_text("run/stop", table(data), step, wall)
+
     def _add(self, event: Any) -> None:
         with self._lock:
             self._check_open()
             self._writer.add(event.SerializeToString())
+            if event.step > self._last_step:
+                self._last_step = event.step
 
     def flush(self) -> None:
         """Write everything recorded so far to disk. A no-op once closed.

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import struct
+import warnings
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tensorboard import context
+from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins import base_plugin
+from tensorboard.plugins.hparams import metadata as hparams_metadata
 
 from monitor_bus import (
     RUN_END_EVENT,
@@ -126,10 +132,57 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
         (w.count, w.sum) for w in windows
     ]
     assert [h.step for h in histograms] == [s.step for s in acc.Scalars("stats/step_time_ms.p50")]
-    system_tags = {"system/" + k.removeprefix("system.") for k in system_keys}
-    assert set(acc.Tags()["scalars"]) == {f"stats/{k}" for k in STAT_KEYS} | system_tags | {
-        f"epoch/{k}" for k in EPOCH_KEYS[2:]
+    # A system metric's mean (a counter's value) is its own tag; its min and max sit in
+    # sections of their own, so a title cut at its end still names the metric.
+    system_tags = {
+        ("system/" if agg in ("mean", "value") else f"system.{agg}/") + metric
+        for metric, _, agg in (k.removeprefix("system.").rpartition(".") for k in system_keys)
     }
+    final = {f"summary/{k.removeprefix('metrics.')}" for k in end.data if k.startswith("metrics.")}
+    assert final == {
+        "summary/train_loss",
+        "summary/val_loss",
+        "summary/val_accuracy",
+        "summary/step_time_ms_p50",
+        "summary/step_time_ms_p99",
+    }
+    assert (
+        set(acc.Tags()["scalars"])
+        == {f"stats/{k}" for k in STAT_KEYS}
+        | system_tags
+        | {f"epoch/{k}" for k in EPOCH_KEYS[2:]}
+        | final
+    )
+    # The run's end (its final metrics, run/stop) at its last step, not at 0.
+    for tag in final:
+        ((step, value),) = [(s.step, s.value) for s in acc.Scalars(tag)]
+        assert (step, value) == (70, f32(end.data["metrics." + tag.removeprefix("summary/")]))
+    assert end.data["metrics.val_accuracy"] == result.final_accuracy
+    assert [e.step for e in acc.Tensors("run/stop")] == [70]
+    # HPARAMS: the final metrics, not every scalar tag.
+    content = acc.PluginTagToContent(hparams_metadata.PLUGIN_NAME)
+    experiment = hparams_metadata.parse_experiment_plugin_data(
+        content[hparams_metadata.EXPERIMENT_TAG]
+    )
+    assert {m.name.tag for m in experiment.metric_infos} == final
+    assert [i.name for i in experiment.hparam_infos] == ["hparams.batch", "hparams.hidden"]
+    # CUSTOM SCALARS, as its plugin reads the layout: one chart per system metric with a mean,
+    # titled with its unit, the mean with its min-max band.
+    layout = custom_scalars_layout(tmp_path)
+    means = sorted(k for k in system_keys if k.endswith(".mean"))
+    assert [c["title"] for c in layout["category"][0]["chart"]] == [
+        chart_title(k.removeprefix("system.").removesuffix(".mean")) for k in means
+    ]
+    assert layout["category"][0]["title"] == "system"
+    for chart in layout["category"][0]["chart"]:
+        metric = chart["title"].split(" ")[0]
+        assert chart["margin"]["series"] == [
+            {
+                "value": f"system/{metric}",
+                "lower": f"system.min/{metric}",
+                "upper": f"system.max/{metric}",
+            }
+        ]
     for name, keys in STAT_GROUPS.items():
         for key in keys:
             points = acc.Scalars(f"stats/{key}")
@@ -143,13 +196,17 @@ def test_demo_writes_everything_it_logged(tmp_path: Path) -> None:
             (e.data["step"], f32(e.data[key])) for e in epochs
         ]
 
-    assert sorted(acc.Tags()["tensors"]) == [  # the run's texts and its HPARAMS session
+    # The run's texts, its HPARAMS experiment and session, and the CUSTOM SCALARS layout.
+    assert sorted(acc.Tags()["tensors"]) == [
+        "_hparams_/experiment",
         "_hparams_/session_end_info",
         "_hparams_/session_start_info",
+        "custom_scalars__config__",
         "run/start",
         "run/stop",
     ]
     assert sorted(acc.PluginTagToContent("hparams")) == [
+        "_hparams_/experiment",
         "_hparams_/session_end_info",
         "_hparams_/session_start_info",
     ]
@@ -257,17 +314,36 @@ def test_ctrl_c_keeps_what_was_logged(tmp_path: Path) -> None:
     assert any(e.name == STAT_EVENT for e in events)
 
 
+def chart_title(metric: str) -> str:
+    """A system metric's chart title: its unit spelled out."""
+    units = {"_percent": "%", "_rss_bytes": "bytes", "_bytes_per_s": "bytes/s"}
+    (unit,) = [unit for end, unit in units.items() if metric.endswith(end)]
+    return f"{metric} ({unit})"
+
+
+def custom_scalars_layout(log_dir: Path) -> dict[str, Any]:
+    """The CUSTOM SCALARS tab's layout, as TensorBoard's own plugin serves it."""
+    with warnings.catch_warnings():  # its vendored html5lib warns on import
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from tensorboard.plugins.custom_scalar.custom_scalars_plugin import CustomScalarsPlugin
+
+    mux = plugin_event_multiplexer.EventMultiplexer()
+    mux.AddRunsFromDirectory(str(log_dir))
+    mux.Reload()
+    provider = data_provider.MultiplexerDataProvider(mux, str(log_dir))
+    plugin = CustomScalarsPlugin(
+        base_plugin.TBContext(data_provider=provider, multiplexer=mux, logdir=str(log_dir))
+    )
+    return json.loads(plugin.layout_impl(context.RequestContext(), ""))
+
+
 def at_step(writer: Any, ended_at: float = math.inf) -> _AtStep:
     """The demo's step-adding handler over ``writer``, for a training whose steps were done at
     10, 11 and 12 s and which ended at ``ended_at``."""
     progress = _Progress()
     progress.done_at.extend([10.0, 11.0, 12.0])
     progress.ended_at = ended_at
-    return _AtStep(
-        TensorboardEventHandler(writer, group="stats"),
-        progress,
-        TensorboardEventHandler(writer, group="system"),
-    )
+    return _AtStep(TensorboardEventHandler(writer, group="stats"), progress)
 
 
 def at(seconds: float) -> datetime:
@@ -289,7 +365,7 @@ def test_a_stat_window_is_drawn_at_the_steps_done_when_it_closed() -> None:
     for seconds in (9.5, 11.0, 11.5, 30.0, 31.0):
         handler(Event(STAT_EVENT, at(seconds), {"loss.mean": seconds}))
     handler(Event(EPOCH_EVENT, at(12.0), {"epoch": 1, "step": 3}))  # not a window: not written
-    # A system metric's window goes to the system section, without the "system." prefix.
+    # A system metric's window goes to the system section, whatever the handler's group.
     handler(Event(STAT_EVENT, at(11.0), {"system.process_cpu_percent.mean": 5.0}))
     # Each Stat's latest window waits for the next (or the run's end) to be drawn.
     assert writer.calls == [
@@ -299,7 +375,7 @@ def test_a_stat_window_is_drawn_at_the_steps_done_when_it_closed() -> None:
         ("stats/loss.mean", 30.0, 3),
     ]
     handler(Event(RUN_END_EVENT, at(32.0), {"status": "success"}))
-    assert writer.calls[4:] == [("system/process_cpu_percent.mean", 5.0, 2)]
+    assert writer.calls[4:] == [("system/process_cpu_percent", 5.0, 2)]
 
 
 def test_a_window_histogram_is_drawn_at_its_step(tmp_path: Path) -> None:
@@ -338,11 +414,11 @@ def test_each_stat_s_last_window_is_left_out_of_tensorboard(
     assert sorted(acc.Tags()["scalars"]) == [
         "stats/acc.mean",
         "stats/loss.mean",
-        "system/cpu_percent.mean",
+        "system/cpu_percent",
     ]
     points = {tag: [(s.step, s.value) for s in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
     assert points == {
         "stats/loss.mean": [(1, 1.0), (2, 2.0)],
         "stats/acc.mean": [(3, 0.5)],
-        "system/cpu_percent.mean": [(2, 5.0)],
+        "system/cpu_percent": [(2, 5.0)],
     }

@@ -230,13 +230,16 @@ def test_gauge_values_outside_int64_or_not_finite_are_skipped(
 
 
 def test_resource_from_arguments_and_torchrun_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """make_resource carries host, pid, the torchrun ranks and service name; arguments win."""
+    """make_resource carries host, pid, the torchrun ranks, node and job, and service name;
+    arguments win."""
     import os
     import socket
 
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("GROUP_RANK", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
     monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
     monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
     attrs = make_resource("trainer", attributes={"deployment.environment": "test"}).attributes
@@ -244,6 +247,7 @@ def test_resource_from_arguments_and_torchrun_environment(monkeypatch: pytest.Mo
     assert attrs["host.name"] == socket.gethostname()
     assert attrs["process.pid"] == os.getpid()
     assert (attrs["rank"], attrs["local_rank"], attrs["world_size"]) == (3, 1, 8)
+    assert (attrs["node_rank"], attrs["job_id"]) == (2, "job-a")
     assert attrs["deployment.environment"] == "test"
     assert make_resource(rank=5).attributes["rank"] == 5
     monkeypatch.delenv("RANK")

@@ -62,13 +62,13 @@ def test_stat_event_sets_sanitized_gauges(bus: EventBus) -> None:
     get = prom.registry.get_sample_value
     assert get("monitor_bus_step_time_mean") == 0.5
     assert get("monitor_bus_loss__val__max") == 3.0
-    assert get("monitor_bus_n_count") == 4.0
+    assert get("monitor_bus_n_samples") == 4.0
     names = {m.name for m in prom.registry.collect()}
     assert names == {
         "monitor_bus_skipped",
         "monitor_bus_step_time_mean",
         "monitor_bus_loss__val__max",
-        "monitor_bus_n_count",
+        "monitor_bus_n_samples",
     }
 
 
@@ -147,7 +147,7 @@ def test_values_a_gauge_cannot_hold_leave_no_series(
         if line and not line.startswith("#")
     }
     assert {k: v for k, v in series.items() if not k.startswith("monitor_bus_skipped")} == {
-        "monitor_bus_big_sum": "1.8446744073709552e+19",
+        "monitor_bus_big_sum_of_samples": "1.8446744073709552e+19",
         "monitor_bus_nan_mean": "NaN",
         "monitor_bus_inf_max": "+Inf",
         "monitor_bus_flag_value": "1.0",
@@ -203,6 +203,12 @@ def test_metric_name_sanitizing() -> None:
     assert metric_name("ns", "a:b-c d") == "ns_a:b_c_d"
     assert metric_name("", "1st.max") == "_1st_max"
     assert metric_name("", "é") == "_"
+    # Prometheus reserves _count and _sum for histograms and summaries, and a name that
+    # holds its type fails promtool: the window's count, sum and histogram are renamed.
+    assert metric_name("monitor_bus", "step_time.count") == "monitor_bus_step_time_samples"
+    assert metric_name("ns", "s.sum") == "ns_s_sum_of_samples"
+    assert metric_name("ns", "lat.histogram") == "ns_lat"
+    assert metric_name("ns", "count") == "ns_count"  # a bare key is no aggregation
 
 
 @pytest.mark.parametrize(
@@ -371,9 +377,7 @@ def test_real_prometheus_scrapes_the_gauges(
             assert sample["value"][1] == "1"  # type: ignore[index]
             # A window's Histogram is a histogram: its le buckets count the samples below.
             for le, below in (("0.0", "2"), ("+Inf", "8")):
-                (sample,) = server.wait_for(
-                    f'monitor_bus_lat_histogram_bucket{{le="{le}"}}', deadline
-                )
+                (sample,) = server.wait_for(f'monitor_bus_lat_bucket{{le="{le}"}}', deadline)
                 assert sample["value"][1] == below  # type: ignore[index]
             # A later window replaces the value at the next scrape.
             bus.log_event(Event(STAT_EVENT, T0, {"step_time.mean": 0.75}))
@@ -425,14 +429,12 @@ def test_histogram_is_a_prometheus_histogram_with_le_buckets(bus: EventBus) -> N
         assert bus.flush(10)
         seen += samples
         got = scrape(prom)
-        assert {labels["rank"] for labels, _ in got["monitor_bus_lat_histogram_bucket"]} == {"3"}
-        check_le_buckets(got["monitor_bus_lat_histogram_bucket"], seen, MAX_LE_BUCKETS)
-        assert "monitor_bus_lat_histogram_sum" not in got
-        check_le_buckets(
-            got["monitor_bus_pos_histogram_bucket"], [abs(s) for s in seen], MAX_LE_BUCKETS
-        )
-        assert got["monitor_bus_pos_histogram_count"] == [({"rank": "3"}, len(seen))]
-        sums = got["monitor_bus_pos_histogram_sum"]
+        assert {labels["rank"] for labels, _ in got["monitor_bus_lat_bucket"]} == {"3"}
+        check_le_buckets(got["monitor_bus_lat_bucket"], seen, MAX_LE_BUCKETS)
+        assert "monitor_bus_lat_sum" not in got
+        check_le_buckets(got["monitor_bus_pos_bucket"], [abs(s) for s in seen], MAX_LE_BUCKETS)
+        assert got["monitor_bus_pos_count"] == [({"rank": "3"}, len(seen))]
+        sums = got["monitor_bus_pos_sum"]
         assert sums == [({"rank": "3"}, math.fsum(abs(s) for s in seen))]
         for key in ("p50", "p99", "stddev"):
             assert got[f"monitor_bus_lat_{key}"] == [({"rank": "3"}, window.data[f"lat.{key}"])]
@@ -472,7 +474,7 @@ def scrape_windows(windows: list[list[float]], bus: EventBus) -> list[dict[float
         bus.log_event(distribution_window(samples))
         assert bus.flush(10)
         seen += samples
-        buckets = scrape(prom)["monitor_bus_lat_histogram_bucket"]
+        buckets = scrape(prom)["monitor_bus_lat_bucket"]
         check_le_buckets(buckets, seen, MAX_LE_BUCKETS)
         scrapes.append({float(labels["le"]): value for labels, value in buckets})
     return scrapes
@@ -525,7 +527,7 @@ def test_le_bounds_past_the_most_keep_the_first_ones(bus: EventBus) -> None:
 def test_histogram_whose_name_is_taken_is_skipped_and_counted(bus: EventBus) -> None:
     """A histogram whose metric name the registry already has is skipped and counted."""
     registry = CollectorRegistry()
-    Gauge("monitor_bus_lat_histogram_count", "someone else's", registry=registry)
+    Gauge("monitor_bus_lat_count", "someone else's", registry=registry)
     prom = PrometheusEventHandler(registry)
     bus.register_event_handler(prom)
     bus.log_event(distribution_window(WINDOW_SAMPLES[0]))
@@ -542,7 +544,7 @@ def test_a_real_stat_window_becomes_a_histogram(bus: EventBus) -> None:
     real_window(bus, WINDOW_SAMPLES[0])
     assert bus.flush(10)
     got = scrape(prom)
-    check_le_buckets(got["monitor_bus_lat_histogram_bucket"], WINDOW_SAMPLES[0], MAX_LE_BUCKETS)
+    check_le_buckets(got["monitor_bus_lat_bucket"], WINDOW_SAMPLES[0], MAX_LE_BUCKETS)
     assert {"monitor_bus_lat_p50", "monitor_bus_lat_p99", "monitor_bus_lat_stddev"} < set(got)
 
 
@@ -614,9 +616,7 @@ def test_a_forked_child_never_waits_for_a_lock_a_parent_thread_held(held_in: str
             bus.log_event(from_slots(STAT_EVENT, T0, data))
             flushed = bus.flush(10)
             get = prom.registry.get_sample_value
-            return repr(
-                (flushed, get("monitor_bus_child_mean"), get("monitor_bus_lat_histogram_count"))
-            )
+            return repr((flushed, get("monitor_bus_child_mean"), get("monitor_bus_lat_count")))
 
         answer = _in_forked_child(child)
     finally:

@@ -120,6 +120,25 @@ def test_end_without_start_logs_both(bus: monitor_bus.EventBus, recorder: Record
     assert [e.name for e in recorder.events] == [RUN_START_EVENT, RUN_END_EVENT]
 
 
+def test_end_carries_the_run_s_final_metrics(bus: monitor_bus.EventBus, recorder: Recorder) -> None:
+    """Run.metrics, and end(metrics=...) over them, are the end event's metrics.<key>,
+    flattened as the hparams are; a run without them has none."""
+    bus.register_event_handler(recorder)
+    with Run(bus=bus) as run:
+        run.metrics.update({"loss": 0.25, "acc": 0.5, "eval": {"top5": 0.9}})
+    Run(bus=bus).end(metrics={"loss": 0.5})
+    Run(bus=bus).end()
+    assert bus.flush(10)
+    ends = [e.data for e in recorder.events if e.name == RUN_END_EVENT]
+    assert [{k: v for k, v in end.items() if k.startswith("metrics.")} for end in ends] == [
+        {"metrics.loss": 0.25, "metrics.acc": 0.5, "metrics.eval.top5": 0.9},
+        {"metrics.loss": 0.5},
+        {},
+    ]
+    with pytest.raises(TypeError, match="metrics"):
+        Run(bus=bus).end(metrics=[("loss", 1.0)])  # type: ignore[arg-type]
+
+
 def test_bad_status_names_the_argument() -> None:
     """An unknown status is a ValueError naming status."""
     with pytest.raises(ValueError, match="status must be one of success, failed, interrupted"):

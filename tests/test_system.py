@@ -87,7 +87,7 @@ def test_process_cpu_and_rss_count_every_descendant(
     RSS holds the live descendants' memory."""
     script = tmp_path / "burner.py"
     script.write_text(_BURNER)
-    metrics = started(SystemMetrics(NEVER, bus=bus, window=HOUR, gpus=None))
+    metrics = started(SystemMetrics(NEVER, bus=bus, window=HOUR, gpus=None, counters=True))
     began = time.monotonic()
     metrics.sample()  # the start of the interval measured
     with subprocess.Popen(
@@ -107,6 +107,8 @@ def test_process_cpu_and_rss_count_every_descendant(
     data = windows(recorded)
     # Two descendants burned CPU_SECONDS each within at most `wall` seconds.
     assert data["system.process_cpu_percent.max"] >= 2 * CPU_SECONDS / wall * 100
+    # The cumulative counter holds their CPU too (and this process's own), as its last reading.
+    assert data["system.process_cpu_seconds_total.value"] >= 2 * CPU_SECONDS
     assert data["system.process_rss_bytes.max"] >= own_rss + (MIB << 20)
 
 
@@ -133,6 +135,27 @@ def test_host_metrics_only_on_local_rank_0(bus: monitor_bus.EventBus) -> None:
             assert set(metrics.metrics) == expected, environ
         finally:
             assert metrics.close()
+
+
+def test_counters_add_the_cumulative_totals(bus: monitor_bus.EventBus, recorded: Recorder) -> None:
+    """counters=True adds each rate's counter as it stands (VALUE: its last reading), and the
+    tree's CPU seconds, from the first sample on; the rates and the rest are as without."""
+    counters = psutil.disk_io_counters(), psutil.net_io_counters()
+    metrics = started(SystemMetrics(NEVER, bus=bus, window=HOUR, gpus=None, counters=True))
+    assert metrics.close()
+    assert bus.flush(10)
+    data = windows(recorded)
+    totals = {key: value for key, value in data.items() if "_total" in key}
+    expected = {"system.process_cpu_seconds_total.value"}
+    if counters[0] is not None:
+        expected |= {"system.disk_read_bytes_total.value", "system.disk_write_bytes_total.value"}
+        assert totals["system.disk_read_bytes_total.value"] >= counters[0].read_bytes
+    if counters[1] is not None:
+        expected |= {"system.net_sent_bytes_total.value", "system.net_recv_bytes_total.value"}
+        assert totals["system.net_recv_bytes_total.value"] >= counters[1].bytes_recv
+    assert set(totals) == expected
+    own = psutil.Process().cpu_times()
+    assert totals["system.process_cpu_seconds_total.value"] >= own.user + own.system
 
 
 @pytest.mark.parametrize(
@@ -377,6 +400,7 @@ def test_one_sampler_per_bus(bus: monitor_bus.EventBus) -> None:
         ({"gpus": [-1]}, ValueError, "gpus must hold indices >= 0"),
         ({"gpus": [1.0]}, TypeError, "gpus must be GPU indices"),
         ({"bus": "default"}, TypeError, "bus must be a monitor_bus.EventBus"),
+        ({"counters": 1}, TypeError, "counters must be a bool"),
     ],
 )
 def test_bad_arguments_are_named(kwargs: dict[str, Any], error: type, message: str) -> None:

@@ -120,6 +120,54 @@ def test_run_events_become_a_session_with_status_and_scalars(
     assert f"| duration_s | {duration:.6g} |" in _text(acc, "run/stop")
     assert "| config.layers | 2 |" in _text(acc, "run/start")
     assert "| hparams.batch | 2048 |" in _text(acc, "run/start")
+    # No final metrics: no experiment, so the tab lists the run's scalar tags, as before.
+    assert metadata.EXPERIMENT_TAG not in content
+
+
+def test_a_run_s_final_metrics_are_the_hparams_metrics_at_its_last_step(
+    bus: monitor_bus.EventBus, recorder: Recorder, tmp_path: Path
+) -> None:
+    """The HPARAMS experiment lists the run's final metrics (``Run.metrics``) rather than
+    every scalar tag; they, the session's end and ``run/stop`` are at the highest step the
+    writer wrote, the run's last; an int hparam is a number (the tab has no int type)."""
+    bus.register_event_handler(recorder)
+    with Run("exp", hparams={"lr": 0.1, "batch": 256}, bus=bus) as run:
+        run.metrics = {"val_accuracy": 0.875, "step_time_ms_p99": 4.5, "note": "not a number"}
+    assert bus.flush(10)
+    start, end = recorder.events
+    with SummaryWriter(tmp_path) as writer:
+        writer.add_run_event(start)
+        for step in range(3001):
+            writer.add_scalar("loss", 1.0 / (step + 1), global_step=step)
+        writer.add_run_event(end)
+    acc = _load(tmp_path)
+    content = _hparams(acc)
+    experiment = metadata.parse_experiment_plugin_data(content[metadata.EXPERIMENT_TAG])
+    assert [m.name.tag for m in experiment.metric_infos] == [
+        "summary/val_accuracy",
+        "summary/step_time_ms_p99",
+    ]
+    assert [(i.name, i.type) for i in experiment.hparam_infos] == [
+        ("hparams.lr", api_pb2.DATA_TYPE_FLOAT64),
+        ("hparams.batch", api_pb2.DATA_TYPE_FLOAT64),
+    ]
+    assert [(s.step, s.value) for s in acc.Scalars("summary/val_accuracy")] == [(3000, 0.875)]
+    assert [(s.step, s.value) for s in acc.Scalars("summary/step_time_ms_p99")] == [(3000, 4.5)]
+    assert [e.step for e in acc.Tensors("run/stop")] == [3000]
+    assert "| metrics.note | not a number |" in _text(acc, "run/stop")
+
+
+def test_add_custom_scalars_checks_its_layout(tmp_path: Path) -> None:
+    """A layout not of torch's form is a TypeError or ValueError saying where."""
+    with SummaryWriter(tmp_path) as writer:
+        with pytest.raises(TypeError, match="layout must be a mapping"):
+            writer.add_custom_scalars([])  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"layout\['c'\] must be a mapping"):
+            writer.add_custom_scalars({"c": []})  # type: ignore[dict-item]
+        with pytest.raises(ValueError, match=r"layout\['c'\]\['t'\] must be"):
+            writer.add_custom_scalars({"c": {"t": ["Margin", ["a", "b"]]}})
+        with pytest.raises(ValueError, match=r"layout\['c'\]\['t'\] must be"):
+            writer.add_custom_scalars({"c": {"t": "Multiline"}})
 
 
 def test_a_run_without_hyperparameters_has_its_config_in_the_session(

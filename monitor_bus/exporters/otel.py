@@ -26,6 +26,14 @@ Mapping
   time, which a window no longer has). NaN and infinite samples, which no OTLP bucket holds
   (the SDK drops such measurements), are not in the point's count; ``sum``, ``min`` and
   ``max`` are the Histogram's.
+- System metrics (``SystemMetrics``' ``system.*`` Stats) follow OpenTelemetry's semantic
+  conventions (v1.44.0, the meter's schema URL says so): ``system.process_cpu_percent.mean``
+  is ``process.cpu.utilization`` (unit ``1``, a fraction of the CPUs available),
+  ``system.gpu0.memory_used_bytes.mean`` is ``hw.gpu.memory.usage`` (``By``) with
+  ``hw.id="gpu0"``, the cumulative ``*_total`` Stats (``SystemMetrics(counters=True)``) are
+  the counters ``process.cpu.time``, ``system.disk.io`` and ``system.network.io``, each an observable instrument of the
+  convention's kind reporting its latest window. Their MAX and MIN and the ``*_per_s`` rates
+  are not exported (``_semconv`` holds the table and says why).
 - Any other event becomes one log record: ``event_name`` and ``body`` are the event's name,
   ``timestamp`` is the event's timestamp (nanoseconds, exact) and the data are its attributes.
 
@@ -68,6 +76,7 @@ from .._histogram import Histogram
 from .._lifecycle import module_lock
 from .._skipped import INT64_MAX, INT64_MIN, SkipReporter, is_utf8
 from .._window import STAT_EVENT
+from . import _semconv
 
 if TYPE_CHECKING:
     from opentelemetry._logs import Logger, LoggerProvider
@@ -85,8 +94,6 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # The API's instrument-name rule: a letter, then up to 254 of [-_./a-zA-Z0-9].
 _NAME_OK = re.compile(r"[a-zA-Z][-_./a-zA-Z0-9]{0,254}")
 _NAME_BAD_CHAR = re.compile(r"[^-_./a-zA-Z0-9]")
-# Environment variables torchrun (and most launchers) set, and the resource keys they become.
-_RANK_ENV = (("RANK", "rank"), ("LOCAL_RANK", "local_rank"), ("WORLD_SIZE", "world_size"))
 
 
 def make_resource(
@@ -97,9 +104,11 @@ def make_resource(
 ) -> Resource:
     """The OpenTelemetry resource that identifies this process among many.
 
-    Holds ``host.name``, ``process.pid`` and, when known, ``rank``, ``local_rank`` and
-    ``world_size`` (from the ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` environment variables
-    that torchrun sets; ``rank`` overrides ``RANK``), then ``attributes``. The SDK merges in
+    Holds ``host.name``, ``process.pid`` and, where a launcher set them, ``rank``,
+    ``local_rank``, ``world_size``, ``node_rank`` and ``job_id`` (torchrun's ``RANK``,
+    ``LOCAL_RANK``, ``WORLD_SIZE``, ``GROUP_RANK`` and ``TORCHELASTIC_RUN_ID``, else Slurm's
+    ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``, ``SLURM_NODEID`` and
+    ``SLURM_JOB_ID``; the ``rank`` argument overrides them), then ``attributes``. The SDK merges in
     ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` from the environment; explicit
     arguments win over both.
 
@@ -120,10 +129,7 @@ def make_resource(
     if attributes is not None and not isinstance(attributes, Mapping):
         raise TypeError(f"attributes must be a mapping, not {type(attributes).__name__}")
     attrs: dict[str, Any] = {"host.name": socket.gethostname(), "process.pid": os.getpid()}
-    for var, key in _RANK_ENV:
-        value = os.environ.get(var, "").strip()
-        if value.isdigit():
-            attrs[key] = int(value)
+    attrs.update(_semconv.launcher_attributes())
     if rank is not None:
         attrs["rank"] = rank
     if service_name is not None:
@@ -231,6 +237,10 @@ class OpenTelemetryEventHandler:
         self.meter_provider = meter_provider
         self.logger_provider = logger_provider
         self._meter = meter_provider.get_meter(scope)
+        # The system metrics' meter names the conventions' version.
+        self._system_meter = meter_provider.get_meter(scope, schema_url=_semconv.SCHEMA_URL)
+        # convention name -> {attributes: the latest value}, read by its instrument's callback
+        self._conventional: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
         self._logger: Logger = logger_provider.get_logger(scope)
         from opentelemetry._logs import LogRecord
 
@@ -293,6 +303,13 @@ class OpenTelemetryEventHandler:
             if problem is not None:
                 self._skip_value(problem[0], key, f"Stat value {key!r} {problem[1]}")
                 continue
+            if key.startswith("system."):
+                point = _semconv.convert(key, float(value))
+                if isinstance(point, _semconv.Point):
+                    self._observe(point)
+                    continue
+                if point is None:  # a known system metric's, not exported (_semconv)
+                    continue
             gauge = gauges.get(key, _MISSING)
             if gauge is _MISSING:
                 gauge = self._make_instrument(key, gauges, self._meter.create_gauge)
@@ -301,6 +318,36 @@ class OpenTelemetryEventHandler:
                 self._skips.report("no_name", key, self._no_name[key], self.skipped_names)
             else:
                 gauge.set(int(value) if value.__class__ is bool else value)
+
+    def _observe(self, point: _semconv.Point) -> None:
+        """Hold ``point`` as its convention's latest value, making its instrument once."""
+        convention = point.convention
+        with _lock:
+            values = self._conventional.get(convention.name)
+            new = values is None
+            if values is None:
+                values = self._conventional[convention.name] = {}
+            values[point.attributes] = point.value
+        if new:  # outside the lock, which the instrument's callback takes while collecting
+            self._make_observable(convention, values)
+
+    def _make_observable(
+        self, convention: _semconv.Convention, values: dict[tuple[tuple[str, str], ...], float]
+    ) -> None:
+        from opentelemetry.metrics import Observation
+
+        def observe(options: Any) -> list[Any]:
+            with _lock:
+                held = list(values.items())
+            return [Observation(value, dict(attributes)) for attributes, value in held]
+
+        meter = self._system_meter
+        create = {
+            "gauge": meter.create_observable_gauge,
+            "counter": meter.create_observable_counter,
+            "updowncounter": meter.create_observable_up_down_counter,
+        }[convention.kind]
+        create(convention.name, [observe], convention.unit, convention.description)
 
     def _skip_value(self, reason: str, key: object, message: str) -> None:
         self.skipped_values += 1

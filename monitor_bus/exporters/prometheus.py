@@ -4,14 +4,17 @@ Needs the ``prometheus`` extra (``prometheus_client``), imported when a handler 
 
 Each key of a ``STAT_EVENT`` becomes the gauge ``<namespace>_<key>`` with every character
 outside ``[a-zA-Z0-9_:]`` replaced by ``_``: ``step_time.mean`` is
-``monitor_bus_step_time_mean``. Values are float64: bools are 0 or 1, NaN and infinities are
+``monitor_bus_step_time_mean``. Two aggregations are renamed, as Prometheus reserves their
+suffixes for histograms and summaries (``promtool check metrics`` refuses a gauge named so):
+a window's COUNT is ``<namespace>_<stat>_samples`` and its SUM
+``<namespace>_<stat>_sum_of_samples``. Values are float64: bools are 0 or 1, NaN and infinities are
 exported as such. Prometheus stores no strings and stamps samples with the scrape time, so string
 values (and ints beyond float64's range) are skipped and counted, and the event's timestamp is not
 exported. Other events are ignored, as ``torch.monitor``'s TensorBoard handler does.
 
 Distributions: a window's percentiles and stddev (``step_time.p99``) are gauges like the rest.
-Its ``Histogram`` (``step_time.histogram``) makes the histogram ``<namespace>_<key>`` (its
-``_bucket`` series), holding every window so far merged exactly (``Histogram.merge``), since
+Its ``Histogram`` (``step_time.histogram``) makes the histogram ``<namespace>_<stat>``
+(``monitor_bus_step_time``: its ``_bucket``, ``_count`` and ``_sum`` series), holding every window so far merged exactly (``Histogram.merge``), since
 Prometheus histograms are cumulative and queried with ``rate()`` and ``histogram_quantile``. Its
 ``le`` bounds stay once exposed, as Prometheus classic histograms need: they lie on a fixed
 grid, ``0`` and ``±2**k`` (the exponential layout's edges at scale 0), and each window adds the
@@ -25,6 +28,18 @@ bucket a bound cuts in a Histogram coarser than scale 0 (only one made with a sm
 ``max_buckets``). With a negative sample there are no ``_count`` and ``_sum`` series
 (OpenMetrics: a sum that can fall is no counter; ``prometheus_client`` leaves them out);
 ``+Inf`` still counts every sample.
+
+System metrics (``SystemMetrics``' ``system.*`` Stats) follow OpenTelemetry's semantic
+conventions (v1.44.0), under the names OpenTelemetry's Prometheus compatibility gives them,
+without the namespace, so dashboards built on those conventions read them:
+``process_cpu_utilization_ratio``, ``process_cpu_time_seconds_total``,
+``process_memory_usage_bytes``, ``system_cpu_utilization_ratio``,
+``system_memory_utilization_ratio``, ``system_disk_io_bytes_total{disk_io_direction}``,
+``system_network_io_bytes_total{network_io_direction}``, ``hw_gpu_utilization_ratio{hw_id}``,
+``hw_gpu_memory_usage_bytes{hw_id}``, ``hw_power_watts`` and ``hw_temperature_celsius``
+(``_semconv`` holds the table, and why a window's MAX and MIN are not among them). Where a
+launcher set them, the process's rank, local rank, world size, node rank and job id are the
+labels of ``target_info`` (value 1), as OpenTelemetry exposes resource attributes.
 """
 
 from __future__ import annotations
@@ -42,6 +57,7 @@ from .._histogram import Histogram
 from .._lifecycle import module_lock
 from .._skipped import SkipReporter, float64_or_why, is_utf8
 from .._window import STAT_EVENT
+from . import _semconv
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -56,13 +72,26 @@ _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _BAD_CHAR = re.compile(r"[^a-zA-Z0-9_:]")
 
 
+# Aggregations whose suffix Prometheus reserves: the key's ending -> the name's.
+_RENAMED = ((".count", "_samples"), (".sum", "_sum_of_samples"), (".histogram", ""))
+
+
 def metric_name(namespace: str, key: str) -> str:
-    """The gauge name for ``key``: ``<namespace>_<key>`` with invalid characters as ``_``.
+    """The metric name for ``key``: ``<namespace>_<key>`` with invalid characters as ``_``,
+    a window's count, sum and histogram renamed (module docs).
 
     Examples:
         >>> metric_name("monitor_bus", "step_time.mean")
         'monitor_bus_step_time_mean'
+        >>> metric_name("monitor_bus", "step_time.count")
+        'monitor_bus_step_time_samples'
+        >>> metric_name("monitor_bus", "step_time.histogram")
+        'monitor_bus_step_time'
     """
+    for ending, renamed in _RENAMED:
+        if key.endswith(ending) and len(key) > len(ending):
+            key = key[: -len(ending)] + renamed
+            break
     name = _BAD_CHAR.sub("_", f"{namespace}_{key}" if namespace else key)
     return name if _METRIC_NAME.fullmatch(name) else f"_{name}"
 
@@ -77,7 +106,8 @@ class PrometheusEventHandler:
 
     Values a gauge cannot hold are skipped, counted and the rest of the event is set, never
     raised: ``skipped_values`` (strings, and ints beyond float64's range) and ``skipped_names``
-    (keys whose sanitized name is taken, by another key or by another metric of the registry),
+    (keys whose sanitized name is taken, by another key or by another metric of the registry;
+    the system metrics, whose names have no namespace, of a second handler on one registry),
     also exported as ``<namespace>_skipped_total{reason=...}`` with the reasons
     ``"string_value"``, ``"out_of_range"`` and ``"name_taken"``. A skipped value makes no series.
     Each skip is logged as a warning on the ``monitor_bus`` logger, at most once per key and
@@ -154,6 +184,20 @@ class PrometheusEventHandler:
         self._skipped_string = skipped.labels(reason="string_value", **labels)
         self._skipped_range = skipped.labels(reason="out_of_range", **labels)
         self._skipped_name = skipped.labels(reason="name_taken", **labels)
+        # The system metrics' names are not namespaced: a second handler on this registry
+        # finds them taken, and skips (and counts) its system metrics, the same process's.
+        self._system: _SystemCollector | None = _SystemCollector(labels)
+        try:
+            registry.register(self._system)
+        except ValueError as exc:
+            self._system = None
+            self._taken_system = f"the system metrics' names are taken in the registry ({exc})"
+        target = {k: str(v) for k, v in _semconv.launcher_attributes().items() if k not in labels}
+        if target and self._system is not None:
+            from prometheus_client import Info
+
+            info = Info("target", "The process's place in its job", list(labels), registry=registry)
+            (info.labels(**labels) if labels else info).info(target)
 
     def __call__(self, event: Event) -> None:
         if event.name == STAT_EVENT:
@@ -179,6 +223,17 @@ class PrometheusEventHandler:
             if number is None:
                 self._skip_value(reason, key, why)
                 continue
+            if key.startswith("system."):
+                point = _semconv.convert(key, number)
+                if isinstance(point, _semconv.Point):
+                    if self._system is not None:
+                        self._system.set(point)
+                    else:
+                        self._taken.setdefault(key, self._taken_system)
+                        self._skip_name(key)
+                    continue
+                if point is None:  # a known system metric's, not exported (_semconv)
+                    continue
             gauge = gauges.get(key, _MISSING)
             if gauge is _MISSING:
                 gauge = self._make_metric(key, gauges, self._new_gauge)
@@ -286,6 +341,47 @@ class _HistogramCollector:
         from prometheus_client.core import HistogramMetricFamily
 
         return HistogramMetricFamily(self._name, self._help, labels=list(self._labels))
+
+
+class _SystemCollector:
+    """The system metrics under the semantic conventions' names: each convention's latest
+    value per attribute set, collected as a gauge or a counter family. Thread-safe."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self._labels = labels
+        self._values: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+
+    def set(self, point: _semconv.Point) -> None:
+        with _lock:
+            values = self._values.setdefault(point.convention.name, {})
+            values[point.attributes] = point.value
+
+    def describe(self) -> list[Any]:
+        # Every convention's name, so the registry holds them from the start.
+        return [self._family(c, ()) for c in _semconv.CONVENTIONS.values()]
+
+    def collect(self) -> list[Any]:
+        with _lock:
+            held = {name: list(values.items()) for name, values in self._values.items()}
+        families = []
+        for name, values in held.items():
+            convention = _semconv.CONVENTIONS[name]
+            keys = tuple(key for key, _ in values[0][0])  # one attribute set per convention
+            family = self._family(convention, keys)
+            for attributes, value in values:
+                family.add_metric([*self._labels.values(), *(v for _, v in attributes)], value)
+            families.append(family)
+        return families
+
+    def _family(self, convention: _semconv.Convention, keys: tuple[str, ...]) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        name = _semconv.prometheus_name(convention)
+        labels = [*self._labels, *(key.replace(".", "_") for key in keys)]
+        help_text = f"{convention.description} (OpenTelemetry's {convention.name})"
+        if convention.kind == "counter":
+            return CounterMetricFamily(name, help_text, labels=labels)
+        return GaugeMetricFamily(name, help_text, labels=labels)
 
 
 class LeBounds:
