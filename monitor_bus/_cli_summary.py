@@ -162,8 +162,13 @@ def _straggler(event: Event, skips: _StatSkips) -> str:
             ratio = _float(ratio, "ratio", skips)
         how = f"{ratio:.2f}x" if isinstance(ratio, float) else "?"
         how += " the median"
+    stat = str(data.get("stat"))
+    if "exposed_s" in data and stat.endswith(".wait_s"):  # the anatomy's family, by its prefix
+        which = stat[: -len(".wait_s")]
+    else:
+        which = f"stat {stat}"
     return (
-        f"{event.timestamp.isoformat(timespec='seconds')}  {what}  stat {data.get('stat')}  "
+        f"{event.timestamp.isoformat(timespec='seconds')}  {what}  {which}  "
         f"rank {data.get('rank')} ({data.get('host')})  {how}  "
         f"{data.get('windows')} windows"
     )

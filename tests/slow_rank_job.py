@@ -26,7 +26,9 @@ rank 2 spends ``DELAY`` seconds more per step:
 Then the hang: with ``hang_after`` at ``HANG_AFTER`` seconds, rank 2 is stuck in its data stage
 until dst has named it (dst's handler of ``HANG_EVENT`` writes ``OUT_DIR/hang``; rank 2 waits
 for that file), while ranks 0 and 1 wait for it in DDP's all-reduce; then, ``hang_after`` back
-at its default, the job trains ``AFTER`` more windows and ends.
+at its default, the job trains ``AFTER`` more windows; last, ``TWIN_STEPS`` steps of the model
+beside a twin (its copy, under DDP's Python all-reduce hook, ``allreduce_hook``) on the same
+batches: whether every rank's model ended equal to its twin goes under ``"same_weights"``.
 
 Rank 0 writes ``OUT_DIR/rank0.json``: each phase's start (wall clock), the host of each rank,
 every straggler, anatomy and hang event, and every merged window of ``step.wait_s`` and
@@ -48,6 +50,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 import monitor_bus as monitor
 from monitor_bus.integrations.torch import (
@@ -72,6 +75,7 @@ PHASES = [("clean", 6)] + [
 HANG_AFTER = 2.0  # four of the senders' half-second rounds: rank 2 reports its stage first
 AFTER = 4  # windows of clean steps after the hang
 HANG_WAIT = 60.0  # how long rank 2 waits at most for dst to name it
+TWIN_STEPS = 5
 
 
 def main() -> None:
@@ -175,6 +179,21 @@ def main() -> None:
         train_step(anatomy, "hang")
     anatomy.hang_after = 60.0  # dst's own, at once: no other hang can be named after this
     train_until(time.time() + AFTER * WINDOW, lambda now: 0)
+    # The timed all-reduce averages the gradients as DDP's own hook does, bit for bit.
+    twin_module = torch.nn.Linear(32, 8)
+    twin_module.load_state_dict(model.module.state_dict())
+    twin = torch.nn.parallel.DistributedDataParallel(twin_module)
+    twin.register_comm_hook(None, allreduce_hook)
+    nets = [(model, optimizer), (twin, torch.optim.SGD(twin.parameters(), lr=0.01))]
+    for _ in range(TWIN_STEPS):
+        batch = torch.randn(16, 32)
+        for net, opt in nets:
+            net(batch).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    pairs = zip(model.module.parameters(), twin.module.parameters(), strict=True)
+    same = torch.tensor([float(all(torch.equal(a, b) for a, b in pairs))])
+    dist.all_reduce(same, op=dist.ReduceOp.MIN)
     anatomy.close()
     assert merge.close(30)
     assert bus.close(30)
@@ -188,6 +207,7 @@ def main() -> None:
                 for e in seen
                 if e.name == STRAGGLER_EVENT
             ],
+            "same_weights": bool(same[0]),
             "hangs": [dict(e.data) for e in seen if e.name == HANG_EVENT],
             "anatomy": [
                 {"stamp": e.timestamp.timestamp(), **e.data}

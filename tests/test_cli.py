@@ -1006,11 +1006,11 @@ def test_summary_shows_a_step_anatomy_straggler_by_the_time_the_others_waited(
     assert main(["summary", str(run)]) == 0
     out, err = capsys.readouterr()
     assert err == ""
-    lines = [line.strip().split("  ", 1)[1] for line in out.splitlines() if "wait_s" in line]
-    assert lines == [
-        "straggler  stat step.wait_s  rank 2 (n1)  others waited 29.4 ms/step in backward  3 windows",
-        "straggler  stat step.wait_s  rank 2 (n1)  others waited 31.0 ms/step in data (gc)  3 windows",
-        "straggler  stat step.wait_s  rank 2 (n1)  others waited 500.0 ms/step  3 windows",
+    lines = [line.strip().split("  ", 1)[1] for line in out.splitlines() if "waited" in line]
+    assert lines == [  # the family by its prefix: a line fits a page's code block
+        "straggler  step  rank 2 (n1)  others waited 29.4 ms/step in backward  3 windows",
+        "straggler  step  rank 2 (n1)  others waited 31.0 ms/step in data (gc)  3 windows",
+        "straggler  step  rank 2 (n1)  others waited 500.0 ms/step  3 windows",
     ]
 
 

@@ -443,3 +443,13 @@ def test_a_rank_stuck_in_its_data_stage_is_named_while_it_hangs(job: dict[str, A
         "waits": False,
         "waiting": 2,
     }
+
+
+@pytest.mark.stress  # the job's other tests are: one launch serves them all
+def test_the_timed_all_reduce_averages_the_gradients_as_ddp_s_own_hook(
+    job: dict[str, Any],
+) -> None:
+    """StepAnatomy's comm hook does DDP's all-reduce itself: on every rank, a model trained
+    under it ends bit for bit equal to a twin trained on the same batches under DDP's
+    ``allreduce_hook``."""
+    assert job["same_weights"] is True
