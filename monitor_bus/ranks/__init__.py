@@ -20,6 +20,8 @@ role and opens with the guarantees it keeps:
   and the episode bookkeeping every straggler rule shares.
 - ``_anatomy``: the straggler rule on ``StepAnatomy``'s Stats, given nothing: the rank the
   others wait for, its stage, the time it cost them, GC as a cause.
+- ``_slowdown``: the slowdown rule, a pure object fed each window's step time: the job named
+  once when it gets and stays ``slowdown`` slower, nothing for noise, a spike or a drift.
 - ``_merge``: ``RankMerge``, its start (windows lined up on the wall clock) and ``close()``.
 - ``_start``: the arguments checked, the merge's own gloo group, each rank's route.
 """
@@ -28,7 +30,16 @@ from __future__ import annotations
 
 from ._frame import FRAME_BYTES as FRAME_BYTES
 from ._merge import RankMerge as RankMerge
+from ._slowdown import SLOWDOWN_EVENT as SLOWDOWN_EVENT
+from ._slowdown import SlowdownRule as SlowdownRule
 from ._start import start_merge as start_merge
 from ._stragglers import STRAGGLER_EVENT as STRAGGLER_EVENT
 
-__all__ = ["FRAME_BYTES", "RankMerge", "STRAGGLER_EVENT", "start_merge"]
+__all__ = [
+    "FRAME_BYTES",
+    "SLOWDOWN_EVENT",
+    "STRAGGLER_EVENT",
+    "RankMerge",
+    "SlowdownRule",
+    "start_merge",
+]

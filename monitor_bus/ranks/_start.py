@@ -38,6 +38,7 @@ def start_merge(
     straggler_windows: int,
     exposed_fraction: float | None,
     two_level: bool | None,
+    slowdown: float | None = 0.1,
 ) -> RankMerge:
     """Check the arguments, make the merge's gloo group (a collective) and start merging
     ``bus``'s Stat windows across ranks: ``merge_stats_across_ranks`` once it has its bus,
@@ -64,6 +65,12 @@ def start_merge(
                 f"exposed_fraction must be above 0 and at most 1, got {exposed_fraction}"
             )
         exposed_fraction = float(exposed_fraction)
+    if slowdown is not None:
+        if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)):
+            raise wrong_type("slowdown", "a number or None", slowdown)
+        if not (slowdown > 0 and math.isfinite(slowdown)):
+            raise ValueError(f"slowdown must be a positive, finite number, got {slowdown}")
+        slowdown = float(slowdown)
     if two_level is not None and not isinstance(two_level, bool):
         raise wrong_type("two_level", "a bool or None", two_level)
     import torch.distributed as dist
@@ -97,6 +104,7 @@ def start_merge(
         stragglers=factors,
         straggler_windows=straggler_windows,
         exposed_fraction=exposed_fraction,
+        slowdown=slowdown,
         hosts=hosts,
         upstream=_routes([tuple(n) for n in nodes], dst, two_level),
     )
