@@ -9,10 +9,15 @@ whole number of windows on the wall clock (rank 0's, shared with every rank by a
 all-reduce before each step, outside it): clean; rank 2 sleeping ``DELAY`` seconds per step in
 backward (a hook on the loss, so before any gradient bucket is launched); clean; rank 2
 forcing full collections (``gc.collect()``) for ``DELAY`` seconds per step in its data stage;
-clean. (For the storm, rank 2 freezes what it holds, ``gc.freeze()``, so a collection
+clean (long enough for the slowdown rule to take the clean step as its baseline again);
+every rank sleeping ``SLOWER`` seconds more per step in its data stage (the job slower, no
+straggler). (For the storm, rank 2 freezes what it holds, ``gc.freeze()``, so a collection
 traverses only a ballast of ``BALLAST`` lists: about 2 ms each, where one over all of torch's
 objects takes about 75 ms here.) Rank 0 writes ``OUT_DIR/rank0.json``: each phase's start (wall clock), every
-straggler event and every merged window of ``step.wait_s`` and ``step.time_s`` it logged.
+straggler and slowdown event and every merged window of ``step.wait_s`` and ``step.time_s`` it
+logged; and ``OUT_DIR/merged.jsonl`` (a ``JsonlEventHandler``): the merged ``step.time_s``
+windows, the slowdown events and a ``"slow_rank_job.phase"`` event stamped at each phase's
+start.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import json
 import math
 import sys
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +36,7 @@ import torch.distributed as dist
 
 import monitor_bus as monitor
 from monitor_bus.integrations.torch import (
+    SLOWDOWN_EVENT,
     STRAGGLER_EVENT,
     StepAnatomy,
     merge_stats_across_ranks,
@@ -40,8 +46,18 @@ WINDOW = 0.5
 DELAY = 0.030
 SLOW_RANK = 2
 BALLAST = 100_000
+SLOWER = 0.010
+# The events OUT_DIR/merged.jsonl keeps, with the merged step.time_s windows.
+KEPT = ("slow_rank_job.phase", SLOWDOWN_EVENT)
 # (phase, windows long)
-PHASES = [("clean", 6), ("backward", 6), ("clean", 5), ("gc", 6), ("clean", 4)]
+PHASES = [
+    ("clean", 6),
+    ("backward", 6),
+    ("clean", 5),
+    ("gc", 6),
+    ("clean", 30),
+    ("slower", 20),
+]
 
 
 def main() -> None:
@@ -54,6 +70,15 @@ def main() -> None:
     bus = monitor.EventBus(name="slow-rank")
     seen: list[monitor.Event] = []
     bus.register_event_handler(seen.append)
+    jsonl = None
+    if rank == 0:
+        jsonl = monitor.JsonlEventHandler(out / "merged.jsonl")
+
+        def keep(event: monitor.Event) -> None:
+            if event.name in KEPT or "step.time_s.mean" in event.data:
+                jsonl(event)
+
+        bus.register_event_handler(keep)
     ballast: list[list[int]] = []
 
     def train_step(anatomy: StepAnatomy | None, phase: str) -> None:
@@ -68,6 +93,8 @@ def main() -> None:
                     start = time.perf_counter()
                     while time.perf_counter() - start < DELAY:
                         gc.collect()
+                if phase == "slower":
+                    time.sleep(SLOWER)
             with anatomy.stage("forward") if anatomy else _nothing():
                 loss = model(batch).square().mean()
             with anatomy.stage("backward") if anatomy else _nothing():
@@ -89,6 +116,10 @@ def main() -> None:
         starts.append(at)
         at += windows * WINDOW
     end = at
+    if rank == 0:
+        for (name, _), start in zip(PHASES, starts, strict=True):
+            stamp = datetime.fromtimestamp(start, timezone.utc)
+            bus.log_event(monitor.Event("slow_rank_job.phase", stamp, {"phase": name}))
     phase_now = torch.zeros(1)
     while True:
         if rank == 0:  # rank 0's clock says the phase: 1 + its index; 0 before; -1 the end
@@ -104,6 +135,8 @@ def main() -> None:
     anatomy.close()
     assert merge.close(30)
     assert bus.close(30)
+    if jsonl is not None:
+        jsonl.close()
     if rank == 0:
         result: dict[str, Any] = {
             "phases": [[name, start] for (name, _), start in zip(PHASES, starts, strict=True)],
@@ -112,6 +145,11 @@ def main() -> None:
                 {"stamp": e.timestamp.timestamp(), **e.data}
                 for e in seen
                 if e.name == STRAGGLER_EVENT
+            ],
+            "slowdowns": [
+                {"stamp": e.timestamp.timestamp(), **e.data}
+                for e in seen
+                if e.name == SLOWDOWN_EVENT
             ],
             "windows": [
                 {"stamp": e.timestamp.timestamp(), **e.data}

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -219,8 +221,18 @@ def exposed_fractions(windows: list[dict[str, Any]]) -> dict[float, float]:
     return out
 
 
+@pytest.fixture(scope="module")
+def phased_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One run of tests/slow_rank_job.py (its rank 0's result), shared by the tests below."""
+    out = tmp_path_factory.mktemp("slow_rank")
+    proc = run_job(out, str(out), script=ROOT / "tests" / "slow_rank_job.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads((out / "rank0.json").read_text())
+    return result
+
+
 def test_the_slow_rank_is_named_with_its_stage_and_gc_cause_then_recovered(
-    tmp_path: Path,
+    phased_job: dict[str, Any],
 ) -> None:
     """3 gloo ranks, DDP, merged with ``merge_stats_across_ranks()`` and no ``stragglers``:
     clean, then rank 2 sleeping 30 ms per step in backward, clean, then rank 2 collecting
@@ -228,10 +240,15 @@ def test_the_slow_rank_is_named_with_its_stage_and_gc_cause_then_recovered(
     backward, in its third slow window, with an exposed time within 40% of 30 ms, recovered in
     the first clean window; named in data with cause "gc", recovered. The clean windows before
     name nobody."""
-    proc = run_job(tmp_path, str(tmp_path), script=ROOT / "tests" / "slow_rank_job.py")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((tmp_path / "rank0.json").read_text())
+    result = phased_job
     starts = [start for _, start in result["phases"]]
+    # The phases up to the slowdown rule's (its 30 clean windows and the slower phase come
+    # after them): the first 4 windows of the clean phase after the storm, as before it.
+    result = {
+        **result,
+        "stragglers": [e for e in result["stragglers"] if e["stamp"] < starts[4] + 4 * WINDOW],
+        "windows": [w for w in result["windows"] if w["stamp"] < starts[4] + 4 * WINDOW],
+    }
     fractions = exposed_fractions(result["windows"])
     report = {
         "events": result["stragglers"],
@@ -253,3 +270,33 @@ def test_the_slow_rank_is_named_with_its_stage_and_gc_cause_then_recovered(
     ], report
     assert abs(result["stragglers"][0]["exposed_s"] - 0.030) <= 0.4 * 0.030, report
     assert all(f < 0.2 for end, f in fractions.items() if end <= starts[1]), report
+
+
+@pytest.mark.stress
+def test_every_rank_slower_is_a_slowdown_named_once_from_where_it_began(
+    phased_job: dict[str, Any],
+) -> None:
+    """The job's last phase: every rank sleeps 10 ms more per step, after 30 clean windows.
+    ``dst`` names one slowdown of ``step.time_s`` in it, begun in the phase's first window,
+    at least 1.5 times the step before, its ``after`` within 20% of the phase's median merged
+    step time. (The machine's own load can make the clean phases slower too, a slowdown of
+    its own, begun before the phase; none is named from the phase but that one.)"""
+    result = phased_job
+    starts = [start for _, start in result["phases"]]
+    steps = {
+        end_of(w["stamp"]): w["step.time_s.mean"]
+        for w in result["windows"]
+        if "step.time_s.mean" in w
+    }
+    slower = statistics.median(v for end, v in steps.items() if end > starts[-1])
+    report = {"events": result["slowdowns"], "steps": steps, "slower": slower}
+    began = {
+        end_of(datetime.fromisoformat(e["began"]).timestamp()): e for e in result["slowdowns"]
+    }
+    [event] = [e for end, e in began.items() if end > starts[-1]]
+    assert end_of(datetime.fromisoformat(event["began"]).timestamp()) == starts[-1] + WINDOW, (
+        report
+    )
+    assert event["stat"] == "step.time_s", report
+    assert event["ratio"] >= 1.5, report
+    assert abs(event["after"] / slower - 1) < 0.2, report
