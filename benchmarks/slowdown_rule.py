@@ -153,8 +153,8 @@ def measure(
             "trials": trials,
             "detected": detected / trials,
             "named_anyway": anyway / trials,
-            "delay_p50": statistics.median(delays) if delays else math.nan,
-            "delay_p90": percentile(delays, 0.9) if delays else math.nan,
+            "delay_p50": statistics.median(delays) if delays else None,
+            "delay_p90": percentile(delays, 0.9) if delays else None,
         }
     return result
 
@@ -194,8 +194,8 @@ def _shift_names() -> list[str]:
     return [f"{s:.0%}" for s in SHIFTS]
 
 
-def _windows(value: float) -> str:
-    return "-" if math.isnan(value) else f"{value:g}"
+def _windows(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
 
 
 def main() -> None:

@@ -9,7 +9,6 @@ import logging
 import math
 import statistics
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -290,13 +289,9 @@ def test_every_rank_slower_is_a_slowdown_named_once_from_where_it_began(
     }
     slower = statistics.median(v for end, v in steps.items() if end > starts[-1])
     report = {"events": result["slowdowns"], "steps": steps, "slower": slower}
-    began = {
-        end_of(datetime.fromisoformat(e["began"]).timestamp()): e for e in result["slowdowns"]
-    }
+    began = {end_of(datetime.fromisoformat(e["began"]).timestamp()): e for e in result["slowdowns"]}
     [event] = [e for end, e in began.items() if end > starts[-1]]
-    assert end_of(datetime.fromisoformat(event["began"]).timestamp()) == starts[-1] + WINDOW, (
-        report
-    )
+    assert end_of(datetime.fromisoformat(event["began"]).timestamp()) == starts[-1] + WINDOW, report
     assert event["stat"] == "step.time_s", report
     assert event["ratio"] >= 1.5, report
     assert abs(event["after"] / slower - 1) < 0.2, report
