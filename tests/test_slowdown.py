@@ -206,13 +206,22 @@ def test_the_threshold_is_the_user_s_and_none_turns_the_rule_off(
 
 def test_slowdown_is_checked() -> None:
     """A threshold that is not a positive, finite number (or None) is refused before anything
-    starts."""
+    starts, and so are a rule's bad arguments."""
     from monitor_bus.integrations.torch import merge_stats_across_ranks
 
-    with pytest.raises(TypeError, match="slowdown must be a number or None"):
+    with pytest.raises(TypeError, match="slowdown must be a number, not str"):
         merge_stats_across_ranks(slowdown="0.1")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="slowdown must be a number or None"):
+    with pytest.raises(TypeError, match="slowdown must be a number, not bool"):
         merge_stats_across_ranks(slowdown=True)
     for threshold in (0, -0.1, math.nan, math.inf):
         with pytest.raises(ValueError, match="slowdown must be a positive, finite number"):
             merge_stats_across_ranks(slowdown=threshold)
+        with pytest.raises(ValueError, match="slowdown must be a positive, finite number"):
+            SlowdownRule(threshold)
+    with pytest.raises(ValueError, match="evidence must be a positive, finite number"):
+        SlowdownRule(evidence=0)
+    for name in ("windows", "baseline", "first"):
+        with pytest.raises(ValueError, match=f"{name} must be at least 1, got 0"):
+            SlowdownRule(**{name: 0})
+        with pytest.raises(TypeError, match=f"{name} must be an int, not float"):
+            SlowdownRule(**{name: 2.0})

@@ -26,7 +26,7 @@ Guarantees
 - Not named: noise (its sum drifts down), a single spike (it scores 0.5 at most), a shift of
   half the threshold (under the reference, its sum drifts down too, and it never clears
   the bar), a drift slow enough for the baseline to follow (the windows that are no
-  candidates join it; so do those of a change that has not confirmed in ``2 * BASELINE``
+  candidates join it; so do the oldest of a change that has not confirmed in ``BASELINE``
   windows), the first ``FIRST`` windows (a warm-up among them names nothing). A speed-up is
   the same rule mirrored and names nothing: the baseline moves down to the new level,
   silently, so a later slowdown is measured from there.
@@ -42,6 +42,8 @@ import math
 import statistics
 from collections import deque
 from datetime import datetime
+
+from .._check import check_int, wrong_type
 
 #: The name of the event ``dst`` logs when the job's step time gets and stays ``slowdown``
 #: slower: data ``stat``, ``before``, ``after``, ``ratio``, ``began`` and ``windows``.
@@ -68,6 +70,15 @@ CONFIDENCE = 2.0
 _MEDIAN_ERROR = 1.2533
 # The MAD of a normal sample times this estimates its standard deviation.
 _MAD_SIGMA = 1.4826
+
+
+def check_threshold(name: str, value: object) -> float:
+    """``value`` as a positive, finite float (a slowdown's threshold, the evidence)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise wrong_type(name, "a number", value)
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a positive, finite number, got {value}")
+    return float(value)
 
 
 class Slowdown:
@@ -106,7 +117,22 @@ class SlowdownRule:
         slowdown: the part slower the step must get and stay, above 0 (0.1: 10%).
         windows: the fewest windows a change is confirmed after.
         baseline: the most windows the baseline is the median of.
-        evidence: the sum (in the baseline's spreads) that names a change.
+        first: the windows the first baseline is made of (at least ``windows``).
+        evidence: the sum of the windows' scores (each under 0.5) that names a change.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        ValueError: ``slowdown`` or ``evidence`` is not a positive, finite number, or a count
+            of windows is below 1.
+
+    Examples:
+        >>> from datetime import datetime, timedelta, timezone
+        >>> rule = SlowdownRule(0.1)
+        >>> t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+        >>> steps = [1.0] * 20 + [1.25] * 20
+        >>> found = [rule.add(t0 + timedelta(seconds=i), s) for i, s in enumerate(steps)]
+        >>> [(f.before, f.after, f.began.second) for f in found if f is not None]
+        [(1.0, 1.25, 20)]
     """
 
     def __init__(
@@ -118,11 +144,11 @@ class SlowdownRule:
         first: int = FIRST,
         evidence: float = EVIDENCE,
     ) -> None:
-        self.slowdown = slowdown
-        self.windows = windows
-        self.evidence = evidence
-        self._cap = max(baseline, windows)
-        self._first = max(first, windows)
+        self.slowdown = check_threshold("slowdown", slowdown)
+        self.windows = check_int("windows", windows, 1)
+        self.evidence = check_threshold("evidence", evidence)
+        self._cap = max(check_int("baseline", baseline, 1), windows)
+        self._first = max(check_int("first", first, 1), windows)
         # The last ``NOISE`` window-to-window changes of the log step time, for the spread.
         self._steps: deque[float] = deque(maxlen=NOISE)
         self._last: float | None = None

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._check import check_int, check_timeout, type_name, wrong_type
 from ._merge import RankMerge
+from ._slowdown import check_threshold
 
 if TYPE_CHECKING:
     from .._bus import EventBus
@@ -66,11 +67,7 @@ def start_merge(
             )
         exposed_fraction = float(exposed_fraction)
     if slowdown is not None:
-        if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)):
-            raise wrong_type("slowdown", "a number or None", slowdown)
-        if not (slowdown > 0 and math.isfinite(slowdown)):
-            raise ValueError(f"slowdown must be a positive, finite number, got {slowdown}")
-        slowdown = float(slowdown)
+        slowdown = check_threshold("slowdown", slowdown)
     if two_level is not None and not isinstance(two_level, bool):
         raise wrong_type("two_level", "a bool or None", two_level)
     import torch.distributed as dist
