@@ -58,6 +58,14 @@ def test_a_lasting_slowdown_is_named_once_and_a_further_one_again() -> None:
     assert seen == [(29, 20, 1.0, 1.5, 1.5, 10), (69, 60, 1.5, 3.0, 2.0, 10)]
 
 
+def test_a_slowdown_after_a_slower_stretch_began_where_the_step_changed() -> None:
+    """Two windows 25% slower and eight 7.5% slower (the sum stands still on them), then the
+    step doubles: named once the sum has its evidence, as begun where the step doubled (the
+    eight doubled windows are surely slower than the stretch before), 1.0 -> 2.0."""
+    series = [1.0] * 30 + [1.25] * 2 + [1.075] * 8 + [2.0] * 20
+    assert named(series) == [(47, 40, 1.0, 2.0, 2.0, 8)]
+
+
 def test_a_five_percent_step_or_drift_names_nothing() -> None:
     """A 5% step, held for 300 windows, and a drift of 5% over 300 windows name nothing; nor
     does either under noise of a steady job's size (5% window to window)."""

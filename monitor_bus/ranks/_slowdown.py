@@ -21,8 +21,10 @@ Guarantees
   named when the sum reaches ``EVIDENCE`` (so after ``WINDOWS`` windows at the least),
   and the candidates' median is at least ``1 + slowdown`` times the baseline and over the
   reference by ``CONFIDENCE`` standard errors of the two medians (from the noise from one
-  window to the next, ``sigma``): a noisy job needs more windows than a steady one. Then
-  the baseline is the new level, so a slowdown that lasts is named once.
+  window to the next, ``sigma``): a noisy job needs more windows than a steady one. It
+  began with the first candidate, or, where the candidates are a slower stretch and then
+  a part ``slowdown`` slower again and surely so (a Mann-Whitney z of ``SPLIT_Z``), with
+  that part. Then the baseline is the new level, so a slowdown that lasts is named once.
 - Not named: noise (its sum drifts down), a single spike (it scores 0.5 at most), a shift of
   half the threshold (under the reference, its sum drifts down too, and it never clears
   the bar), a drift slow enough for the baseline to follow (the windows that are no
@@ -66,6 +68,11 @@ SIGMA_FLOOR = 0.01
 #: How many standard errors of the two medians a change must clear the reference by: a
 #: noisy job needs more windows to confirm one.
 CONFIDENCE = 2.0
+#: How sure (a Mann-Whitney z) that the later part of the slower windows is slower again
+#: than the earlier, for the slowdown to have begun there rather than with the earlier part.
+SPLIT_Z = 3.0
+#: The fewest windows of such an earlier part.
+SPLIT_BEFORE = 3
 # The standard error of a normal sample's median, in sigmas times the root of its size.
 _MEDIAN_ERROR = 1.2533
 # The MAD of a normal sample times this estimates its standard deviation.
@@ -216,10 +223,13 @@ class SlowdownRule:
             error = _MEDIAN_ERROR * sigma * math.sqrt(1 / len(candidates) + 1 / len(history))
             change = sign * (math.log(level) - center)
             if change >= self._bar and change >= self._reference + CONFIDENCE * error:
+                if sign < 0:  # a speed-up: the baseline moves down, nothing named
+                    self._reset(candidates)
+                    return None
+                candidates = candidates[self._second_level(candidates) :]
                 self._reset(candidates)
-                if sign > 0:
-                    return Slowdown(base, level, candidates[0][0], len(candidates))
-                return None  # a speed-up: the baseline moved down, nothing named
+                level = statistics.median(m for _, m in candidates)
+                return Slowdown(base, level, candidates[0][0], len(candidates))
         # The windows before every candidate join the baseline; so do the oldest of a shift
         # that never confirms, which the baseline then follows.
         active = [s for s in starts if s is not None]
@@ -229,6 +239,25 @@ class SlowdownRule:
             del pending[:cut]
             self._starts = [None if s is None else max(s - cut, 0) for s in starts]
         return None
+
+    def _second_level(self, candidates: list[tuple[datetime, float]]) -> int:
+        """Where in ``candidates`` the slowdown began: 0, or the first window of a later part
+        that is ``slowdown`` slower again than the part before and, by a Mann-Whitney test,
+        surely slower (z of ``SPLIT_Z`` or more; the highest such z picks the place): a slower
+        stretch (the machine's load) the step's own change followed."""
+        values = [m for _, m in candidates]
+        size = len(values)
+        best, where = SPLIT_Z, 0
+        for cut in range(SPLIT_BEFORE, size - max(self.windows // 2, 1) + 1):
+            before, after = values[:cut], values[cut:]
+            if statistics.median(after) < (1 + self.slowdown) * statistics.median(before):
+                continue
+            wins = sum((y > x) + 0.5 * (y == x) for x in before for y in after)
+            pairs = len(before) * len(after)
+            z = (wins - pairs / 2) / math.sqrt(pairs * (size + 1) / 12)
+            if z > best:
+                best, where = z, cut
+        return where
 
     def _reset(self, level: list[tuple[datetime, float]]) -> None:
         """A change confirmed: the baseline is the new level; both sums start again."""
