@@ -39,7 +39,7 @@ def start_merge(
     straggler_windows: int,
     exposed_fraction: float | None,
     two_level: bool | None,
-    slowdown: float | None = 0.1,
+    slowdown: float | None,
 ) -> RankMerge:
     """Check the arguments, make the merge's gloo group (a collective) and start merging
     ``bus``'s Stat windows across ranks: ``merge_stats_across_ranks`` once it has its bus,
