@@ -21,7 +21,9 @@ rank 2 spends ``DELAY`` seconds more per step:
 - ``data``, ``forward``, ``optimizer``: sleeping in that stage;
 - ``nostages``: sleeping in a step without stages;
 - ``collective``: sleeping in forward, in steps that bypass DDP (the plain module's backward,
-  then the gradients all-reduced by hand inside ``anatomy.collective()``).
+  then the gradients all-reduced by hand inside ``anatomy.collective()``);
+- ``slower``, after ``BASELINE`` clean windows (the slowdown rule's baseline again): every rank
+  sleeping ``SLOWER`` seconds more per step in its data stage (the job slower, no straggler).
 
 Then the hang: with ``hang_after`` at ``HANG_AFTER`` seconds, rank 2 is stuck in its data stage
 until dst has named it (dst's handler of ``HANG_EVENT`` writes ``OUT_DIR/hang``; rank 2 waits
@@ -31,8 +33,10 @@ beside a twin (its copy, under DDP's Python all-reduce hook, ``allreduce_hook``)
 batches: whether every rank's model ended equal to its twin goes under ``"same_weights"``.
 
 Rank 0 writes ``OUT_DIR/rank0.json``: each phase's start (wall clock), the host of each rank,
-every straggler, anatomy and hang event, and every merged window of ``step.wait_s`` and
-``step.time_s`` it logged.
+every straggler, anatomy, slowdown and hang event, and every merged window of ``step.wait_s`` and
+``step.time_s`` it logged; and ``OUT_DIR/merged.jsonl`` (a ``JsonlEventHandler``): the merged
+``step.time_s`` windows, the slowdown events and a ``"slow_rank_job.phase"`` event stamped at
+each phase's start.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import math
 import os
 import sys
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +60,7 @@ import monitor_bus as monitor
 from monitor_bus.integrations.torch import (
     ANATOMY_EVENT,
     HANG_EVENT,
+    SLOWDOWN_EVENT,
     STRAGGLER_EVENT,
     StepAnatomy,
     merge_stats_across_ranks,
@@ -66,12 +71,20 @@ DELAY = 0.030
 SLOW_RANK = 2
 BALLAST = 100_000
 SLOW, CLEAN = 4, 2  # windows of a slow phase, and of the clean one after it
+BASELINE = 30  # clean windows before the slower phase
 # (phase, windows long)
-PHASES = [("clean", 6)] + [
-    phase
-    for name in ("backward", "gc", "data", "forward", "optimizer", "nostages", "collective")
-    for phase in ((name, SLOW), ("clean", CLEAN))
-]
+PHASES = (
+    [("clean", 6)]
+    + [
+        phase
+        for name in ("backward", "gc", "data", "forward", "optimizer", "nostages", "collective")
+        for phase in ((name, SLOW), ("clean", CLEAN))
+    ]
+    + [("clean", BASELINE), ("slower", 20)]
+)
+SLOWER = 0.010
+# The events OUT_DIR/merged.jsonl keeps, with the merged step.time_s windows.
+KEPT = ("slow_rank_job.phase", SLOWDOWN_EVENT)
 HANG_AFTER = 2.0  # four of the senders' half-second rounds: rank 2 reports its stage first
 AFTER = 4  # windows of clean steps after the hang
 HANG_WAIT = 60.0  # how long rank 2 waits at most for dst to name it
@@ -96,6 +109,15 @@ def main() -> None:
             os.replace(out / "hang.tmp", hang_file)  # whole, for rank 2 to see
 
     bus.register_event_handler(on_hang)
+    jsonl = None
+    if rank == 0:
+        jsonl = monitor.JsonlEventHandler(out / "merged.jsonl")
+
+        def keep(event: monitor.Event) -> None:
+            if event.name in KEPT or "step.time_s.mean" in event.data:
+                jsonl(event)
+
+        bus.register_event_handler(keep)
     ballast: list[list[int]] = []
     none = contextlib.nullcontext()
 
@@ -112,6 +134,8 @@ def main() -> None:
             batch = torch.randn(16, 32)
             if slow == "data":
                 time.sleep(DELAY)
+            if phase == "slower":
+                time.sleep(SLOWER)
             if slow == "hang":  # stuck until dst has named it
                 deadline = time.monotonic() + HANG_WAIT
                 while not hang_file.exists():
@@ -156,6 +180,10 @@ def main() -> None:
         starts.append(at)
         at += windows * WINDOW
     end = at
+    if rank == 0:
+        for (name, _), start in zip(PHASES, starts, strict=True):
+            stamp = datetime.fromtimestamp(start, timezone.utc)
+            bus.log_event(monitor.Event("slow_rank_job.phase", stamp, {"phase": name}))
     phase_now = torch.zeros(1)
 
     def train_until(end: float, phase_of: Any) -> None:
@@ -197,6 +225,8 @@ def main() -> None:
     anatomy.close()
     assert merge.close(30)
     assert bus.close(30)
+    if jsonl is not None:
+        jsonl.close()
     if rank == 0:
         result: dict[str, Any] = {
             "phases": [[name, start] for (name, _), start in zip(PHASES, starts, strict=True)],
@@ -208,6 +238,11 @@ def main() -> None:
                 if e.name == STRAGGLER_EVENT
             ],
             "same_weights": bool(same[0]),
+            "slowdowns": [
+                {"stamp": e.timestamp.timestamp(), **e.data}
+                for e in seen
+                if e.name == SLOWDOWN_EVENT
+            ],
             "hangs": [dict(e.data) for e in seen if e.name == HANG_EVENT],
             "anatomy": [
                 {"stamp": e.timestamp.timestamp(), **e.data}

@@ -465,3 +465,40 @@ def test_compare_code_runs_both_trees_and_prints_their_ratio(tmp_path: Path) -> 
     )
     assert refused.returncode == 2
     assert f"before: no monitor_bus package in {str(tmp_path)!r}" in refused.stderr
+
+
+def test_slowdown_rule_benchmark_publishes_the_rates_it_saved(tmp_path: Path) -> None:
+    """benchmarks/slowdown_rule.py, run tiny on the recorded traces, saves a results file with
+    every rule's clean rates and each shift's detection, prints one row per rule built from
+    those figures, and --write puts exactly the printed text between the page's markers."""
+    page = tmp_path / "multihost.md"
+    begin, end = "<!-- slowdown-rates:begin -->", "<!-- slowdown-rates:end -->"
+    page.write_text(f"before\n{begin}\nold figures\n{end}\nafter\n")
+    results = tmp_path / "slowdown_rule.json"
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "slowdown_rule.py"),
+            *("--trials", "4", "--results", str(results), "--write", str(page)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert page.read_text() == f"before\n{begin}\n{out.stdout.removesuffix(chr(10))}{end}\nafter\n"
+    record = json.loads(results.read_text())
+    assert record["benchmark"] == "slowdown_rule"
+    rules = record["results"]["rules"]
+    traces, table = _markdown_tables(out.stdout)
+    assert [row[0] for row in traces[1:]] == sorted(record["results"]["traces"])
+    assert sorted(row[0] for row in table[1:]) == sorted(rules)
+    shifts = [cell.split(" ")[0] for cell in table[0][2:]]
+    assert shifts == ["5%", "10%", "20%", "50%"]
+    for row in table[1:]:
+        figures = rules[row[0]]
+        assert row[1] == f"{figures['clean_per_1000']:.1f} ({figures['steady_per_1000']:.1f})"
+        assert sorted(figures["shifts"]) == sorted(shifts)
+        for cell, shift in zip(row[2:], (figures["shifts"][s] for s in shifts), strict=True):
+            assert shift["trials"] == 4
+            assert cell.startswith(f"{shift['detected']:.0%} ({shift['named_anyway']:.0%}), ")

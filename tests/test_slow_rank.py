@@ -11,6 +11,8 @@ import json
 import logging
 import math
 import socket
+import statistics
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -316,6 +318,7 @@ WINDOW = 0.5  # as in slow_rank_job.py
 HANG_AFTER = 2.0  # as in slow_rank_job.py
 DELAY = 0.030
 SLOW_PHASES = ["backward", "gc", "data", "forward", "optimizer", "nostages", "collective"]
+BASELINE = 30  # clean windows before the slower phase, as in slow_rank_job.py
 # The stage each slow phase is named in, and its cause.
 NAMED = {
     "backward": ("backward", ""),
@@ -371,7 +374,8 @@ def test_a_delay_in_each_stage_names_the_rank_its_stage_and_host_then_recovered(
     each phase followed by clean windows. Exactly two events a phase, with rank 2's host: named
     in its third slow window with that stage (GC: data, cause "gc"; no stages: none) and an
     exposed time within 40% of 30 ms, and recovered in the first clean window. The clean
-    windows before the first phase name nobody."""
+    windows before the first phase name nobody. (The slowdown rule's phases come after: their
+    windows are left to it.)"""
     host = socket.gethostname()
     assert job["hosts"] == [host] * 3
     expected, ends = [], []
@@ -380,7 +384,8 @@ def test_a_delay_in_each_stage_names_the_rank_its_stage_and_host_then_recovered(
             stage, cause = NAMED[name]
             expected += [(2, host, stage, cause, False), (2, host, stage, cause, True)]
             ends += [start + 3 * WINDOW, end + WINDOW]
-    events = job["stragglers"]
+    baseline = job["spans"][-2][1]  # the slowdown rule's clean phase starts
+    events = [e for e in job["stragglers"] if end_of(e["stamp"]) <= baseline]
     got = [(e["rank"], e["host"], e["stage"], e["cause"], e["recovered"]) for e in events]
     assert got == expected, report(job)
     assert [end_of(e["stamp"]) for e in events] == ends, report(job)
@@ -453,3 +458,30 @@ def test_the_timed_all_reduce_averages_the_gradients_as_ddp_s_own_hook(
     under it ends bit for bit equal to a twin trained on the same batches under DDP's
     ``allreduce_hook``."""
     assert job["same_weights"] is True
+
+
+@pytest.mark.stress
+def test_every_rank_slower_is_a_slowdown_named_once_from_where_it_began(
+    job: dict[str, Any],
+) -> None:
+    """The straggler phases' last: every rank sleeps 10 ms more per step, after 30 clean
+    windows. ``dst`` names one slowdown of ``step.time_s`` in it, begun in the phase's first
+    window, at least 1.5 times the step before, its ``after`` within 20% of the phase's median
+    merged step time. (The machine's own load can make the clean phases slower too, a slowdown
+    of its own, begun before the phase; none is named from the phase but that one.)"""
+    _, slower_start, slower_end = job["spans"][-1]
+    steps = {
+        end_of(w["stamp"]): w["step.time_s.mean"]
+        for w in job["windows"]
+        if "step.time_s.mean" in w and end_of(w["stamp"]) <= slower_end
+    }
+    slower = statistics.median(v for end, v in steps.items() if end > slower_start)
+    report = {"events": job["slowdowns"], "steps": steps, "slower": slower}
+    began = {end_of(datetime.fromisoformat(e["began"]).timestamp()): e for e in job["slowdowns"]}
+    [event] = [e for end, e in began.items() if slower_start < end <= slower_end]
+    assert end_of(datetime.fromisoformat(event["began"]).timestamp()) == slower_start + WINDOW, (
+        report
+    )
+    assert event["stat"] == "step.time_s", report
+    assert event["ratio"] >= 1.5, report
+    assert abs(event["after"] / slower - 1) < 0.2, report

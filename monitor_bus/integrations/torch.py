@@ -37,6 +37,7 @@ from .._lifecycle import module_lock
 from .._step_anatomy import StepAnatomy as StepAnatomy
 from ..ranks import ANATOMY_EVENT as ANATOMY_EVENT
 from ..ranks import HANG_EVENT as HANG_EVENT
+from ..ranks import SLOWDOWN_EVENT as SLOWDOWN_EVENT
 from ..ranks import STRAGGLER_EVENT as STRAGGLER_EVENT
 from ..ranks import RankMerge as RankMerge
 from ..ranks import start_merge
@@ -178,6 +179,7 @@ def merge_stats_across_ranks(
     straggler_windows: int = 3,
     exposed_fraction: float | None = 0.2,
     two_level: bool | None = None,
+    slowdown: float | None = 0.1,
 ) -> RankMerge:
     """Merge the Stat windows of every ``torch.distributed`` rank into one stream on ``dst``.
 
@@ -233,6 +235,15 @@ def merge_stats_across_ranks(
     each rank not waiting in a collective, the one the others wait for; if every rank waits,
     for each rank. Once per hang: it is named again after a step has ended on some rank.
 
+    ``dst`` also watches each StepAnatomy family's merged step time (the MEAN of
+    ``<prefix>.time_s``) for a lasting change: when the job gets and stays ``slowdown``
+    (default 10%) slower it logs a ``SLOWDOWN_EVENT`` (``"monitor_bus.slowdown"``: ``stat``,
+    ``before`` and ``after``, the median step times in seconds, ``ratio``, ``began``, the
+    stamp of the first slower window, ISO 8601, and ``windows``) and a rate-limited
+    warning, once; then the slower level is the baseline. Noise, a single spike, a shift of
+    half ``slowdown`` or a slow drift names nothing, nor does the first windows' warm-up or
+    a speed-up (the rule: ``monitor_bus.ranks.SlowdownRule``, in docs/multihost.md).
+
     With ``two_level`` (by default, once a host other than ``dst``'s runs two or more ranks),
     the lowest rank of each host (a torchrun node: ``GROUP_RANK``, so two nodes on one machine
     are two hosts) merges its host's windows and sends ``dst`` one record per window, holding
@@ -266,6 +277,9 @@ def merge_stats_across_ranks(
         straggler_windows: how many merged windows in a row make a straggler (at least 1).
         exposed_fraction: the part of the step the other ranks wait for a rank that puts it
             over ``StepAnatomy``'s rule (above 0, at most 1); None turns that rule off.
+        slowdown: the part slower (0.1: 10%) the job's step (each StepAnatomy family's
+            merged ``<prefix>.time_s``) must get and stay for ``dst`` to name a slowdown
+            (a positive number); None turns the rule off.
         two_level: True: each host's leader merges its host first; False: every rank sends
             to ``dst`` (flat); None: two-level once a host other than ``dst``'s has two or
             more ranks.
@@ -278,7 +292,7 @@ def merge_stats_across_ranks(
         TypeError: an argument has the wrong type.
         ValueError: ``dst`` is not a rank of the job, ``timeout`` is not positive, a factor of
             ``stragglers`` is not above 1, ``straggler_windows`` is below 1 or
-            ``exposed_fraction`` is not in (0, 1].
+            ``exposed_fraction`` is not in (0, 1] or ``slowdown`` is not positive.
         RuntimeError: ``torch.distributed`` is not initialized, or the bus is merged already.
         ImportError: torch is not installed.
 
@@ -301,4 +315,5 @@ def merge_stats_across_ranks(
         straggler_windows=straggler_windows,
         exposed_fraction=exposed_fraction,
         two_level=two_level,
+        slowdown=slowdown,
     )

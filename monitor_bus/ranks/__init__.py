@@ -24,6 +24,8 @@ role and opens with the guarantees it keeps:
 - ``_hang``: the hang rule: each rank's ``StepAnatomy`` progress sent upstream with its
   messages, and on dst, once no step has ended on any rank for ``hang_after``, the rank not
   waiting in a collective named while the job hangs.
+- ``_slowdown``: the slowdown rule, a pure object fed each window's step time: the job named
+  once when it gets and stays ``slowdown`` slower, nothing for noise, a spike or a drift.
 - ``_merge``: ``RankMerge``, its start (windows lined up on the wall clock) and ``close()``.
 - ``_start``: the arguments checked, the merge's own gloo group, each rank's route.
 """
@@ -34,6 +36,8 @@ from ._anatomy import ANATOMY_EVENT as ANATOMY_EVENT
 from ._frame import FRAME_BYTES as FRAME_BYTES
 from ._hang import HANG_EVENT as HANG_EVENT
 from ._merge import RankMerge as RankMerge
+from ._slowdown import SLOWDOWN_EVENT as SLOWDOWN_EVENT
+from ._slowdown import SlowdownRule as SlowdownRule
 from ._start import start_merge as start_merge
 from ._stragglers import STRAGGLER_EVENT as STRAGGLER_EVENT
 
@@ -42,6 +46,8 @@ __all__ = [
     "FRAME_BYTES",
     "HANG_EVENT",
     "RankMerge",
+    "SLOWDOWN_EVENT",
     "STRAGGLER_EVENT",
+    "SlowdownRule",
     "start_merge",
 ]

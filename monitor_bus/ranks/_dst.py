@@ -1,4 +1,5 @@
-"""dst's role: it logs each merged window, with its spread, and watches it for stragglers.
+"""dst's role: it logs each merged window, with its spread, and watches it for stragglers and
+for a slowdown of the job.
 
 Guarantees
 ----------
@@ -13,17 +14,22 @@ Guarantees
 - Hangs: each round while it is not closing, after logging the windows due, dst's merge
   thread applies the hang rule (``_hang``) to every rank's last progress; the training
   thread, blocked in a collective or not, has no part in it.
+- Slowdowns: the slowdown rule (``_slowdown``) reads a round's StepAnatomy windows as the
+  straggler rule does, on their step time.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
+from .._event import Event
 from .._window import STAT_EVENT
-from ._anatomy import SUFFIXES, AnatomyStragglers, Merged, families, lost_keys
+from ._anatomy import SUFFIXES, TIME, WAIT, AnatomyStragglers, Merged, families, lost_keys
 from ._bucket import _data, _stamp
 from ._frame import _Record
 from ._receiving import Receiving, _Due
+from ._slowdown import SLOWDOWN_EVENT, Slowdown, SlowdownRule
 from ._stragglers import _MEAN, _means, _spread
 
 logger = logging.getLogger("monitor_bus")
@@ -68,7 +74,7 @@ class Dst(Receiving, AnatomyStragglers):
             if key[0] in self.stragglers:
                 self._watch(key[0], key[1], means, stamp)
             if (
-                (self.exposed_fraction is not None or self.spread)
+                (self.exposed_fraction is not None or self.spread or self.slowdown is not None)
                 and _MEAN in key[1]
                 and key[0].endswith(SUFFIXES)
                 and bucket.count
@@ -78,3 +84,47 @@ class Dst(Receiving, AnatomyStragglers):
                 anatomy.setdefault((key[2], key[3]), {})[key[0]] = merged
         if anatomy:
             self._watch_anatomy(anatomy)
+            self._watch_slowdown(anatomy)
+
+    def _watch_slowdown(self, windows: dict[tuple[float, int], dict[str, Merged]]) -> None:
+        """dst: feed each StepAnatomy family's merged step time in ``windows`` ((size, index)
+        -> the merged windows by name) to its slowdown rule, oldest window first; log what
+        it names."""
+        threshold = self.slowdown
+        if threshold is None:
+            return
+        for size, index in sorted(windows, key=lambda k: (k[0] * k[1], k[0])):
+            merged = windows[size, index]
+            for name in sorted(merged):
+                if not (name.endswith(TIME) and name[: -len(TIME)] + WAIT in merged):
+                    continue
+                _, mean, stamp, _ = merged[name]
+                rule = self._slowdown_rules.get(name)
+                if rule is None:
+                    rule = self._slowdown_rules[name] = SlowdownRule(threshold)
+                found = rule.add(stamp, mean)
+                if found is not None:
+                    self._name_slowdown(name, found, stamp)
+
+    def _name_slowdown(self, name: str, found: Slowdown, stamp: datetime) -> None:
+        """dst: log a ``SLOWDOWN_EVENT`` for ``found`` on the Stat ``name``, and warn."""
+        data: dict[str, str | float | int | bool] = {
+            "stat": name,
+            "before": found.before,
+            "after": found.after,
+            "ratio": found.ratio,
+            "began": found.began.isoformat(),
+            "windows": found.windows,
+        }
+        self.bus.log_event(Event(SLOWDOWN_EVENT, stamp, data))
+        if self._throttle.ready(("slowdown", name)):
+            logger.warning(
+                "merge_stats_across_ranks: the job's %r is %.2f times what it was (%.2f ms "
+                "per step, from %.2f ms) since the window stamped %s (%d merged windows)",
+                name,
+                found.ratio,
+                found.after * 1e3,
+                found.before * 1e3,
+                found.began.isoformat(),
+                found.windows,
+            )

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._check import check_int, check_timeout, type_name, wrong_type
 from ._merge import RankMerge
+from ._slowdown import check_threshold
 
 if TYPE_CHECKING:
     from .._bus import EventBus
@@ -38,6 +39,7 @@ def start_merge(
     straggler_windows: int,
     exposed_fraction: float | None,
     two_level: bool | None,
+    slowdown: float | None,
 ) -> RankMerge:
     """Check the arguments, make the merge's gloo group (a collective) and start merging
     ``bus``'s Stat windows across ranks: ``merge_stats_across_ranks`` once it has its bus,
@@ -64,6 +66,8 @@ def start_merge(
                 f"exposed_fraction must be above 0 and at most 1, got {exposed_fraction}"
             )
         exposed_fraction = float(exposed_fraction)
+    if slowdown is not None:
+        slowdown = check_threshold("slowdown", slowdown)
     if two_level is not None and not isinstance(two_level, bool):
         raise wrong_type("two_level", "a bool or None", two_level)
     import torch.distributed as dist
@@ -97,6 +101,7 @@ def start_merge(
         stragglers=factors,
         straggler_windows=straggler_windows,
         exposed_fraction=exposed_fraction,
+        slowdown=slowdown,
         hosts=hosts,
         upstream=_routes([tuple(n) for n in nodes], dst, two_level),
     )

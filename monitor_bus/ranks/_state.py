@@ -31,6 +31,7 @@ from .._ratelimit import LOG_INTERVAL, Throttle
 from .._window import STAT_EVENT, ClosedWindow
 from ._bucket import _Bucket, _data, _stamp
 from ._frame import _Record, _record
+from ._slowdown import SlowdownRule
 
 if TYPE_CHECKING:
     from .._bus import EventBus
@@ -79,6 +80,7 @@ class MergeState:
         stragglers: Mapping[str, float] | None = None,
         straggler_windows: int = 3,
         exposed_fraction: float | None = None,
+        slowdown: float | None = None,
         hosts: list[str] | None = None,
         upstream: Mapping[int, int] | None = None,
     ) -> None:
@@ -114,6 +116,11 @@ class MergeState:
         #: StepAnatomy's straggler rule: the part of the step the others wait for a rank
         #: from which it is over the rule; None: the rule is off.
         self.exposed_fraction = exposed_fraction
+        #: The slowdown rule's threshold (``_slowdown``): the part slower the job's step must
+        #: get and stay to be named; None: the rule is off.
+        self.slowdown = slowdown
+        # The slowdown rule of each StepAnatomy family, by its ``<prefix>.time_s`` (dst only).
+        self._slowdown_rules: dict[str, SlowdownRule] = {}
         #: The host name of each rank, by rank.
         self.hosts: list[str] = hosts or [""] * self.world_size
         #: The (Stat name, rank) pairs dst names stragglers now (dst only); StepAnatomy's rule's

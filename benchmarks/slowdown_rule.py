@@ -1,0 +1,254 @@
+"""How often the slowdown rule names something in a clean job, and how soon it names a real
+slowdown: from real merged step-time windows recorded on this machine.
+
+    python benchmarks/slowdown_rule.py [TRACE.jsonl ...] [--trials 300] [--write docs/multihost.md]
+
+The traces (default: ``benchmarks/traces/*.jsonl``, made by ``benchmarks/step_time_trace.py``:
+3 gloo ranks training a DDP model under ``StepAnatomy``, merged, nothing slowed on purpose)
+are read with ``monitor_bus.read_jsonl``; their series is each window's merged
+``step.time_s`` mean, noisy as the shared machine made it. For each rule:
+
+- Clean: the rule run over each trace as recorded (the machine's own load changes included,
+  and they are real changes of the job's step time) and over the trace made steady (each
+  window over the median of the ``2 * SPAN + 1`` around it: the recorded noise from window
+  to window, without the slow changes); names per 1,000 windows.
+- Shifts of 5%, 10%, 20% and 50%: ``--trials`` times each, a trace drawn at random and made
+  steady (the machine's own changes would name slowdowns of their own), a window ``t`` drawn at random (at least 40 windows from its
+  start, ``HORIZON`` from its end), every window from ``t`` on multiplied by 1 + the shift,
+  the rule run from ``LEAD`` windows before ``t``. Detected: a slowdown named within
+  ``HORIZON`` windows from ``t``; its delay, the windows from ``t`` to the one it is named in
+  (median, p90). "Named anyway": the same count on the trial's windows without the shift.
+
+Rules: the package's (``SlowdownRule``, its defaults and half and twice the evidence), and
+the simple rule it was chosen over (``K_IN_A_ROW`` windows in a row each at least 1 +
+threshold times the median of the ``BASELINE`` windows before, then that level the baseline).
+The results go to ``benchmarks/results/slowdown_rule.json``; ``--write`` puts the table on the
+page between its ``slowdown-rates`` markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+from collections import deque
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _machine import positive, publish  # noqa: E402
+from _results import save  # noqa: E402
+
+from monitor_bus import read_jsonl  # noqa: E402
+from monitor_bus.ranks import SlowdownRule  # noqa: E402
+from monitor_bus.ranks import _slowdown as rule_module  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+SHIFTS = (0.05, 0.10, 0.20, 0.50)
+HORIZON = 60
+LEAD = 120
+SPAN = 20
+THRESHOLD = 0.1
+K_IN_A_ROW = 5
+BASELINE = 30
+
+# A rule as the benchmark runs it: fed (stamp, mean), true when it names a slowdown.
+Rule = Callable[[datetime, float], bool]
+
+
+def package_rule(evidence: float) -> Callable[[], Rule]:
+    def make() -> Rule:
+        # The fewest windows: as many as the evidence takes at the most a window scores.
+        rule = SlowdownRule(THRESHOLD, evidence=evidence, windows=math.ceil(2 * evidence))
+        return lambda stamp, mean: rule.add(stamp, mean) is not None
+
+    return make
+
+
+def in_a_row_rule() -> Rule:
+    """K windows in a row each at least (1 + threshold) x the median of the windows before."""
+    history: deque[float] = deque(maxlen=BASELINE)
+    run: list[float] = []
+
+    def add(stamp: datetime, mean: float) -> bool:
+        if len(history) < BASELINE // 3:
+            history.append(mean)
+            return False
+        if mean >= (1 + THRESHOLD) * statistics.median(history):
+            run.append(mean)
+            if len(run) == K_IN_A_ROW:
+                history.clear()
+                history.extend(run)
+                run.clear()
+                return True
+            return False
+        history.extend(run)
+        history.append(mean)
+        run.clear()
+        return False
+
+    return add
+
+
+def names(make: Callable[[], Rule], stamps: list[datetime], series: list[float]) -> list[int]:
+    """The indices of the windows a fresh rule names a slowdown in."""
+    rule = make()
+    return [i for i, (s, m) in enumerate(zip(stamps, series, strict=True)) if rule(s, m)]
+
+
+def steady(series: list[float]) -> list[float]:
+    """``series`` without the machine's slow changes: each window over the median of the
+    ``2 * SPAN + 1`` around it, times the series' median. What is left is the noise from
+    window to window, of the size recorded."""
+    middle = statistics.median(series)
+    out = []
+    for i, mean in enumerate(series):
+        around = series[max(0, i - SPAN) : i + SPAN + 1]
+        out.append(mean / statistics.median(around) * middle)
+    return out
+
+
+def percentile(values: list[int], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def measure(
+    make: Callable[[], Rule],
+    traces: list[tuple[list[datetime], list[float]]],
+    trials: int,
+    seed: int,
+) -> dict[str, Any]:
+    rng = random.Random(seed)
+    total = sum(len(series) for _, series in traces)
+    recorded = sum(len(names(make, stamps, series)) for stamps, series in traces)
+    flat = sum(len(names(make, stamps, steady(series))) for stamps, series in traces)
+    result: dict[str, Any] = {
+        "windows": total,
+        "clean_per_1000": 1000 * recorded / total,
+        "steady_per_1000": 1000 * flat / total,
+        "shifts": {},
+    }
+    weights = [max(len(series) - 40 - HORIZON, 0) for _, series in traces]
+    for shift in SHIFTS:
+        detected, anyway, delays = 0, 0, []
+        for _ in range(trials):
+            stamps, recorded_series = rng.choices(traces, weights)[0]
+            series = steady(recorded_series)
+            t = rng.randrange(40, len(series) - HORIZON)
+            start = max(0, t - LEAD)
+            part, when = series[start : t + HORIZON], stamps[start : t + HORIZON]
+            slower = part[: t - start] + [m * (1 + shift) for m in part[t - start :]]
+            found = [i + start for i in names(make, when, slower) if i + start >= t]
+            if found:
+                detected += 1
+                delays.append(found[0] - t + 1)
+            anyway += any(i + start >= t for i in names(make, when, part))
+        result["shifts"][f"{shift:.0%}"] = {
+            "trials": trials,
+            "detected": detected / trials,
+            "named_anyway": anyway / trials,
+            "delay_p50": statistics.median(delays) if delays else None,
+            "delay_p90": percentile(delays, 0.9) if delays else None,
+        }
+    return result
+
+
+def table(results: dict[str, Any], traces: dict[str, dict[str, Any]]) -> list[str]:
+    lines = [
+        "Traces (3 gloo ranks, DDP, StepAnatomy, merged; recorded by "
+        "benchmarks/step_time_trace.py on this machine):",
+        "",
+        "| trace | windows | median step, ms | noise from window to window (sigma of the log) |",
+        "|---|---|---|---|",
+    ]
+    for name, info in traces.items():
+        lines.append(
+            f"| {name} | {info['windows']} | {info['median_ms']:.2f} | {info['noise']:.2f} |"
+        )
+    lines += [
+        "",
+        "| rule | clean, names per 1,000 windows: as recorded (steady) "
+        + "".join(f"| {s} shift: detected (named anyway), delay p50/p90 " for s in _shift_names())
+        + "|",
+        "|---|---|" + "---|" * len(SHIFTS),
+    ]
+    for rule, r in results.items():
+        cells = [f"{r['clean_per_1000']:.1f} ({r['steady_per_1000']:.1f})"]
+        for s in _shift_names():
+            x = r["shifts"][s]
+            cells.append(
+                f"{x['detected']:.0%} ({x['named_anyway']:.0%}), "
+                f"{_windows(x['delay_p50'])}/{_windows(x['delay_p90'])}"
+            )
+        lines.append(f"| {rule} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _shift_names() -> list[str]:
+    return [f"{s:.0%}" for s in SHIFTS]
+
+
+def _windows(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("traces", nargs="*", type=Path)
+    parser.add_argument("--trials", type=positive, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--write", type=Path, default=None, help="the page to publish on")
+    parser.add_argument("--results", type=Path, default=None, help="where to save (a test's)")
+    args = parser.parse_args()
+    paths = args.traces or sorted((HERE / "traces").glob("*.jsonl"))
+    traces, info = [], {}
+    for path in paths:
+        events = [e for e in read_jsonl(path) if "step.time_s.mean" in e.data]
+        series = [float(e.data["step.time_s.mean"]) for e in events]
+        logs = [math.log(m) for m in series]
+        steps = [abs(b - a) for a, b in zip(logs, logs[1:], strict=False)]
+        traces.append(([e.timestamp for e in events], series))
+        info[path.name] = {
+            "windows": len(series),
+            "median_ms": 1e3 * statistics.median(series),
+            "noise": 1.4826 * statistics.median(steps) / math.sqrt(2),
+        }
+    rules: dict[str, Callable[[], Rule]] = {
+        f"SlowdownRule (default, evidence {rule_module.EVIDENCE:g})": package_rule(
+            rule_module.EVIDENCE
+        ),
+        "SlowdownRule, evidence 2.5": package_rule(2.5),
+        "SlowdownRule, evidence 10": package_rule(10.0),
+        f"{K_IN_A_ROW} windows in a row each >= 1.1x": lambda: in_a_row_rule(),
+    }
+    results = {name: measure(make, traces, args.trials, args.seed) for name, make in rules.items()}
+    lines = table(results, info)
+    lines += [
+        "",
+        f"Threshold {THRESHOLD:g} (10% slower); the rule's constants: windows "
+        f"{rule_module.WINDOWS}, baseline {rule_module.BASELINE}, first baseline "
+        f"{rule_module.FIRST}, reference {rule_module.REFERENCE:g} x the threshold, confidence "
+        f"{rule_module.CONFIDENCE:g}; {args.trials} trials a shift, horizon {HORIZON} windows.",
+    ]
+    settings = {
+        "threshold": THRESHOLD,
+        "trials": args.trials,
+        "horizon": HORIZON,
+        "seed": args.seed,
+    }
+    save(
+        "slowdown_rule",
+        {"traces": info, "rules": results, "settings": settings},
+        path=args.results,
+    )
+    publish(lines, args.write, "slowdown-rates")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""The slowdown rule: the job's step time watched for a lasting change, named once when it
+gets and stays ``slowdown`` (default 10%) slower.
+
+``SlowdownRule`` is a pure object fed one window at a time (its stamp, its mean step time),
+so the same code runs live on ``dst``, on recorded windows (a JSONL file read back) and on
+synthetic series; ``dst`` feeds it (``_dst``).
+
+Guarantees
+----------
+- Which series (dst only, ``slowdown`` not None): one per ``StepAnatomy`` family, the merged
+  MEAN of ``<prefix>.time_s`` in each merged window that also holds ``<prefix>.wait_s`` (the
+  names alone tell a family, as for ``_anatomy``), fed in the order the windows end. Late
+  windows, and windows whose mean is not a positive, finite number, are not fed.
+- The rule, per series: a CUSUM (Page, 1954) of rank scores, confirmed by the medians.
+  The baseline is the median of up to ``BASELINE`` windows before the candidate ones (the
+  first ``FIRST`` windows make the first one). Each window scores where it ranks among the
+  baseline's windows once moved back by the reference (``REFERENCE`` x ``slowdown``), less
+  a half, in (-0.5, 0.5): whatever the noise's shape (a step time's is skewed), a window
+  of an unchanged job scores below 0 on average, so the sum of the scores, never below 0,
+  drifts down. The candidate windows are those since the sum last left 0. A slowdown is
+  named when the sum reaches ``EVIDENCE`` (so after ``WINDOWS`` windows at the least),
+  and the candidates' median is at least ``1 + slowdown`` times the baseline and over the
+  reference by ``CONFIDENCE`` standard errors of the two medians (from the noise from one
+  window to the next, ``sigma``): a noisy job needs more windows than a steady one. It
+  began with the first candidate, or, where the candidates are a slower stretch and then
+  a part ``slowdown`` slower again and surely so (a Mann-Whitney z of ``SPLIT_Z``), with
+  that part. Then the baseline is the new level, so a slowdown that lasts is named once.
+- Not named: noise (its sum drifts down), a single spike (it scores 0.5 at most), a shift of
+  half the threshold (under the reference, its sum drifts down too, and it never clears
+  the bar), a drift slow enough for the baseline to follow (the windows that are no
+  candidates join it; so do the oldest of a change that has not confirmed in ``BASELINE``
+  windows), the first ``FIRST`` windows (a warm-up among them names nothing). A speed-up is
+  the same rule mirrored and names nothing: the baseline moves down to the new level,
+  silently, so a later slowdown is measured from there.
+- The event: ``SLOWDOWN_EVENT`` with ``stat`` (``"<prefix>.time_s"``), ``before`` (the
+  baseline, seconds), ``after`` (the candidate windows' median), ``ratio`` (after / before),
+  ``began`` (the first candidate window's stamp, ISO 8601) and ``windows`` (how many
+  candidate windows), and a warning, rate-limited per Stat.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from datetime import datetime
+
+from .._check import check_int, wrong_type
+
+#: The name of the event ``dst`` logs when the job's step time gets and stays ``slowdown``
+#: slower: data ``stat``, ``before``, ``after``, ``ratio``, ``began`` and ``windows``.
+SLOWDOWN_EVENT = "monitor_bus.slowdown"
+
+#: The fewest windows a slowdown is named after: ``EVIDENCE`` at the most a window scores.
+WINDOWS = 10
+#: The most windows the baseline is the median of.
+BASELINE = 30
+#: The windows the first baseline is made of (a warm-up among them names nothing).
+FIRST = 10
+#: How many window-to-window changes the spread is measured over.
+NOISE = 60
+#: The rule's reference, as a part of the threshold: a shift under it drives the sum down.
+REFERENCE = 0.75
+#: How much evidence names a slowdown: the sum of the windows' scores (each at most 0.5).
+EVIDENCE = 5.0
+#: The least noise (sigma of the log step time, window to window) the confirmation assumes.
+SIGMA_FLOOR = 0.01
+#: How many standard errors of the two medians a change must clear the reference by: a
+#: noisy job needs more windows to confirm one.
+CONFIDENCE = 2.0
+#: How sure (a Mann-Whitney z) that the later part of the slower windows is slower again
+#: than the earlier, for the slowdown to have begun there rather than with the earlier part.
+SPLIT_Z = 3.0
+#: The fewest windows of such an earlier part.
+SPLIT_BEFORE = 3
+# The standard error of a normal sample's median, in sigmas times the root of its size.
+_MEDIAN_ERROR = 1.2533
+# The MAD of a normal sample times this estimates its standard deviation.
+_MAD_SIGMA = 1.4826
+
+
+def check_threshold(name: str, value: object) -> float:
+    """``value`` as a positive, finite float (a slowdown's threshold, the evidence)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise wrong_type(name, "a number", value)
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a positive, finite number, got {value}")
+    return float(value)
+
+
+class Slowdown:
+    """A slowdown the rule names: the level before and after, and where it began."""
+
+    __slots__ = ("after", "before", "began", "windows")
+
+    def __init__(self, before: float, after: float, began: datetime, windows: int) -> None:
+        #: The baseline: the median step time of the windows before, seconds.
+        self.before = before
+        #: The median step time of the windows from ``began``, seconds.
+        self.after = after
+        #: The stamp of the first slower window.
+        self.began = began
+        #: How many windows ``after`` is the median of.
+        self.windows = windows
+
+    @property
+    def ratio(self) -> float:
+        """``after / before``."""
+        return self.after / self.before
+
+    def __repr__(self) -> str:
+        return (
+            f"Slowdown(before={self.before!r}, after={self.after!r}, "
+            f"began={self.began.isoformat()!r}, windows={self.windows})"
+        )
+
+
+class SlowdownRule:
+    """The slowdown rule on one series of window means; see the module's guarantees.
+
+    Not thread-safe: one thread feeds it (on ``dst``, the merge's).
+
+    Args:
+        slowdown: the part slower the step must get and stay, above 0 (0.1: 10%).
+        windows: the fewest windows a change is confirmed after.
+        baseline: the most windows the baseline is the median of.
+        first: the windows the first baseline is made of (at least ``windows``).
+        evidence: the sum of the windows' scores (each under 0.5) that names a change.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        ValueError: ``slowdown`` or ``evidence`` is not a positive, finite number, or a count
+            of windows is below 1.
+
+    Examples:
+        >>> from datetime import datetime, timedelta, timezone
+        >>> rule = SlowdownRule(0.1)
+        >>> t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+        >>> steps = [1.0] * 20 + [1.25] * 20
+        >>> found = [rule.add(t0 + timedelta(seconds=i), s) for i, s in enumerate(steps)]
+        >>> [(f.before, f.after, f.began.second) for f in found if f is not None]
+        [(1.0, 1.25, 20)]
+    """
+
+    def __init__(
+        self,
+        slowdown: float = 0.1,
+        *,
+        windows: int = WINDOWS,
+        baseline: int = BASELINE,
+        first: int = FIRST,
+        evidence: float = EVIDENCE,
+    ) -> None:
+        self.slowdown = check_threshold("slowdown", slowdown)
+        self.windows = check_int("windows", windows, 1)
+        self.evidence = check_threshold("evidence", evidence)
+        self._cap = max(check_int("baseline", baseline, 1), windows)
+        self._first = max(check_int("first", first, 1), windows)
+        # The last ``NOISE`` window-to-window changes of the log step time, for the spread.
+        self._steps: deque[float] = deque(maxlen=NOISE)
+        self._last: float | None = None
+        self._history: deque[float] = deque(maxlen=self._cap)
+        # The windows not in the baseline yet: since both sums were last 0.
+        self._pending: list[tuple[datetime, float]] = []
+        # Per direction (up, down): the sum, and where in ``_pending`` its candidates begin.
+        self._sums = [0.0, 0.0]
+        self._starts: list[int | None] = [None, None]
+        # The reference and the bar, in the log of the step time.
+        self._reference = math.log1p(REFERENCE * slowdown)
+        self._bar = math.log1p(slowdown)
+
+    def add(self, stamp: datetime, mean: float) -> Slowdown | None:
+        """Feed one window's mean step time; the slowdown it confirms, if it does.
+
+        Args:
+            stamp: the window's stamp.
+            mean: its mean step time (a window whose mean is not positive and finite is
+                left out).
+
+        Returns:
+            The slowdown named by this window, or None.
+        """
+        if not (mean > 0 and math.isfinite(mean)):
+            return None
+        history = self._history
+        now = math.log(mean)
+        if self._last is not None:
+            self._steps.append(abs(now - self._last))
+        self._last = now
+        if len(history) < self._first:  # the first baseline
+            history.append(mean)
+            return None
+        base = statistics.median(history)
+        center = math.log(base)
+        # The noise from one window to the next: a level shift is one step among many.
+        sigma = max(_MAD_SIGMA * statistics.median(self._steps) / math.sqrt(2), SIGMA_FLOOR)
+        pending, starts = self._pending, self._starts
+        pending.append((stamp, mean))
+        # Each side's score: where the window, moved back by the reference, ranks among the
+        # baseline's, less a half. Its mean is below 0 when nothing changed, whatever the
+        # noise's shape (a skewed one too); a change beyond the reference drives it up.
+        size = len(history)
+        over = mean / (1 + REFERENCE * self.slowdown)
+        under = mean * (1 + REFERENCE * self.slowdown)
+        ranks = (
+            (sum(m < over for m in history) + 0.5 * sum(m == over for m in history)) / size,
+            (sum(m > under for m in history) + 0.5 * sum(m == under for m in history)) / size,
+        )
+        for side, sign in enumerate((1.0, -1.0)):
+            step = ranks[side] - 0.5
+            total = self._sums[side] = max(self._sums[side] + step, 0.0)
+            start = starts[side]
+            if total == 0.0:
+                start = starts[side] = None
+            elif start is None:
+                start = starts[side] = len(pending) - 1
+            if start is None or total < self.evidence or len(pending) - start < self.windows:
+                continue
+            candidates = pending[start:]
+            level = statistics.median(m for _, m in candidates)
+            # The level's and the baseline's medians are uncertain by this much (as for a
+            # normal sample's median): the change must clear the reference by CONFIDENCE of it.
+            error = _MEDIAN_ERROR * sigma * math.sqrt(1 / len(candidates) + 1 / len(history))
+            change = sign * (math.log(level) - center)
+            if change >= self._bar and change >= self._reference + CONFIDENCE * error:
+                if sign < 0:  # a speed-up: the baseline moves down, nothing named
+                    self._reset(candidates)
+                    return None
+                candidates = candidates[self._second_level(candidates) :]
+                self._reset(candidates)
+                level = statistics.median(m for _, m in candidates)
+                return Slowdown(base, level, candidates[0][0], len(candidates))
+        # The windows before every candidate join the baseline; so do the oldest of a shift
+        # that never confirms, which the baseline then follows.
+        active = [s for s in starts if s is not None]
+        cut = max(min(active, default=len(pending)), len(pending) - self._cap)
+        if cut > 0:
+            history.extend(m for _, m in pending[:cut])
+            del pending[:cut]
+            self._starts = [None if s is None else max(s - cut, 0) for s in starts]
+        return None
+
+    def _second_level(self, candidates: list[tuple[datetime, float]]) -> int:
+        """Where in ``candidates`` the slowdown began: 0, or the first window of a later part
+        that is ``slowdown`` slower again than the part before and, by a Mann-Whitney test,
+        surely slower (z of ``SPLIT_Z`` or more; the highest such z picks the place): a slower
+        stretch (the machine's load) the step's own change followed."""
+        values = [m for _, m in candidates]
+        size = len(values)
+        best, where = SPLIT_Z, 0
+        for cut in range(SPLIT_BEFORE, size - max(self.windows // 2, 1) + 1):
+            before, after = values[:cut], values[cut:]
+            if statistics.median(after) < (1 + self.slowdown) * statistics.median(before):
+                continue
+            wins = sum((y > x) + 0.5 * (y == x) for x in before for y in after)
+            pairs = len(before) * len(after)
+            z = (wins - pairs / 2) / math.sqrt(pairs * (size + 1) / 12)
+            if z > best:
+                best, where = z, cut
+        return where
+
+    def _reset(self, level: list[tuple[datetime, float]]) -> None:
+        """A change confirmed: the baseline is the new level; both sums start again."""
+        self._history.clear()
+        self._history.extend(m for _, m in level)
+        self._pending = []
+        self._sums = [0.0, 0.0]
+        self._starts = [None, None]
