@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -127,6 +128,13 @@ def missing(tool: str) -> str | None:
     return None
 
 
+# glibc's malloc with fixed thresholds. By default the first free of a block it had mapped
+# raises its mmap threshold to that size, so whether the step's temporaries (160 KB at the
+# 0.3 ms step) are mapped and faulted in anew each step depends on what the process allocated
+# before (an import, a writer): that alone moved the step's CPU by 1.8x between runs here.
+MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+
+
 def run_tool(tool: str, configs: list[list[Any]], timeout: float) -> tuple[list[dict], str]:
     """One fresh interpreter running ``tool`` on ``configs``: its lines, and its error text
     (empty when it exited 0)."""
@@ -137,6 +145,7 @@ def run_tool(tool: str, configs: list[list[Any]], timeout: float) -> tuple[list[
             text=True,
             timeout=timeout,
             cwd=work,
+            env={**os.environ, **MALLOC},
         )
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     error = "" if out.returncode == 0 else (out.stderr.strip().splitlines() or ["?"])[-1]
@@ -221,7 +230,8 @@ def render(record: dict[str, Any]) -> list[str]:
         f"{res['steps']['0.3 ms']:,} steps of the 0.3 ms step and "
         f"{res['steps']['10 ms']:,} of the 10 ms one per run; median of {res['rounds']} "
         "rounds; tools in a shuffled order in each round, each in a fresh interpreter, each "
-        "run beside the same loop without logging.",
+        "run beside the same loop without logging. Load average (1 min) "
+        f"{res['load'][0]:.2f} before, {res['load'][1]:.2f} after, on {machine['cores']} cores.",
         "",
         "**Process CPU per step**, every thread and the tool's helper processes, its final "
         "flush and close included, as a ratio to the same loop without logging:",
@@ -243,8 +253,8 @@ def render(record: dict[str, Any]) -> list[str]:
     lines += [
         "",
         "**The training thread's wall time per step** in the loop, as a ratio to the same loop "
-        "without logging, and the time the tool's flush and close took at the end (0.3 ms "
-        "step, K = 100):",
+        "without logging, and the time the tool's flush and close took at the end "
+        f"({labels[0]} step, K = {ks[-1]}):",
         "",
         "| logger | "
         + " | ".join(f"{label} step, K = {k}" for label in labels for k in ks)
@@ -261,7 +271,7 @@ def render(record: dict[str, Any]) -> list[str]:
         f"**The caller's cost**: the training thread's CPU inside the logging calls, ns per "
         f"scalar logged ({labels[0]} step; the cost of the brackets around them, measured in "
         "the loop without logging, taken off), against OpenTelemetry's `Histogram.record`; "
-        f"the bar is {CALLER_BAR}. Then the bytes each wrote per scalar (K = 100):",
+        f"the bar is {CALLER_BAR}. Then the bytes each wrote per scalar (K = {ks[-1]}):",
         "",
         "| logger | "
         + " | ".join(f"K = {k}, ns" for k in ks)
@@ -279,10 +289,10 @@ def render(record: dict[str, Any]) -> list[str]:
             against.append(f"{got['caller_ns'] / base['caller_ns']:.2f}" if ok else "n/a")
         stored = _cell(cells, t, labels[0], ks[-1], "bytes_per_scalar", ".1f")
         lines.append(f"| {TOOLS[t][0]} | " + " | ".join(ns + against) + f" | {stored} |")
-    absent = [t for t in TOOLS if tools.get(t, {}).get("status") != "ran"]
+    absent = [t for t in TOOLS if t in tools and tools[t]["status"] != "ran"]
     if absent:
         lines += ["", "Not in this run:", ""]
-        lines += [f"- {TOOLS[t][0]}: {tools[t]['status']}" for t in absent if t in tools]
+        lines += [f"- {TOOLS[t][0]}: {tools[t]['status']}" for t in absent]
     return lines
 
 
@@ -300,11 +310,11 @@ def plot(record: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, len(labels), figsize=(12, 5), sharey=True, squeeze=False)
     colors = plt.get_cmap("tab20").colors
     markers = "os^Dv<>pXh*P"
-    highest = 1.0
+    lowest, highest = 1.0, 1.0
     for ax, label in zip(axes[0], labels, strict=True):
         for n, t in enumerate(shown):
             ys = [cells[f"{t}|{label}|{k}"]["cpu_ratio"] for k in ks]
-            highest = max(highest, *ys)
+            lowest, highest = min(lowest, *ys), max(highest, *ys)
             mine = t.startswith("mb_")
             ax.plot(
                 ks,
@@ -312,7 +322,7 @@ def plot(record: dict[str, Any], path: Path) -> None:
                 marker=markers[n % len(markers)],
                 linestyle="-" if mine else "--",
                 linewidth=2.2 if mine else 1.2,
-                color=colors[(2 * n) % len(colors)],
+                color=colors[2 * n if n < 10 else 2 * (n - 10) + 1],
                 label=TOOLS[t][0].replace("`", ""),
             )
         ax.axhline(1.0, color="black", linewidth=0.8)
@@ -324,7 +334,8 @@ def plot(record: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("scalars logged per step (K)")
         ax.set_title(f"{label} training step")
         ax.grid(True, which="major", alpha=0.3)
-    ticks = [t for t in (0.9, 1, 1.5, 2, 3, 5, 10, 20, 50, 100, 200) if t <= highest * 1.5]
+    steps = (0.5, 0.7, 1, 1.2, 1.5, 2, 3, 5, 10, 20, 50, 100, 200)
+    ticks = [t for t in steps if lowest / 1.1 <= t <= highest * 1.1 or t == 1]
     axes[0][0].yaxis.set_major_locator(FixedLocator(ticks))
     axes[0][0].yaxis.set_minor_formatter(NullFormatter())
     axes[0][0].set_yticklabels([f"{t:g}x" for t in ticks])
@@ -375,6 +386,7 @@ def main() -> int:
     if not args.render:
         status = {t: missing(t) for t in TOOLS}
         tools = [t for t in args.tools if status[t] is None]
+        load_before = os.getloadavg()[0]
         measured = measure(args, tools)
         results = {
             "step_sizes": args.step_sizes,
@@ -395,6 +407,7 @@ def main() -> int:
                 for t in args.tools
             },
             "cells": summarize(measured),
+            "load": [load_before, os.getloadavg()[0]],
         }
         save("peers", results, packages=PACKAGES, path=args.results)
     record = load("peers", path=args.results)
