@@ -306,12 +306,34 @@ def render(record: dict[str, Any]) -> list[str]:
             against.append(f"{got['caller_ns'] / base['caller_ns']:.2f}" if ok else "n/a")
         stored = _cell(cells, t, labels[0], ks[-1], "bytes_per_scalar", ".1f")
         lines.append(f"| {TOOLS[t][0]} | " + " | ".join(ns + against) + f" | {stored} |")
+    lines += ["", bar(cells, shown, labels[0], ks)]
     lines += cheapest(cells, shown, labels, ks)
     absent = [t for t in TOOLS if t in tools and tools[t]["status"] != "ran"]
     if absent:
         lines += ["", "Not in this run:", ""]
         lines += [f"- {TOOLS[t][0]}: {tools[t]['status']}" for t in absent]
     return lines
+
+
+def bar(cells: dict[str, Any], shown: list[str], label: str, ks: list[int]) -> str:
+    """Which of monitor_bus's ways meet the caller's-cost bar, at which K."""
+    said = []
+    for t in shown:
+        if not t.startswith("mb_"):
+            continue
+        verdicts: dict[bool, list[str]] = {True: [], False: []}
+        for k in ks:
+            got, ref = cells.get(f"{t}|{label}|{k}"), cells.get(f"{REFERENCE}|{label}|{k}")
+            if got is None or ref is None or ref["caller_ns"] <= 0:
+                continue
+            verdicts[got["caller_ns"] / ref["caller_ns"] <= CALLER_BAR].append(str(k))
+        parts = [
+            f"{'met' if met else 'not met'} at K = {', '.join(k)}"
+            for met, k in verdicts.items()
+            if k
+        ]
+        said.append(f"{TOOLS[t][0]}: {'; '.join(parts)}")
+    return f"The caller's cost at most {CALLER_BAR} of `record`'s: " + ". ".join(said) + "."
 
 
 def cheapest(

@@ -518,7 +518,7 @@ def test_peers_benchmark_runs_every_installed_tool_and_renders_its_results(
         for figure in ("cpu_ratio", "wall_ratio", "none_cpu_us", "none_wall_us"):
             assert cell[figure] > 0, (key, figure)
         assert cell["close_ms"] >= 0, key
-    cpu, wall, caller = _markdown_tables(out.stdout)
+    cpu, wall, caller, kinds = _markdown_tables(out.stdout)
     titles = [peers.TOOLS[t][0] for t in ran]
     assert [row[0] for row in cpu[1:]] == ["no logging, CPU µs/step", *titles]
     assert [row[0] for row in wall[1:]] == titles
@@ -528,6 +528,23 @@ def test_peers_benchmark_runs_every_installed_tool_and_renders_its_results(
         assert row[2:] == [f"{c['cpu_ratio']:.2f}x" for c in cells], t
     otel = caller[1 + ran.index("otel_histogram")]
     assert otel[3:5] == ["1.00", "1.00"]
+    # One round: no spread, so monitor_bus is the cheapest exactly where its ratio is lowest.
+    assert [tuple(row[:3]) for row in kinds[1:]] == [
+        (kind, label, k)
+        for kind in ("every value", "aggregates")
+        for label in ("0.3 ms", "10 ms")
+        for k in ("1", "3")
+    ]
+    for row in kinds[1:]:
+        ours, theirs = (float(row[i].removesuffix("x")) for i in (4, 6))
+        assert row[7] == ("yes" if ours <= theirs else "no"), row
+    mine = [peers.TOOLS[t][0] for t in ran if t.startswith("mb_")]
+    (said,) = [line for line in out.stdout.splitlines() if line.startswith("The caller's cost")]
+    verdicts = said.removeprefix("The caller's cost at most 0.25 of `record`'s: ")
+    assert [part.split(": ")[0] for part in verdicts.removesuffix(".").split(". ")] == mine
+    for part in verdicts.removesuffix(".").split(". "):
+        ks = [k for v in part.split(": ", 1)[1].split("; ") for k in v.split(" at K = ")[1:]]
+        assert sorted(", ".join(ks).split(", ")) == ["1", "3"], part
     not_run = "- `wandb.log`, offline: not installed (wandb)"
     assert (not_run in out.stdout) is not has_wandb
     rendered = subprocess.run(
