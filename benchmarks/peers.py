@@ -432,12 +432,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=positive, default=3, help="rounds (default 3)")
+    parser.add_argument("--rounds", type=positive, default=5, help="rounds (default 5)")
     parser.add_argument(
-        "--steps", type=positive, default=800, help="steps of the 0.3 ms step (default 800)"
+        "--steps", type=positive, default=1000, help="steps of the 0.3 ms step (default 1,000)"
     )
     parser.add_argument(
-        "--long-steps", type=positive, default=80, help="steps of the 10 ms step (default 80)"
+        "--long-steps", type=positive, default=100, help="steps of the 10 ms step (default 100)"
     )
     parser.add_argument("--ks", type=positive, nargs="+", default=list(KS), help="K values")
     parser.add_argument(
