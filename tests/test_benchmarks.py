@@ -502,3 +502,96 @@ def test_slowdown_rule_benchmark_publishes_the_rates_it_saved(tmp_path: Path) ->
         for cell, shift in zip(row[2:], (figures["shifts"][s] for s in shifts), strict=True):
             assert shift["trials"] == 4
             assert cell.startswith(f"{shift['detected']:.0%} ({shift['named_anyway']:.0%}), ")
+
+
+# Eleven tools, each in an interpreter of its own that imports it (torch and MLflow take
+# seconds): about a minute on a loaded 2-core machine.
+@pytest.mark.timeout(400)
+def test_peers_benchmark_runs_every_installed_tool_and_renders_its_results(
+    tmp_path: Path,
+) -> None:
+    """benchmarks/peers.py, run tiny, runs every tool whose packages are installed and names
+    the others as not installed (this environment has no wandb: it is in the `peers` extra,
+    not `test`); its results file holds a positive figure per tool, the printed tables are
+    rendered from that file (--render gives the same text) and --write puts exactly that text
+    between the page's markers."""
+    for module in ("numpy", "psutil", "tensorboard", "tensorboardX", "torch", "mlflow"):
+        require(importlib.util.find_spec(module) is not None, f"{module} is not installed")
+    for module in ("opentelemetry.sdk", "prometheus_client", "orjson", "matplotlib"):
+        require(importlib.util.find_spec(module) is not None, f"{module} is not installed")
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import peers  # the benchmark's own table of tools and what each needs
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    has_wandb = importlib.util.find_spec("wandb") is not None
+    begin, end = "<!-- peers:begin -->", "<!-- peers:end -->"
+    page, results, png = tmp_path / "choosing.md", tmp_path / "peers.json", tmp_path / "p.png"
+    page.write_text(f"before\n{begin}\nold figures\n{end}\nafter\n")
+    tiny = ("--rounds", "1", "--steps", "20", "--long-steps", "2", "--ks", "1", "3")
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "peers.py"),
+            *tiny,
+            *("--results", str(results), "--write", str(page), "--plot", str(png)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert out.returncode == 0, out.stderr
+    assert page.read_text() == f"before\n{begin}\n{out.stdout.removesuffix(chr(10))}{end}\nafter\n"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    record = json.loads(results.read_text())
+    res = record["results"]
+    expected = {t: "ran" for t in peers.TOOLS}
+    if not has_wandb:
+        expected["wandb"] = "not installed (wandb)"
+    assert {t: s["status"] for t, s in res["tools"].items()} == expected
+    assert record["versions"]["mlflow"] != "not installed"
+    ran = [t for t in peers.TOOLS if expected[t] == "ran"]
+    keys = {f"{t}|{label}|{k}" for t in ran for label in ("0.3 ms", "10 ms") for k in (1, 3)}
+    assert set(res["cells"]) == keys
+    for key, cell in res["cells"].items():
+        assert cell["rounds"] == 1, key
+        for figure in ("cpu_ratio", "wall_ratio", "none_cpu_us", "none_wall_us"):
+            assert cell[figure] > 0, (key, figure)
+        assert cell["close_ms"] >= 0, key
+    cpu, wall, caller, kinds = _markdown_tables(out.stdout)
+    titles = [peers.TOOLS[t][0] for t in ran]
+    assert [row[0] for row in cpu[1:]] == ["no logging, CPU µs/step", *titles]
+    assert [row[0] for row in wall[1:]] == titles
+    assert [row[0] for row in caller[1:]] == titles
+    for t, row in zip(ran, cpu[2:], strict=True):
+        cells = [res["cells"][f"{t}|{label}|{k}"] for label in ("0.3 ms", "10 ms") for k in (1, 3)]
+        assert row[2:] == [f"{c['cpu_ratio']:.2f}x" for c in cells], t
+    otel = caller[1 + ran.index("otel_histogram")]
+    assert otel[3:5] == ["1.00", "1.00"]
+    # One round: no spread, so monitor_bus is the cheapest exactly where its ratio is lowest.
+    assert [tuple(row[:3]) for row in kinds[1:]] == [
+        (kind, label, k)
+        for kind in ("every value", "aggregates")
+        for label in ("0.3 ms", "10 ms")
+        for k in ("1", "3")
+    ]
+    for row in kinds[1:]:
+        ours, theirs = (float(row[i].removesuffix("x")) for i in (4, 6))
+        assert row[7] == ("yes" if ours <= theirs else "no"), row
+    mine = [peers.TOOLS[t][0] for t in ran if t.startswith("mb_")]
+    (said,) = [line for line in out.stdout.splitlines() if line.startswith("The caller's cost")]
+    verdicts = said.removeprefix("The caller's cost at most 0.25 of `record`'s: ")
+    assert [part.split(": ")[0] for part in verdicts.removesuffix(".").split(". ")] == mine
+    for part in verdicts.removesuffix(".").split(". "):
+        ks = [k for v in part.split(": ", 1)[1].split("; ") for k in v.split(" at K = ")[1:]]
+        assert sorted(", ".join(ks).split(", ")) == ["1", "3"], part
+    not_run = "- `wandb.log`, offline: not installed (wandb)"
+    assert (not_run in out.stdout) is not has_wandb
+    rendered = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "peers.py"), "--render", "--results", str(results)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert rendered.stdout == out.stdout

@@ -115,6 +115,7 @@ PAGES = [
     "migrating/",
     "sinks/",
     "performance/",
+    "choosing/",
     "reliability/",
     "multihost/",
     "integrations/",
