@@ -245,10 +245,9 @@ def test_training_loop_benchmark_delivers_every_event_and_prints_its_tables(
     """benchmarks/training_loop.py --quick, run tiny, exits 0 and prints the CPU and wall ratio
     tables for both steps at K = 1, 10, 100 (before and after side by side), the
     delivered-events/s table for 1, 4 and 16 handlers, and every logged event in each
-    contender's JSONL file; --write puts exactly the printed text between the page's markers."""
-    page = tmp_path / "performance.md"
-    begin, end = "<!-- training_loop:begin -->", "<!-- training_loop:end -->"
-    page.write_text(f"before\n{begin}\nold figures\n{end}\nafter\n")
+    contender's JSONL file; --save writes the printed tables and the ratios they show to the
+    results file, and --plot draws the picture from them."""
+    saved, picture = tmp_path / "training_loop.json", tmp_path / "training_loop.png"
     for module in ("numpy", "tensorboard"):
         require(importlib.util.find_spec(module) is not None, f"{module} is not installed")
     has_torch = importlib.util.find_spec("torch") is not None
@@ -258,15 +257,20 @@ def test_training_loop_benchmark_delivers_every_event_and_prints_its_tables(
             sys.executable,
             str(BENCHMARKS / "training_loop.py"),
             *("--quick", "--steps", str(steps), "--rounds", "1", "--events", str(events)),
-            *("--write", str(page)),
+            *("--save", str(saved), "--plot", str(picture)),
         ],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert out.returncode == 0, out.stderr
-    assert page.read_text() == f"before\n{begin}\n{out.stdout.removesuffix(chr(10))}{end}\nafter\n"
     cpu, wall, process, delivered, delivery = _markdown_tables(out.stdout)
+    results = json.loads(saved.read_text())["results"]
+    names = ("cpu", "wall", "process", "delivered", "delivery")
+    saved_tables = [[t["columns"], *t["rows"]] for t in map(results["tables"].get, names)]
+    assert saved_tables == [cpu, wall, process, delivered, delivery]
+    assert cpu[1][4] == f"{results['cpu']['numpy']['1']['monitor_bus_log']:.2f}x"
+    assert picture.read_bytes().startswith(b"\x89PNG")
     contenders = [
         "monitor_bus before",
         "monitor_bus after",
