@@ -494,3 +494,36 @@ def test_compare_code_runs_both_trees_and_prints_their_ratio(tmp_path: Path) -> 
     )
     assert refused.returncode == 2
     assert f"before: no monitor_bus package in {str(tmp_path)!r}" in refused.stderr
+
+
+def test_training_loop_plot_keeps_its_legend_off_the_data_and_labels_its_log_ticks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The training-loop plot's legend lies outside both panels, and its log axis labels
+    values a reader can read (1, 1.5, 2, 3, 5, 10, ...) as plain numbers."""
+    for module in ("numpy", "matplotlib"):
+        require(importlib.util.find_spec(module) is not None, f"{module} is not installed")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location("training_loop", BENCHMARKS / "training_loop.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    contenders = ("monitor_bus", "monitor_bus_log", "queue_listener", "monitor_bus_process")
+    cpu = {
+        step: {
+            str(k): {c: 1.0 + n * k / 10 for n, c in enumerate(contenders)} for k in (1, 10, 100)
+        }
+        for step in ("numpy", "python")
+    }
+    fig = module.plot({"cpu": cpu}, tmp_path / "plot.png")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (legend,) = fig.legends
+    box = legend.get_window_extent(renderer)
+    for ax in fig.axes:
+        assert not box.overlaps(ax.get_window_extent(renderer))
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels() if t.get_visible()]
+    lo, hi = fig.axes[0].get_ylim()
+    shown = [t for t, v in zip(labels, fig.axes[0].get_yticks(), strict=True) if lo <= v <= hi]
+    assert shown == ["1", "1.5", "2", "3", "5", "10", "15", "20", "30"]
