@@ -64,11 +64,17 @@ def machine() -> dict[str, Any]:
 
 
 def save(
-    name: str, results: dict[str, Any], *, packages: tuple[str, ...] = (), path: Path | None = None
+    name: str,
+    results: dict[str, Any],
+    *,
+    packages: tuple[str, ...] = (),
+    path: Path | None = None,
+    command: str | None = None,
 ) -> Path:
     """Write ``results`` with the commit, machine, versions (monitor_bus, anyio and
     ``packages``) and command to ``benchmarks/results/<name>.json`` (or ``path``: a test's
-    tiny run writes elsewhere); return the file's path."""
+    tiny run writes elsewhere); return the file's path. ``command`` is the script and its
+    arguments unless given (a job that torchrun started gives the torchrun command)."""
     target = path if path is not None else RESULTS / f"{name}.json"
     record = {
         "benchmark": name,
@@ -76,7 +82,7 @@ def save(
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "versions": versions(*packages),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "results": results,
     }
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
     git worktree add --detach /tmp/before <commit>
     python benchmarks/compare_code.py /tmp/before .          # before, after
-    python benchmarks/compare_code.py /tmp/before . --rounds 9 --write docs/performance.md
+    python benchmarks/compare_code.py /tmp/before . --rounds 9 --save
 
 Each run is a fresh interpreter that imports monitor_bus from one source tree: the numpy step
 of ``training_loop.py`` (a two-layer MLP), K four-key events a step with ``bus.log`` and an add
@@ -23,7 +23,6 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import gc  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -32,7 +31,8 @@ import time  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from _machine import numpy_mlp_step, publish  # noqa: E402
+import _results  # noqa: E402
+from _machine import numpy_mlp_step  # noqa: E402
 
 
 def child(steps: int, k: int) -> None:
@@ -92,6 +92,17 @@ def child(steps: int, k: int) -> None:
     print(cpu / ((before + after) / 2), monitor_bus.__file__)
 
 
+def tree_commit(tree: Path) -> str:
+    """The commit a source tree is checked out at ("unknown" outside a git checkout)."""
+    out = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "--short=12", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -102,7 +113,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=1000, help="steps per run (default 1000)")
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 10, 100], help="events a step")
     parser.add_argument(
-        "--write", type=Path, help="replace the compare_code section of this markdown file"
+        "--save",
+        type=Path,
+        nargs="?",
+        const=_results.RESULTS / "compare_code.json",
+        help="save the results file (default benchmarks/results/compare_code.json)",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -137,20 +152,28 @@ def main() -> int:
                 ratios[(label, k)].append(float(ratio))
         print(".", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
-    lines = [
-        f"{args.steps} steps per run, medians of {args.rounds} rounds; CPython "
-        f"{platform.python_version()}, {os.cpu_count()} cores, load average (1 min) {load:.2f} "
-        f"before, {os.getloadavg()[0]:.2f} after. Process CPU per step against no logging:",
-        "",
-        "| events per step | before | after | after / before | before, each round "
-        "| after, each round |",
-        "|---:|---:|---:|---:|---|---|",
-    ]
+    medians = {t: {str(k): statistics.median(ratios[(t, k)]) for k in args.ks} for t in trees}
+    rows = []
     for k in args.ks:
-        b, a = (statistics.median(ratios[(t, k)]) for t in trees)
+        b, a = medians["before"][str(k)], medians["after"][str(k)]
         each = [", ".join(f"{x:.2f}" for x in ratios[(t, k)]) for t in trees]
-        lines.append(f"| {k} | {b:.3f}x | {a:.3f}x | {a / b:.3f} | {each[0]} | {each[1]} |")
-    publish(lines, args.write, "compare_code")
+        rows.append([str(k), f"{b:.3f}x", f"{a:.3f}x", f"{a / b:.3f}", *each])
+    columns = ["events per step", "before", "after", "after / before"]
+    columns += ["before, each round", "after, each round"]
+    results = {
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "commits": {t: tree_commit(tree) for t, tree in trees.items()},
+        "load": {"before": load, "after": os.getloadavg()[0]},
+        "medians": medians,
+        "after_over_before": {
+            str(k): medians["after"][str(k)] / medians["before"][str(k)] for k in args.ks
+        },
+        "tables": {"ratios": _results.table(columns, rows, "rrrrll")},
+    }
+    print(_results.markdown(results["tables"]["ratios"]))
+    if args.save is not None:
+        _results.save("compare_code", results, packages=("numpy", "tensorboard"), path=args.save)
     return 0
 
 

@@ -32,17 +32,17 @@ import argparse
 import gc
 import math
 import os
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, NamedTuple
 
-from _machine import cpu_model, positive
+import _results
+from _machine import positive
 
-import monitor_bus
 from monitor_bus import STAT_EVENT, Aggregation, Event, EventBus, Stat
 
 try:
@@ -289,54 +289,87 @@ def totals_over_rounds(runs: list[Run]) -> tuple[dict[str, int], dict[str, float
     return count, total
 
 
-def table(
+# Each per-call measure's key in the results file (a page's key path splits at dots).
+CALL_KEYS = {
+    "Stat.add(0.25)": "stat_float",
+    "Stat.add(t.item())": "stat_item",
+    "Stat.add(t)": "stat_tensor",
+    'log_event(Event(..., {"loss": 0.25}))': "event_float",
+    'log_event(Event(..., {"loss": t.item()}))': "event_item",
+    'log_event(Event(..., {"loss": t}))': "event_tensor",
+}
+
+
+def results_of(
     args: argparse.Namespace, runs: dict[str, list[Run]], calls: dict[str, list[float]]
-) -> str:
-    lines = [
-        f"{args.steps:,} steps per run on {args.device}; median of {args.rounds} round(s); "
-        f"variants rotate within each round. 3 Stats of {WINDOW.total_seconds() * 1000:.0f} ms "
-        "windows, one handler.",
-        "",
-        "| variant | wall us/step | wall / no logging | CPU us/step | CPU / no logging |",
-        "|---|---:|---:|---:|---:|",
+) -> dict[str, Any]:
+    """The run's figures for its results file, with the tables the page shows."""
+    per_step = {
+        v: {
+            "wall_us": statistics.median(r.wall for r in runs[v]) / args.steps * 1e6,
+            "cpu_us": statistics.median(r.cpu for r in runs[v]) / args.steps * 1e6,
+            "wall_ratio": ratio(runs, v, cpu=False),
+            "cpu_ratio": ratio(runs, v, cpu=True),
+        }
+        for v in VARIANTS
+    }
+    step_rows = [
+        [
+            TITLES[v],
+            f"{f['wall_us']:.1f}",
+            f"{f['wall_ratio']:.2f}x",
+            f"{f['cpu_us']:.1f}",
+            f"{f['cpu_ratio']:.2f}x",
+        ]
+        for v, f in per_step.items()
     ]
-    for v in VARIANTS:
-        wall = statistics.median(r.wall for r in runs[v]) / args.steps * 1e6
-        cpu = statistics.median(r.cpu for r in runs[v]) / args.steps * 1e6
-        lines.append(
-            f"| {TITLES[v]} | {wall:.1f} | {ratio(runs, v, cpu=False):.2f}x | {cpu:.1f} | "
-            f"{ratio(runs, v, cpu=True):.2f}x |"
-        )
-    lines += [
-        "",
-        f"The caller's ns per call, {args.calls:,} calls, a one-element {args.device} tensor "
-        "`t` (median of the rounds):",
-        "",
-        "| call | ns/call | vs the float |",
-        "|---|---:|---:|",
-    ]
-    for name in calls:
-        base = 'log_event(Event(..., {"loss": 0.25}))' if "Event" in name else "Stat.add(0.25)"
-        ns = statistics.median(calls[name])
-        lines.append(f"| `{name}` | {ns:,.0f} | {ns / statistics.median(calls[base]):.2f}x |")
-    lines += [
-        "",
-        "Samples in the delivered windows, summed over the rounds: windows' COUNT / samples "
-        "added, and whether (b)'s windows total what (a)'s do:",
-        "",
-        "| Stat | (a) `t.item()` | (b) `t` | (b)'s SUM = (a)'s |",
-        "|---|---:|---:|---|",
+    ns = {CALL_KEYS[name]: statistics.median(values) for name, values in calls.items()}
+    vs_float = {
+        key: value / ns["event_float" if key.startswith("event") else "stat_float"]
+        for key, value in ns.items()
+    }
+    call_rows = [
+        [f"`{name}`", f"{ns[CALL_KEYS[name]]:,.0f}", f"{vs_float[CALL_KEYS[name]]:.2f}x"]
+        for name in calls
     ]
     added = args.steps * args.rounds
     count_a, sum_a = totals_over_rounds(runs["item"])
     count_b, sum_b = totals_over_rounds(runs["tensor"])
-    for name in SCALARS:
-        same = math.isclose(sum_a[name], sum_b[name], rel_tol=1e-6)
-        lines.append(
-            f"| {name} | {count_a[name]:,} / {added:,} | {count_b[name]:,} / {added:,} | "
-            f"{'yes' if same else 'no'} |"
-        )
-    return "\n".join(lines)
+    sample_rows = [
+        [
+            name,
+            f"{count_a[name]:,} / {added:,}",
+            f"{count_b[name]:,} / {added:,}",
+            "yes" if math.isclose(sum_a[name], sum_b[name], rel_tol=1e-6) else "no",
+        ]
+        for name in SCALARS
+    ]
+    wall_none = per_step["none"]["wall_us"]
+    return {
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "calls": args.calls,
+        "device": args.device,
+        "window_ms": WINDOW.total_seconds() * 1000,
+        "per_step": per_step,
+        # Wall time a step's 3 values add over no logging, per value, µs.
+        "added_per_value_us": {
+            v: (per_step[v]["wall_us"] - wall_none) / len(SCALARS) for v in ("item", "tensor")
+        },
+        "added_per_step_us": {v: per_step[v]["wall_us"] - wall_none for v in ("item", "tensor")},
+        "call_ns": ns,
+        "call_vs_float": vs_float,
+        "tables": {
+            "steps": _results.table(
+                ["variant", "wall us/step", "wall / no logging", "CPU us/step", "CPU / no logging"],
+                step_rows,
+            ),
+            "calls": _results.table(["call", "ns/call", "vs the float"], call_rows),
+            "samples": _results.table(
+                ["Stat", "(a) `t.item()`", "(b) `t`", "(b)'s SUM = (a)'s"], sample_rows, "lrrl"
+            ),
+        },
+    }
 
 
 def failures(args: argparse.Namespace, runs: dict[str, list[Run]]) -> list[str]:
@@ -363,16 +396,6 @@ def failures(args: argparse.Namespace, runs: dict[str, list[Run]]) -> list[str]:
     return problems
 
 
-def machine(device: str) -> str:
-    assert torch is not None
-    gpu = f", {torch.cuda.get_device_name(device)}" if device.startswith("cuda") else ""
-    return (
-        f"{cpu_model()}, {os.cpu_count()} cores{gpu}, {platform.system()} {platform.release()}; "
-        f"CPython {platform.python_version()}, monitor_bus {monitor_bus.__version__}, "
-        f"torch {torch.__version__} ({torch.get_num_threads()} thread)"
-    )
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -386,6 +409,13 @@ def main() -> int:
         "--calls", type=positive, help="calls per ns-per-call measure (default 50,000)"
     )
     parser.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
+    parser.add_argument(
+        "--save",
+        type=Path,
+        nargs="?",
+        const=_results.RESULTS / "device_values.json",
+        help="save the results file (default benchmarks/results/device_values.json)",
+    )
     args = parser.parse_args()
     if torch is None:
         parser.error("needs torch: pip install torch")
@@ -406,11 +436,15 @@ def main() -> int:
     load_before = os.getloadavg()
     runs, calls = run(args)
     load_after = os.getloadavg()
-    print(
-        f"Measured on {datetime.now():%Y-%m-%d}: {machine(args.device)}. Load average (1 min) "
-        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after.\n"
-    )
-    print(table(args, runs, calls))
+    results = results_of(args, runs, calls)
+    results["load"] = {"before": load_before[0], "after": load_after[0]}
+    results["torch_threads"] = torch.get_num_threads()
+    if device.type == "cuda":
+        results["gpu"] = torch.cuda.get_device_name(device)
+    for name in ("steps", "calls", "samples"):
+        print(_results.markdown(results["tables"][name]) + "\n")
+    if args.save is not None:
+        _results.save("device_values", results, packages=("torch",), path=args.save)
     problems = failures(args, runs)
     for problem in problems:
         print(f"device_values.py: {problem}", file=sys.stderr)

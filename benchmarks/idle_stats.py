@@ -18,6 +18,9 @@ import statistics
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
+
+import _results
 
 import monitor_bus
 from monitor_bus import Aggregation, EventBus, Stat, _stat
@@ -79,16 +82,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--save",
+        type=Path,
+        nargs="?",
+        const=_results.RESULTS / "idle_stats.json",
+        help="save the results file (default benchmarks/results/idle_stats.json)",
+    )
     args = parser.parse_args()
     shares, firsts, steadies = [], [], []
     for _ in range(args.rounds):
         shares.append(idle(args.seconds))
         firsts.append(add_cost(True))
         steadies.append(add_cost(False))
+    results = {
+        "seconds": args.seconds,
+        "rounds": args.rounds,
+        "dispatcher_percent": statistics.median(shares) * 100,
+        "first_add_ns": statistics.median(firsts),
+        "steady_add_ns": statistics.median(steadies),
+    }
     print(f"monitor_bus from {monitor_bus.__file__}")
-    print(f"dispatcher CPU, 10,000 idle + 100 busy Stats: {statistics.median(shares):.1%}")
-    print(f"Stat.add, first of its window: {statistics.median(firsts):.0f} ns")
-    print(f"Stat.add, steady: {statistics.median(steadies):.0f} ns")
+    print(f"dispatcher CPU, 10,000 idle + 100 busy Stats: {results['dispatcher_percent']:.1f}%")
+    print(f"Stat.add, first of its window: {results['first_add_ns']:.0f} ns")
+    print(f"Stat.add, steady: {results['steady_add_ns']:.0f} ns")
+    if args.save is not None:
+        _results.save("idle_stats", results, path=args.save)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ import http.client
 import http.server
 import logging
 import os
-import platform
 import signal
 import socket
 import statistics
@@ -41,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _machine import cpu_model
+import _results
 
 import monitor_bus
 
@@ -331,17 +330,32 @@ def measure(contenders: dict[str, Callable[[], float]], rounds: int) -> dict[str
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def table(title: str, medians: dict[str, float]) -> str:
+def table(medians: dict[str, float]) -> dict[str, Any]:
+    """One comparison's table: each contender's median step and its ratio to no logging."""
     base = medians["no logging"]
-    lines = [
-        f"**{title}**",
-        "",
-        "| logging | median step (ms) | vs no logging |",
-        "| --- | ---: | ---: |",
+    rows = [
+        [name, f"{value * 1e3:,.2f}", f"{value / base:.2f}x"] for name, value in medians.items()
     ]
-    for name, value in medians.items():
-        lines.append(f"| {name} | {value * 1e3:,.2f} | {value / base:.2f}x |")
-    return "\n".join(lines)
+    return _results.table(["logging", "median step (ms)", "vs no logging"], rows)
+
+
+def figures(medians: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Each contender's median step (ms) and ratio to no logging, under a key a page can quote."""
+    base = medians["no logging"]
+    return {
+        KEYS[name]: {"step_ms": value * 1e3, "ratio": value / base}
+        for name, value in medians.items()
+    }
+
+
+# Each contender's key in the results file.
+KEYS = {
+    "no logging": "none",
+    "MLFlowLogger (inline)": "mlflow_logger",
+    "MonitorBusLogger + MlflowEventHandler": "monitor_bus",
+    'report_to="tensorboard" (inline)': "report_to",
+    "MonitorBusCallback + SummaryWriter": "monitor_bus",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,6 +369,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", choices=("lightning", "hf"), help="run one of the two comparisons"
     )
+    parser.add_argument(
+        "--save",
+        type=Path,
+        nargs="?",
+        const=_results.RESULTS / "integrations.json",
+        help="save the results file (default benchmarks/results/integrations.json)",
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -362,7 +383,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("lightning").setLevel(logging.WARNING)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.simplefilter("ignore")
-    tables = []
+    results: dict[str, Any] = {
+        "rounds": args.rounds,
+        "steps": STEPS,
+        "warmup": WARMUP,
+        "delay_ms": args.delay * 1e3,
+        "tables": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if args.only in (None, "lightning"):
@@ -373,17 +400,21 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 proxy.close()
                 stop_server(proc)
-            title = f"Lightning + MLflow, server delayed {args.delay * 1e3:.0f} ms per request"
-            tables.append(table(title, lightning))
+            results["lightning"] = figures(lightning)
+            results["tables"]["lightning"] = table(lightning)
         if args.only in (None, "hf"):
             hf = measure(hf_contenders(root), args.rounds)
-            tables.append(table("HF Trainer + TensorBoard", hf))
+            results["hf"] = figures(hf)
+            results["tables"]["hf"] = table(hf)
     print(
-        f"{platform.python_implementation()} {platform.python_version()}, {cpu_model()}, "
-        f"{os.cpu_count()} CPUs, torch on 1 thread; {STEPS} steps per run ({WARMUP} untimed), "
-        f"median of {args.rounds} rounds after a warm-up round, contenders interleaved.\n"
+        f"torch on 1 thread; {STEPS} steps per run ({WARMUP} untimed), median of {args.rounds} "
+        "rounds after a warm-up round, contenders interleaved.\n"
     )
-    print("\n\n".join(tables))
+    for name, spec in results["tables"].items():
+        print(f"{name}:\n{_results.markdown(spec)}\n")
+    if args.save is not None:
+        packages = ("torch", "lightning", "mlflow", "transformers", "tensorboard")
+        _results.save("integrations", results, packages=packages, path=args.save)
     return 0
 
 

@@ -20,25 +20,24 @@ Three parts, every rank on CPU with gloo:
    each rank added against what dst merged (in merged windows or ones logged on their own,
    ``late``) and what the live ranks logged themselves (``local``).
 
-Rank 0 prints a markdown table. The ranks share results through files in a temporary
-directory named after the torchrun job.
+Rank 0 prints a markdown table (``--save``: ``benchmarks/results/merge_ranks-<ranks>.json``).
+The ranks share results through files in a temporary directory named after the torchrun job.
 
 Scale (issue 23): ``python benchmarks/merge_ranks.py --scale 2,4,8,16 --seconds 6`` starts
 one torchrun job per size. In each, every rank adds to 3 Stats (windows of 250 ms) between
 5 ms sleeps (a step waiting on its device) for ``--seconds``; dst reports the delay from each
 window's end to its merged event (p50, p99), the CPU time of dst's two merge threads per
 merged window per rank (their CPU clocks, in the steady part: before close()), and the bytes each
-rank sends per window. ``--write`` puts the table into docs/performance.md and the
-projection to 1,024 ranks into docs/multihost.md, between their ``merge-scale`` markers.
+rank sends per window, and projects dst's cost to 1,024 ranks. ``--save`` saves
+``benchmarks/results/merge_ranks-scale.json``.
 
 Shapes (issue 23): ``python benchmarks/merge_ranks.py --shapes 4x4 --seconds 6`` runs the same
 job as torchrun "nodes" on this machine (4 nodes of 4 ranks), once flat (every rank to dst)
 and once two-level (each node's leader merges its node for dst), and reports, for each, the
 delay (p50, p99), dst's CPU per merged window per rank, the bytes dst receives per merged
 window, and the leaders' CPU (the busiest leader's merge threads per merged window per rank
-of its node). ``--write`` publishes the table (``merge-shapes`` markers in
-docs/performance.md) and the projection of both shapes to 1,024 ranks (``merge-scale``
-markers in docs/multihost.md, with the flat scale figures).
+of its node), and projects both shapes to 1,024 ranks. ``--save`` saves
+``benchmarks/results/merge_ranks-shapes.json``.
 """
 
 from __future__ import annotations
@@ -52,20 +51,19 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from datetime import timedelta  # noqa: E402
-from importlib.metadata import version  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+import _results  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from _machine import cpu_model, numpy_mlp_step, positive, write_between  # noqa: E402
+from _machine import numpy_mlp_step, positive  # noqa: E402
 
 import monitor_bus as monitor  # noqa: E402
 from monitor_bus import ranks as merge_module  # noqa: E402
@@ -250,8 +248,8 @@ def scale_rank(seconds: float, out: Path, two_level: bool | None = None) -> None
     dist.destroy_process_group()
 
 
-def scale(sizes: list[int], seconds: float, write: bool) -> None:
-    """One torchrun job per size; print (and with ``write``, publish) the figures."""
+def scale(sizes: list[int], seconds: float, save: bool) -> None:
+    """One torchrun job per size; print (and with ``save``, save) the figures."""
     torchrun = str(Path(sys.executable).parent / "torchrun")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -272,24 +270,28 @@ def scale(sizes: list[int], seconds: float, write: bool) -> None:
                 check=True,
             )
             rows.append(json.loads(out.read_text()))
-    publish(scale_table(rows, seconds), "merge-scale", project(rows), write)
+    results = {
+        "seconds": seconds,
+        "window_ms": WINDOW * 1000,
+        "sizes": {str(r["ranks"]): r for r in rows},
+        "projection": project(rows[-1]),
+        "tables": {"scale": scale_table(rows)},
+    }
+    finish("merge_ranks-scale", results, save)
 
 
-def publish(table: str, marker: str, projection: str, write: bool) -> None:
-    """Print the table and the projection; with ``write``, put the table in
-    docs/performance.md between ``marker``'s markers, the projection in docs/multihost.md."""
-    print(table)
-    print()
-    print(projection)
-    if write:
-        docs = Path(__file__).resolve().parent.parent / "docs"
-        write_between(docs / "performance.md", f"{table}\n", marker)
-        write_between(docs / "multihost.md", f"{projection}\n", "merge-scale")
+def finish(name: str, results: dict[str, Any], save: bool) -> None:
+    """Print a run's tables and projections; with ``save``, save its results file."""
+    for table in results["tables"].values():
+        print(_results.markdown(table) + "\n")
+    print(json.dumps(results["projection"], indent=1))
+    if save:
+        _results.save(name, results, packages=("torch",))
 
 
-def shapes(nodes: int, per_node: int, seconds: float, write: bool) -> None:
+def shapes(nodes: int, per_node: int, seconds: float, save: bool) -> None:
     """The same job as ``nodes`` torchrun nodes of ``per_node`` ranks, flat then two-level;
-    print (and with ``write``, publish) both side by side, and the projection."""
+    print (and with ``save``, save) both side by side, and the projection."""
     torchrun = str(Path(sys.executable).parent / "torchrun")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -319,8 +321,19 @@ def shapes(nodes: int, per_node: int, seconds: float, write: bool) -> None:
             if any(job.wait() for job in jobs):
                 raise SystemExit("a torchrun node failed")
             rows.append(json.loads(out.read_text()))
-    projection = project(rows[:1]) + "\n\n" + project_two_level(rows[1], nodes, per_node)
-    publish(shapes_table(rows, nodes, per_node, seconds), "merge-shapes", projection, write)
+    results = {
+        "seconds": seconds,
+        "window_ms": WINDOW * 1000,
+        "nodes": nodes,
+        "per_node": per_node,
+        "shapes": {r["shape"].replace("-", "_"): r for r in rows},
+        "projection": {
+            "flat": project(rows[0]),
+            "two_level": project_two_level(rows[1], nodes, per_node),
+        },
+        "tables": {"shapes": shapes_table(rows)},
+    }
+    finish("merge_ranks-shapes", results, save)
 
 
 def free_port() -> int:
@@ -332,88 +345,83 @@ def free_port() -> int:
         return port
 
 
-def shapes_table(rows: list[dict[str, Any]], nodes: int, per_node: int, seconds: float) -> str:
-    lines = [
-        measured_on(rows, f"{nodes} torchrun nodes of {per_node} ranks on one host", seconds),
-        "",
-        "| shape | ranks | merged windows | window end to merged event, p50 / p99 | dst CPU per "
-        "merged window per rank | bytes dst receives per merged window | busiest leader's CPU "
-        "per merged window per rank of its node |",
-        "|---|---|---|---|---|---|---|",
+def shapes_table(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    columns = [
+        "shape",
+        "ranks",
+        "merged windows",
+        "window end to merged event, p50 / p99",
+        "dst CPU per merged window per rank",
+        "bytes dst receives per merged window",
+        "busiest leader's CPU per merged window per rank of its node",
     ]
+    cells = []
     for r in rows:
         leader = "-" if r["leader_us"] is None else f"{r['leader_us']:.0f} µs"
-        lines.append(
-            f"| {r['shape']} | {r['ranks']} | {r['windows']} | {r['p50']:.0f} ms / "
-            f"{r['p99']:.0f} ms | {r['cpu_us']:.0f} µs | {r['bytes_in'] / 1024:.1f} KiB "
-            f"| {leader} |"
+        cells.append(
+            [
+                r["shape"],
+                str(r["ranks"]),
+                str(r["windows"]),
+                f"{r['p50']:.0f} ms / {r['p99']:.0f} ms",
+                f"{r['cpu_us']:.0f} µs",
+                f"{r['bytes_in'] / 1024:.1f} KiB",
+                leader,
+            ]
         )
-    return "\n".join(lines)
+    return _results.table(columns, cells, "lllllll")
 
 
-def project_two_level(row: dict[str, Any], nodes: int, per_node: int) -> str:
+def project_two_level(row: dict[str, Any], nodes: int, per_node: int) -> dict[str, float]:
     """dst's and a leader's cost at 1,024 ranks (128 hosts of 8) in the two-level shape: dst
     receives from the other hosts' leaders and its own host's ranks; a leader from its host's."""
     per_second = 3 / WINDOW
     sources = (nodes - 1) + per_node  # what dst merged per window in the run (itself too)
     per_source = row["cpu_us"] * row["ranks"] / sources
     at_scale = 127 + 8
-    dst = per_source * 1e-6 * at_scale * per_second
-    leader = row["leader_us"] * 1e-6 * 8 * per_second
-    inbound = row["bytes_in"] / sources * at_scale * per_second / 2**20
-    return (
-        f"Two-level, from the {nodes}-node x {per_node}-rank figures ({per_source:.0f} µs of "
-        f"dst's CPU per merged window per rank or leader it receives from, "
-        f"{row['leader_us']:.0f} µs of a leader's per merged window per rank of its node): "
-        f"1,024 ranks as 128 hosts of 8 would cost dst about {dst:.2f} CPU-seconds per second "
-        f"({dst * 100:.0f}% of one core: it merges 127 leaders' records and its own host's 8 "
-        f"ranks' windows) and {inbound:.1f} MiB/s of inbound frames, and each leader about "
-        f"{leader * 100:.1f}% of one core."
-    )
+    return {
+        "per_source_us": per_source,
+        "leader_us": row["leader_us"],
+        "dst_cpu_s_per_s": per_source * 1e-6 * at_scale * per_second,
+        "leader_cpu_s_per_s": row["leader_us"] * 1e-6 * 8 * per_second,
+        "inbound_mib_per_s": row["bytes_in"] / sources * at_scale * per_second / 2**20,
+    }
 
 
-def measured_on(rows: list[dict[str, Any]], where: str, seconds: float) -> str:
-    """A table's first line: when, on what, how loaded, for how long each run."""
-    loads = ", ".join(f"{r['load']:.1f}" for r in rows)
-    return (
-        f"Measured on {time.strftime('%Y-%m-%d')}: {where}, gloo over loopback, CPU: "
-        f"{cpu_model()}, {os.cpu_count()} cores (shared with other jobs: load average "
-        f"{loads} at the end of each run), "
-        f"{platform.system()} {platform.release()}, Python {platform.python_version()}, "
-        f"torch {torch.__version__}; 3 Stats of 250 ms windows, {seconds:g} s per run."
-    )
-
-
-def scale_table(rows: list[dict[str, Any]], seconds: float) -> str:
-    lines = [
-        measured_on(rows, "one host", seconds),
-        "",
-        "| ranks | merged windows | window end to merged event, p50 / p99 | dst CPU per merged "
-        "window per rank | bytes each rank sends per window | messages per rank per second |",
-        "|---|---|---|---|---|---|",
+def scale_table(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    columns = [
+        "ranks",
+        "merged windows",
+        "window end to merged event, p50 / p99",
+        "dst CPU per merged window per rank",
+        "bytes each rank sends per window",
+        "messages per rank per second",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['ranks']} | {r['windows']} | {r['p50']:.0f} ms / {r['p99']:.0f} ms "
-            f"| {r['cpu_us']:.0f} µs | {r['bytes'] / 1024:.1f} KiB | {r['frames_per_s']:.1f} |"
-        )
-    return "\n".join(lines)
+    cells = [
+        [
+            str(r["ranks"]),
+            str(r["windows"]),
+            f"{r['p50']:.0f} ms / {r['p99']:.0f} ms",
+            f"{r['cpu_us']:.0f} µs",
+            f"{r['bytes'] / 1024:.1f} KiB",
+            f"{r['frames_per_s']:.1f}",
+        ]
+        for r in rows
+    ]
+    return _results.table(columns, cells, "llllll")
 
 
-def project(rows: list[dict[str, Any]]) -> str:
-    """dst's cost at 1,024 ranks, from the largest measured size."""
-    last = rows[-1]
+def project(row: dict[str, Any]) -> dict[str, float]:
+    """dst's cost at 1,024 ranks with 3 Stats of 250 ms windows, from one measured size."""
     per_second = 3 / WINDOW  # merged windows per second of the benchmark's 3 Stats
-    cpu = last["cpu_us"] * 1e-6 * 1024 * per_second
-    inbound = last["frames_per_s"] * 1023 * merge_module.FRAME_BYTES / 2**20
-    return (
-        f"From the {last['ranks']}-rank figures ({last['cpu_us']:.0f} µs of dst's CPU per "
-        f"merged window per rank, {last['frames_per_s']:.1f} messages of "
-        f"{merge_module.FRAME_BYTES // 1024} KiB per rank per second): 1,024 ranks with 3 Stats "
-        f"of 250 ms windows would cost dst's merge threads about {cpu:.2f} CPU-seconds per "
-        f"second ({cpu * 100:.0f}% of one core, under the GIL with the training's own Python "
-        f"threads) and {inbound:.0f} MiB/s of inbound frames, received one at a time."
-    )
+    return {
+        "ranks": row["ranks"],
+        "cpu_us": row["cpu_us"],
+        "frames_per_s": row["frames_per_s"],
+        "frame_kib": merge_module.FRAME_BYTES / 1024,
+        "dst_cpu_s_per_s": row["cpu_us"] * 1e-6 * 1024 * per_second,
+        "inbound_mib_per_s": row["frames_per_s"] * 1023 * merge_module.FRAME_BYTES / 2**20,
+    }
 
 
 def main() -> None:
@@ -422,17 +430,19 @@ def main() -> None:
     parser.add_argument("--steps", type=positive, default=300)
     parser.add_argument("--scale", help="sizes, comma-separated: one torchrun job each")
     parser.add_argument("--seconds", type=positive, default=6)
-    parser.add_argument("--write", action="store_true", help="publish the scale figures")
+    parser.add_argument(
+        "--save", action="store_true", help="save the results file under benchmarks/results/"
+    )
     parser.add_argument("--shapes", help="NODESxRANKS: flat and two-level side by side")
     parser.add_argument("--scale-rank", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--two-level", type=int, choices=(0, 1), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.scale:
-        scale([int(n) for n in args.scale.split(",")], args.seconds, args.write)
+        scale([int(n) for n in args.scale.split(",")], args.seconds, args.save)
         return
     if args.shapes:
         nodes, per_node = (int(n) for n in args.shapes.split("x"))
-        shapes(nodes, per_node, args.seconds, args.write)
+        shapes(nodes, per_node, args.seconds, args.save)
         return
     if args.scale_rank:
         two_level = None if args.two_level is None else bool(args.two_level)
@@ -463,48 +473,72 @@ def main() -> None:
     local = sum(results[r]["merged"] for r in range(1, world - 1))
     dead_added = results[world - 1]["added"]
     ms = [d * 1000 for d in delays]
-    print(
-        f"Measured on {time.strftime('%Y-%m-%d')}: {world} ranks on one host, gloo, CPU: "
-        f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
-        f"load average (1 min) {os.getloadavg()[0]:.2f}; "
-        f"Python {platform.python_version()}, torch {torch.__version__}, "
-        f"monitor_bus {version('monitor_bus')}; {args.rounds} rounds of {args.steps} steps"
-    )
-    print()
-    print("| measure | result |")
-    print("|---|---|")
-    ratio_text = ", ".join(f"{g[0]:.3f}" for g in gathered)
-    print(
-        f"| step time, merged / not merged (median of rounds), ranks 0-{world - 1} | {ratio_text} |"
-    )
-    print(
-        f"| delay from window end to merged event on dst, p50 / p99 ({len(ms)} windows) "
-        f"| {percentile(ms, 0.5):.1f} ms / {percentile(ms, 0.99):.1f} ms |"
-    )
     noticed = dst["noticed"]
-    noticed_text = "not named" if noticed is None else f"{noticed:.2f} s"
-    print(
-        f"| rank {world - 1} exits at 1.5 s (timeout 2 s): dst names it lost after | {noticed_text} |"
-    )
+    windows = dst["windows"]
+    figures = {
+        "ranks": world,
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "load": os.getloadavg()[0],
+        "step_ratio": [g[0] for g in gathered],
+        "step_ratio_range": {
+            "min": min(g[0] for g in gathered),
+            "max": max(g[0] for g in gathered),
+        },
+        "delay_ms": {"p50": percentile(ms, 0.5), "p99": percentile(ms, 0.99), "windows": len(ms)},
+        "noticed_s": noticed,
+        "close_ms": [results[r]["close"] * 1000 for r in range(world - 1)],
+        "close_finished": [results[r]["finished"] for r in range(world - 1)],
+        "samples": {
+            "live": live_added,
+            "dead": dead_added,
+            "dst": dst["merged"],
+            "local": local,
+            "beyond_live": dst["merged"] + local - live_added,
+        },
+        "counters": {k: dst[k] for k in ("missing", "late", "unfinished")},
+        "windows_by_ranks": {str(n): windows.count(n) for n in sorted(set(windows))},
+    }
     closes = ", ".join(
         f"{results[r]['close'] * 1000:.0f} ms ({'finished' if results[r]['finished'] else 'timed out'})"
         for r in range(world - 1)
     )
-    print(f"| ... close() on ranks 0-{world - 2} | {closes} |")
-    print(
-        f"| ... samples: added by ranks 0-{world - 2} / by rank {world - 1} before it died / "
-        f"reached dst / logged by ranks 1-{world - 2} themselves | {live_added} / {dead_added} / "
-        f"{dst['merged']} / {local} ({dst['merged'] + local - live_added} beyond the live "
-        "ranks' samples) |"
-    )
-    print(
-        f"| ... dst's counters: windows merged without a rank (missing) / logged on their own "
-        f"(late) / ranks whose goodbye did not come | {dst['missing']} / {dst['late']} / "
-        f"{dst['unfinished']} |"
-    )
-    windows = dst["windows"]
-    by_ranks = ", ".join(f"{n} ranks: {windows.count(n)}" for n in sorted(set(windows)))
-    print(f"| ... merged windows by contributing ranks | {by_ranks} |")
+    noticed_text = "not named" if noticed is None else f"{noticed:.2f} s"
+    rows = [
+        [
+            f"step time, merged / not merged (median of rounds), ranks 0-{world - 1}",
+            ", ".join(f"{g[0]:.3f}" for g in gathered),
+        ],
+        [
+            f"delay from window end to merged event on dst, p50 / p99 ({len(ms)} windows)",
+            f"{percentile(ms, 0.5):.1f} ms / {percentile(ms, 0.99):.1f} ms",
+        ],
+        [f"rank {world - 1} exits at 1.5 s (timeout 2 s): dst names it lost after", noticed_text],
+        [f"... close() on ranks 0-{world - 2}", closes],
+        [
+            f"... samples: added by ranks 0-{world - 2} / by rank {world - 1} before it died / "
+            f"reached dst / logged by ranks 1-{world - 2} themselves",
+            f"{live_added} / {dead_added} / {dst['merged']} / {local} "
+            f"({dst['merged'] + local - live_added} beyond the live ranks' samples)",
+        ],
+        [
+            "... dst's counters: windows merged without a rank (missing) / logged on their own "
+            "(late) / ranks whose goodbye did not come",
+            f"{dst['missing']} / {dst['late']} / {dst['unfinished']}",
+        ],
+        [
+            "... merged windows by contributing ranks",
+            ", ".join(f"{n} ranks: {windows.count(n)}" for n in sorted(set(windows))),
+        ],
+    ]
+    figures["tables"] = {"results": _results.table(["measure", "result"], rows, "ll")}
+    print(_results.markdown(figures["tables"]["results"]))
+    if args.save:
+        command = (
+            f"torchrun --nproc_per_node={world} --rdzv-backend=c10d "
+            f"--rdzv-endpoint=localhost:0 benchmarks/merge_ranks.py {' '.join(sys.argv[1:])}"
+        )
+        _results.save(f"merge_ranks-{world}", figures, packages=("torch",), command=command)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -41,11 +40,11 @@ import time
 import warnings
 from collections import Counter
 from datetime import datetime, timedelta, timezone
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from _machine import cpu_model, positive
+import _results
+from _machine import positive
 
 import monitor_bus
 
@@ -277,7 +276,7 @@ def failures(args: argparse.Namespace, rounds: list[dict[str, float]]) -> list[s
     return problems
 
 
-def table(args: argparse.Namespace, results: dict[str, list[dict[str, float]]]) -> str:
+def table(args: argparse.Namespace, results: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
     def median(rounds: list[dict[str, float]], key: str, fmt: str) -> str:
         return format(statistics.median(r[key] for r in rounds), fmt)
 
@@ -312,27 +311,16 @@ def table(args: argparse.Namespace, results: dict[str, list[dict[str, float]]]) 
         ("parent CPU, all of these, % of wall", lambda r: median(r, "cpu_total", ".1f")),
     ]
     methods = list(results)
-    lines = [
-        f"{args.items:,} items x {args.epochs} epoch(s), {args.workers} workers, batches of "
-        f"{args.batch_size}; median of {args.rounds} round(s) (counts: sums over the rounds); "
-        "contenders alternate within each round.",
-        "",
-        f"| measure | {' | '.join(methods)} |",
-        f"|---|{'---:|' * len(methods)}",
-    ]
-    for label, cell in rows:
-        lines.append(f"| {label} | {' | '.join(cell(results[m]) for m in methods)} |")
-    return "\n".join(lines)
+    cells = [[label, *(cell(results[m]) for m in methods)] for label, cell in rows]
+    return _results.table(["measure", *methods], cells)
 
 
-def machine() -> str:
-    import torch
-
-    return (
-        f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; "
-        f"CPython {platform.python_version()}, monitor_bus {monitor_bus.__version__}, "
-        f"torch {torch.__version__}, numpy {version('numpy')}, tensorboard {version('tensorboard')}"
-    )
+def medians(results: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each start method's median of every figure over the rounds."""
+    return {
+        method: {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+        for method, rounds in results.items()
+    }
 
 
 def main() -> int:
@@ -345,6 +333,13 @@ def main() -> int:
     parser.add_argument("--workers", type=positive, default=4, help="DataLoader workers")
     parser.add_argument("--batch-size", type=positive, default=64, help="default 64")
     parser.add_argument("--spawn", action="store_true", help="measure spawn as well as fork")
+    parser.add_argument(
+        "--save",
+        type=Path,
+        nargs="?",
+        const=_results.RESULTS / "multiprocess.json",
+        help="save the results file (default benchmarks/results/multiprocess.json)",
+    )
     args = parser.parse_args()
     if not sys.platform.startswith("linux"):
         print("multiprocess.py: reads /proc per thread, so it runs on Linux only", file=sys.stderr)
@@ -361,11 +356,24 @@ def main() -> int:
     methods = ["fork", "spawn"] if args.spawn else ["fork"]
     results = run(args, methods)
     load_after = os.getloadavg()
-    print(
-        f"Measured on {datetime.now():%Y-%m-%d}: {machine()}. Load average (1 min) "
-        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after.\n"
-    )
-    print(table(args, results))
+    saved = {
+        "items": args.items,
+        "epochs": args.epochs,
+        "workers": args.workers,
+        "batch_size": args.batch_size,
+        "rounds": args.rounds,
+        "load": {"before": load_before[0], "after": load_after[0]},
+        "medians": medians(results),
+        # What logging adds to a worker's CPU per item, µs (median with, minus median without).
+        "worker_added_us": {
+            m: f["worker_us"] - f["plain_worker_us"] for m, f in medians(results).items()
+        },
+        "tables": {"results": table(args, results)},
+    }
+    print(_results.markdown(saved["tables"]["results"]))
+    if args.save is not None:
+        packages = ("torch", "numpy", "tensorboard")
+        _results.save("multiprocess", saved, packages=packages, path=args.save)
     problems = [f"{m}: {p}" for m in methods for p in failures(args, results[m])]
     for problem in problems:
         print(f"multiprocess.py: {problem}", file=sys.stderr)

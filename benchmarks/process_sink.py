@@ -1,6 +1,6 @@
 """What a sink costs this process, run in it or in a child process through ProcessHandler.
 
-    python benchmarks/process_sink.py [--events 20000] [--rounds 5] [--write docs/performance.md]
+    python benchmarks/process_sink.py [--events 20000] [--rounds 5] [--save]
 
 A bus with one JSONL sink takes ``--events`` four-key events, then ``flush()``; the figure is
 this process's CPU (every thread: the logging loop, the dispatcher, the handler thread) per
@@ -16,7 +16,6 @@ import argparse
 import functools
 import os
 import pickle
-import platform
 import resource
 import statistics
 import sys
@@ -26,9 +25,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from _machine import cpu_model, publish
+import _results
 
-import monitor_bus
 from monitor_bus import Event, EventBus, JsonlEventHandler, ProcessHandler
 
 DATA = {"loss": 0.25, "lr": 1e-3, "step": 7, "phase": "train"}
@@ -153,53 +151,73 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
-        "--write", type=Path, help="replace the process_sink section of this markdown file"
+        "--save",
+        type=Path,
+        nargs="?",
+        const=_results.RESULTS / "process_sink.json",
+        help="save the results file (default benchmarks/results/process_sink.json)",
     )
     args = parser.parse_args()
     in_child = ProcessHandler
-    contenders: dict[str, tuple[Callable[[Path], object], bool]] = {
-        "a sink doing nothing (the bus's own cost)": (NullSink, False),
-        "JsonlEventHandler in this process": (JsonlEventHandler, False),
-        "through ProcessHandler": (
+    # key: (label, sink, log() rather than log_event)
+    contenders: dict[str, tuple[str, Callable[[Path], object], bool]] = {
+        "null": ("a sink doing nothing (the bus's own cost)", NullSink, False),
+        "jsonl": ("JsonlEventHandler in this process", JsonlEventHandler, False),
+        "process": (
+            "through ProcessHandler",
             lambda p: in_child(functools.partial(JsonlEventHandler, p)),
             False,
         ),
-        "JsonlEventHandler in this process, `log()`": (JsonlEventHandler, True),
-        "through ProcessHandler, `log()`": (
+        "jsonl_log": ("JsonlEventHandler in this process, `log()`", JsonlEventHandler, True),
+        "process_log": (
+            "through ProcessHandler, `log()`",
             lambda p: in_child(functools.partial(JsonlEventHandler, p)),
             True,
         ),
     }
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
+    runs: dict[str, list[dict[str, float]]] = {key: [] for key in contenders}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
-            for name, (sink, fast) in contenders.items():
-                results[name].append(run(sink, args.events, Path(tmp), fast))
-    lines = [
-        f"{args.events} events per round, medians of {args.rounds} rounds; {cpu_model()}, "
-        f"{os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"monitor_bus {monitor_bus.__version__}",
-        "",
-        "| sink | this process CPU µs/event | wall µs/event | child CPU µs/event |",
-        "|---|---:|---:|---:|",
-    ]
-    for name, rounds in results.items():
-        cells = [
-            statistics.median(r[key] for r in rounds) for key in ("cpu_us", "wall_us", "child_us")
-        ]
-        lines.append(f"| {name} | {cells[0]:.2f} | {cells[1]:.2f} | {cells[2]:.2f} |")
+            for key, (_, sink, fast) in contenders.items():
+                runs[key].append(run(sink, args.events, Path(tmp), fast))
+    sinks = {
+        key: {m: statistics.median(r[m] for r in rounds) for m in ("cpu_us", "wall_us", "child_us")}
+        for key, rounds in runs.items()
+    }
     p = pickling(1024)
-    lines += [
-        "",
-        "| a batch of 1024 encoded as | dumps µs/event | loads µs/event | bytes/event |",
-        "|---|---:|---:|---:|",
-    ]
-    for kind, label in PICKLED.items():
-        if kind not in p:
-            continue  # orjson is not installed
-        dumps, loads, size = p[kind]
-        lines.append(f"| {label} | {dumps:.2f} | {loads:.2f} | {size:.0f} |")
-    publish(lines, args.write, "process_sink")
+    results = {
+        "events": args.events,
+        "rounds": args.rounds,
+        "sinks": sinks,
+        # What the sink adds to this process's CPU per event, over a sink doing nothing.
+        "added_cpu_us": {k: v["cpu_us"] - sinks["null"]["cpu_us"] for k, v in sinks.items()},
+        "pickling": {
+            kind: {"dumps_us": d, "loads_us": lo, "bytes": size}
+            for kind, (d, lo, size) in p.items()
+        },
+        "tables": {
+            "sinks": _results.table(
+                ["sink", "this process CPU µs/event", "wall µs/event", "child CPU µs/event"],
+                [
+                    [label] + [f"{sinks[key][m]:.2f}" for m in ("cpu_us", "wall_us", "child_us")]
+                    for key, (label, _, _) in contenders.items()
+                ],
+            ),
+            "pickling": _results.table(
+                ["a batch of 1024 encoded as", "dumps µs/event", "loads µs/event", "bytes/event"],
+                [
+                    [label, f"{p[kind][0]:.2f}", f"{p[kind][1]:.2f}", f"{p[kind][2]:.0f}"]
+                    for kind, label in PICKLED.items()
+                    if kind in p  # orjson's row only where it is installed
+                ],
+            ),
+        },
+    }
+    print(f"{args.events} events per round, medians of {args.rounds} rounds\n")
+    print(_results.markdown(results["tables"]["sinks"]) + "\n")
+    print(_results.markdown(results["tables"]["pickling"]))
+    if args.save is not None:
+        _results.save("process_sink", results, packages=("orjson",), path=args.save)
     return 0
 
 

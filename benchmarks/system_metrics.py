@@ -9,7 +9,7 @@ apart. ``--device cuda`` also samples this rank's GPUs through NVML (needs a GPU
 nvidia-ml-py; not run yet: the machines here have no GPU).
 
 Run:  python benchmarks/system_metrics.py [--seconds 20] [--workers 8] [--device cuda]
-      [--write docs/performance.md]
+      [--save]
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
-from _machine import cpu_model, positive, write_between
+import _results
+from _machine import positive
 from idle_stats import thread_cpu
 
 import monitor_bus
@@ -84,32 +85,44 @@ def measure(seconds: float, workers: int, interval: float, device: str) -> dict[
     }
 
 
-def report(result: dict[str, object], workers: int, interval: float, device: str) -> str:
+def report(result: dict[str, object], workers: int, interval: float, device: str) -> dict:
+    """The run's figures for its results file, with the table the page shows."""
     costs: list[float] = result["costs"]  # type: ignore[assignment]
     wall: float = result["wall"]  # type: ignore[assignment]
-    share = sum(costs) / wall * 100
-    load = os.getloadavg()[0]
     metrics: list[str] = result["metrics"]  # type: ignore[assignment]
-    gpus = sorted({name.split(".")[1] for name in metrics if ".gpu" in name})
-    lines = [
-        f"Measured on {datetime.now():%Y-%m-%d}: {cpu_model()}, {os.cpu_count()} cores, load"
-        f" average (1 min) {load:.2f}; Python {sys.version.split()[0]}, monitor_bus"
-        f" {monitor_bus.__version__}; interval {interval} s, {workers} idle worker processes,"
-        f" {wall:.0f} s, device {device}{' (' + ', '.join(gpus) + ')' if gpus else ''}",
-        "",
-        "| measure | result |",
-        "|---|---:|",
-        f"| samples taken | {result['samples']} |",
-        f"| CPU per sample, median / max (ms) | {statistics.median(costs) * 1e3:.2f} /"
-        f" {max(costs) * 1e3:.2f} |",
-        f"| sampler's thread, % of one core | {share:.2f} |",
-        f"| sampler's thread, % of one core, from /proc (10 ms ticks) |"
-        f" {result['sampler_ticks'] / wall * 100:.2f} |",  # type: ignore[operator]
-        f"| dispatcher's thread, % of one core (delivers the windows) |"
-        f" {result['dispatcher_ticks'] / wall * 100:.2f} |",  # type: ignore[operator]
-        f"| metrics sampled | {len(metrics)} |",
+    figures = {
+        "interval_s": interval,
+        "workers": workers,
+        "seconds": wall,
+        "device": device,
+        "gpus": sorted({name.split(".")[1] for name in metrics if ".gpu" in name}),
+        "load": os.getloadavg()[0],
+        "samples": result["samples"],
+        "sample_ms": {"median": statistics.median(costs) * 1e3, "max": max(costs) * 1e3},
+        "sampler_percent": sum(costs) / wall * 100,
+        "sampler_percent_proc": result["sampler_ticks"] / wall * 100,  # type: ignore[operator]
+        "dispatcher_percent": result["dispatcher_ticks"] / wall * 100,  # type: ignore[operator]
+        "metrics": len(metrics),
+    }
+    rows = [
+        ["samples taken", str(figures["samples"])],
+        [
+            "CPU per sample, median / max (ms)",
+            f"{figures['sample_ms']['median']:.2f} / {figures['sample_ms']['max']:.2f}",
+        ],
+        ["sampler's thread, % of one core", f"{figures['sampler_percent']:.2f}"],
+        [
+            "sampler's thread, % of one core, from /proc (10 ms ticks)",
+            f"{figures['sampler_percent_proc']:.2f}",
+        ],
+        [
+            "dispatcher's thread, % of one core (delivers the windows)",
+            f"{figures['dispatcher_percent']:.2f}",
+        ],
+        ["metrics sampled", str(figures["metrics"])],
     ]
-    return "\n".join(lines) + "\n"
+    figures["tables"] = {"cost": _results.table(["measure", "result"], rows)}
+    return figures
 
 
 def main() -> None:
@@ -120,13 +133,19 @@ def main() -> None:
     parser.add_argument("--workers", type=positive, default=8, help="worker processes (default 8)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--write", type=Path, help="replace the system section of this page")
+    parser.add_argument(
+        "--save",
+        type=Path,
+        nargs="?",
+        const=_results.RESULTS / "system_metrics.json",
+        help="save the results file (default benchmarks/results/system_metrics.json)",
+    )
     args = parser.parse_args()
     result = measure(args.seconds, args.workers, args.interval, args.device)
-    text = report(result, args.workers, args.interval, args.device)
-    print(text, end="")
-    if args.write:
-        write_between(args.write, text, "system")
+    results = report(result, args.workers, args.interval, args.device)
+    print(_results.markdown(results["tables"]["cost"]))
+    if args.save is not None:
+        _results.save("system_metrics", results, path=args.save)
 
 
 if __name__ == "__main__":

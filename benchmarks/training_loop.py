@@ -4,7 +4,7 @@ the same sinks run inline, the standard library's QueueHandler/QueueListener and
     python benchmarks/training_loop.py                     # the full run, about 5 minutes
     python benchmarks/training_loop.py --quick             # a fast, rough run
     python benchmarks/training_loop.py --plot cost.png     # also plot CPU ratio against K
-    python benchmarks/training_loop.py --write docs/performance.md   # publish the tables
+    python benchmarks/training_loop.py --save --plot docs/img/training_loop.png   # the page's run
 
 The loop: a training step, then K events of four keys (K = 1, 10, 100) and an add to each of 3
 Stats (step time, loss, gradient norm; mean and max over windows of 250 ms). Two steps of similar cost: a numpy
@@ -49,7 +49,6 @@ import logging  # noqa: E402
 import logging.handlers  # noqa: E402
 import math  # noqa: E402
 import multiprocessing  # noqa: E402
-import platform  # noqa: E402
 import queue  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
@@ -58,12 +57,11 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from datetime import datetime, timedelta  # noqa: E402
-from importlib.metadata import version  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-import numpy as np  # noqa: E402
-from _machine import cpu_model, numpy_mlp_step, positive, write_between  # noqa: E402
+import _results  # noqa: E402
+from _machine import numpy_mlp_step, positive  # noqa: E402
 
 import monitor_bus  # noqa: E402
 from monitor_bus.tensorboard import SummaryWriter  # noqa: E402
@@ -504,130 +502,111 @@ def run(args: argparse.Namespace) -> tuple[dict[Key, list[Run]], dict[tuple[int,
     return loop_runs, rates
 
 
+def key(contender: str) -> str:
+    """A contender's key in the results file (no dot: a page's key path splits at dots)."""
+    return contender.replace(".", "_")
+
+
 def ratio(loop_runs: dict[Key, list[Run]], step: str, k: int, c: str, what: int) -> float:
     """Median over rounds of contender ``c``'s CPU (what=0) or wall (1) over no logging's."""
     ours, base = loop_runs[(step, k, c)], loop_runs[(step, k, "none")]
     return statistics.median(o[what] / b[what] for o, b in zip(ours, base, strict=True))
 
 
-def tables(args: argparse.Namespace, loop_runs: dict[Key, list[Run]], rates: dict) -> str:
+def results_of(args: argparse.Namespace, loop_runs: dict[Key, list[Run]], rates: dict) -> dict:
+    """The run's figures for its results file: each contender's CPU and wall ratio to no
+    logging per step and K, the delivered rates, and the tables the page shows."""
     logged = [c for c in CONTENDERS[1:] if ("numpy", KS[0], c) in loop_runs]
     has_torch = "torch.monitor" in logged
 
-    def cell(step: str, k: int, c: str, what: int) -> str:
-        return f"{ratio(loop_runs, step, k, c, what):.2f}x" if c in logged else "n/a"
+    def per_step(what: int) -> dict[str, dict[str, dict[str, float]]]:
+        return {
+            step: {str(k): {key(c): ratio(loop_runs, step, k, c, what) for c in logged} for k in KS}
+            for step in STEPS
+        }
 
-    lines = [
-        f"{args.steps:,} steps per run; median of {args.rounds} round(s); contenders rotate "
-        f"within each round. Stat windows of {WINDOW.total_seconds() * 1000:.0f} ms; "
-        f"torch.monitor's handler flushes the sinks every {args.torch_flush_every} events.",
-        "",
-        "Process CPU per step (every thread, the backlog's delivery included), as a ratio to "
-        "the same loop without logging. Before: monitor_bus with `Event` + `log_event` and "
-        "the standard library's JSON; after: `log()` and orjson; torch.monitor with its sinks "
-        "inline; the standard library's QueueHandler + QueueListener. The added CPU compares "
-        "what each adds to a step (its ratio minus 1):",
-        "",
-        "| step | events per step | no logging, CPU us/step | before | after | "
-        "torch.monitor | QueueListener | added CPU, after / torch.monitor | target (after) | "
-        "met |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
-    ]
+    def base(step: str, k: int, what: int) -> float:
+        """No logging's median time per step, µs."""
+        runs = loop_runs[(step, k, "none")]
+        return statistics.median(r[what] for r in runs) / args.steps * 1e6
+
+    cpu, wall = per_step(0), per_step(1)
+
+    def cell(figures: dict, step: str, k: int, c: str) -> str:
+        return f"{figures[step][str(k)][key(c)]:.2f}x" if c in logged else "n/a"
+
+    cpu_rows, met = [], {}
     for step in STEPS:
         for k in KS:
-            base = statistics.median(r[0] for r in loop_runs[(step, k, "none")]) / args.steps
-            ours = ratio(loop_runs, step, k, "monitor_bus_log", 0)
-            met = ours <= TARGETS[k]
+            ours = cpu[step][str(k)]["monitor_bus_log"]
+            ok = ours <= TARGETS[k]
             target = f"<= {TARGETS[k]}x"
             vs_torch = "n/a"
             if has_torch:
-                torch_added = ratio(loop_runs, step, k, "torch.monitor", 0) - 1
+                torch_added = cpu[step][str(k)]["torch_monitor"] - 1
                 theirs = (ours - 1) / torch_added if torch_added > 0 else math.inf
                 vs_torch = f"{theirs:.2f}"
                 if k == TORCH_TARGET_K:
-                    met = met and theirs <= TORCH_TARGET
+                    ok = ok and theirs <= TORCH_TARGET
                     target += f" and <= {TORCH_TARGET}"
-            lines.append(
-                f"| {step} | {k} | {base * 1e6:.1f} | {cell(step, k, 'monitor_bus', 0)} | "
-                f"{cell(step, k, 'monitor_bus_log', 0)} | "
-                f"{cell(step, k, 'torch.monitor', 0)} | {cell(step, k, 'queue_listener', 0)} | "
-                f"{vs_torch} | {target} | {'yes' if met else 'no'} |"
+            met[f"{step}.{k}"] = ok
+            cpu_rows.append(
+                [step, str(k), f"{base(step, k, 0):.1f}"]
+                + [cell(cpu, step, k, c) for c in CONTENDERS[1:5]]
+                + [vs_torch, target, "yes" if ok else "no"]
             )
-    lines += [
-        "",
-        "Wall time per step (the backlog's delivery included), as a ratio to the same loop "
-        "without logging:",
-        "",
-        "| step | events per step | no logging, wall us/step | monitor_bus before | "
-        "monitor_bus after | torch.monitor, sinks inline | QueueHandler + QueueListener |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+    wall_rows = [
+        [step, str(k), f"{base(step, k, 1):.1f}"]
+        + [cell(wall, step, k, c) for c in CONTENDERS[1:5]]
+        for step in STEPS
+        for k in KS
     ]
+    process_rows = []
     for step in STEPS:
         for k in KS:
-            base = statistics.median(r[1] for r in loop_runs[(step, k, "none")]) / args.steps
-            lines.append(
-                f"| {step} | {k} | {base * 1e6:.1f} | {cell(step, k, 'monitor_bus', 1)} | "
-                f"{cell(step, k, 'monitor_bus_log', 1)} | "
-                f"{cell(step, k, 'torch.monitor', 1)} | {cell(step, k, 'queue_listener', 1)} |"
-            )
-    lines += [
-        "",
-        "With the two sinks each in a process of its own (``ProcessHandler``), logging with "
-        "``log()``: this process's CPU per step, as a ratio to the same loop without logging "
-        "(the sink processes' CPU is theirs):",
-        "",
-        "| step | events per step | monitor_bus, sinks in a process | target | met |",
-        "|---|---:|---:|---|---|",
-    ]
-    for step in STEPS:
-        for k in KS:
-            ours = ratio(loop_runs, step, k, "monitor_bus_process", 0)
+            ours = cpu[step][str(k)]["monitor_bus_process"]
             target = PROCESS_TARGETS[k]
-            lines.append(
-                f"| {step} | {k} | {ours:.2f}x | <= {target}x | {'yes' if ours <= target else 'no'} |"
+            process_rows.append(
+                [step, str(k), f"{ours:.2f}x", f"<= {target}x", "yes" if ours <= target else "no"]
             )
-    lines += [
-        "",
-        f"Delivered events/s, one producer logging {args.events:,} events, each to every "
-        "handler (no-op handlers; monitor_bus: on one bus, until `flush()` returns):",
-        "",
-        "| handlers | monitor_bus, Event + log_event | monitor_bus, log() | log() / "
-        f"Event + log_event (target >= {DELIVERED_TARGET} at 1 handler) | monitor_bus, "
-        "batch handlers | torch.monitor, inline | QueueHandler + QueueListener |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    delivered: dict[str, dict[str, float]] = {}
+    delivered_ratio: dict[str, float] = {}
+    delivered_rows = []
+    columns = (
+        "monitor_bus",
+        "monitor_bus_log_delivered",
+        "ratio",
+        "monitor_bus_batch",
+        "torch.monitor",
+        "queue_listener",
+    )
     for handlers in HANDLERS:
-        row = [str(handlers)]
-        columns = (
-            "monitor_bus",
-            "monitor_bus_log_delivered",
-            "ratio",
-            "monitor_bus_batch",
-            "torch.monitor",
-            "queue_listener",
+        pairs = zip(
+            rates[(handlers, "monitor_bus_log_delivered")],
+            rates[(handlers, "monitor_bus")],
+            strict=True,
         )
-        for c in columns:
-            if c == "ratio":  # the median over rounds of each round's quotient
-                pairs = zip(
-                    rates[(handlers, "monitor_bus_log_delivered")],
-                    rates[(handlers, "monitor_bus")],
-                    strict=True,
+        # the median over rounds of each round's quotient
+        delivered_ratio[str(handlers)] = statistics.median(a[0] / b[0] for a, b in pairs)
+        delivered[str(handlers)] = {
+            key(c): statistics.median(r[0] for r in rates[(handlers, c)])
+            for c in columns
+            if (handlers, c) in rates
+        }
+        delivered_rows.append(
+            [str(handlers)]
+            + [
+                f"{delivered_ratio[str(handlers)]:.2f}"
+                if c == "ratio"
+                else (
+                    f"{delivered[str(handlers)][key(c)]:,.0f}"
+                    if key(c) in delivered[str(handlers)]
+                    else "n/a"
                 )
-                row.append(f"{statistics.median(a[0] / b[0] for a, b in pairs):.2f}")
-                continue
-            got = rates.get((handlers, c))
-            row.append(f"{statistics.median(r[0] for r in got):,.0f}" if got else "n/a")
-        lines.append(f"| {' | '.join(row)} |")
-    lines += [
-        "",
-        "Delivery, summed over the rounds: step events in the JSONL file / logged "
-        "(Stat windows in the file):",
-        "",
-        "| step | events per step | monitor_bus before | monitor_bus after | "
-        "torch.monitor, sinks inline | QueueHandler + QueueListener | "
-        "monitor_bus, sinks in a process |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
+                for c in columns
+            ]
+        )
+    delivery_rows = []
     for step in STEPS:
         for k in KS:
             row = [step, str(k)]
@@ -638,8 +617,84 @@ def tables(args: argparse.Namespace, loop_runs: dict[Key, list[Run]], rates: dic
                     continue
                 total = {key: sum(r[2][key] for r in runs) for key in runs[0][2]}
                 row.append(f"{total['in_jsonl']:,} / {total['logged']:,} ({total['windows']:,})")
-            lines.append(f"| {' | '.join(row)} |")
-    return "\n".join(lines)
+            delivery_rows.append(row)
+    table = _results.table
+    return {
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "events": args.events,
+        "window_ms": WINDOW.total_seconds() * 1000,
+        "torch_flush_every": args.torch_flush_every,
+        "blas_threads": os.environ["OPENBLAS_NUM_THREADS"],
+        "targets": {str(k): TARGETS[k] for k in KS},
+        "cpu": cpu,
+        "wall": wall,
+        "met": met,
+        "delivered": delivered,
+        "delivered_ratio": delivered_ratio,
+        "tables": {
+            "cpu": table(
+                [
+                    "step",
+                    "events per step",
+                    "no logging, CPU us/step",
+                    "before",
+                    "after",
+                    "torch.monitor",
+                    "QueueListener",
+                    "added CPU, after / torch.monitor",
+                    "target (after)",
+                    "met",
+                ],
+                cpu_rows,
+                "lrrrrrrrll",
+            ),
+            "wall": table(
+                [
+                    "step",
+                    "events per step",
+                    "no logging, wall us/step",
+                    "monitor_bus before",
+                    "monitor_bus after",
+                    "torch.monitor, sinks inline",
+                    "QueueHandler + QueueListener",
+                ],
+                wall_rows,
+                "lrrrrrr",
+            ),
+            "process": table(
+                ["step", "events per step", "monitor_bus, sinks in a process", "target", "met"],
+                process_rows,
+                "lrrll",
+            ),
+            "delivered": table(
+                [
+                    "handlers",
+                    "monitor_bus, Event + log_event",
+                    "monitor_bus, log()",
+                    f"log() / Event + log_event (target >= {DELIVERED_TARGET} at 1 handler)",
+                    "monitor_bus, batch handlers",
+                    "torch.monitor, inline",
+                    "QueueHandler + QueueListener",
+                ],
+                delivered_rows,
+                "rrrrrrr",
+            ),
+            "delivery": table(
+                [
+                    "step",
+                    "events per step",
+                    "monitor_bus before",
+                    "monitor_bus after",
+                    "torch.monitor, sinks inline",
+                    "QueueHandler + QueueListener",
+                    "monitor_bus, sinks in a process",
+                ],
+                delivery_rows,
+                "lrrrrrr",
+            ),
+        },
+    }
 
 
 def failures(loop_runs: dict[Key, list[Run]], rates: dict, events: int) -> list[str]:
@@ -670,39 +725,42 @@ def failures(loop_runs: dict[Key, list[Run]], rates: dict, events: int) -> list[
     return problems
 
 
-def plot(loop_runs: dict[Key, list[Run]], path: Path) -> None:
-    """CPU per step against no logging, against K, one panel per step."""
+def plot(results: dict, path: Path) -> Any:
+    """CPU per step against no logging, against K, one panel per step (from the results
+    file's figures, so the picture and the tables are one run); returns the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    fig, axes = plt.subplots(1, len(STEPS), figsize=(10, 4), sharey=True)
+    cpu = results["cpu"]
+    fig, axes = plt.subplots(1, len(STEPS), figsize=(10, 4.8), sharey=True)
     for ax, step in zip(axes, STEPS, strict=True):
         for c in CONTENDERS[1:]:
-            if (step, KS[0], c) in loop_runs:
-                ax.plot(KS, [ratio(loop_runs, step, k, c, 0) for k in KS], "o-", label=TITLES[c])
-        ax.plot(KS, [TARGETS[k] for k in KS], "k:", label="target")
+            if key(c) in cpu[step][str(KS[0])]:
+                ax.plot(KS, [cpu[step][str(k)][key(c)] for k in KS], "o-", label=TITLES[c])
+        ax.plot(KS, [TARGETS[k] for k in KS], "k:", label="target (after)")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xticks(KS, [str(k) for k in KS])
+        # Ticks at 1, 1.5, 2, 3 and 5 of each decade, labelled as plain numbers ("1.5", "20"):
+        # values read off the axis where the ratios sit, near 1.
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 3.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(4.0, 6.0, 7.0, 8.0, 9.0)))
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("events per step (K)")
         ax.set_title(f"{step} step")
-        ax.grid(True, which="both", alpha=0.3)
+        ax.grid(True, which="major", alpha=0.4)
+        ax.grid(True, which="minor", alpha=0.15)
     axes[0].set_ylabel("process CPU per step / no logging")
-    axes[0].legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path)
-
-
-def machine() -> str:
-    return (
-        f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; "
-        f"CPython {platform.python_version()}, monitor_bus {monitor_bus.__version__}, "
-        f"torch {torch.__version__ if torch is not None else 'not installed'}, "
-        f"numpy {np.__version__} (BLAS threads {os.environ['OPENBLAS_NUM_THREADS']}), "
-        f"tensorboard {version('tensorboard')}"
-    )
+    # Below the panels, not over a line.
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize="small", frameon=False)
+    fig.tight_layout(rect=(0, 0.11, 1, 1))
+    fig.savefig(path, dpi=120)
+    return fig
 
 
 def main() -> int:
@@ -725,10 +783,18 @@ def main() -> int:
     )
     parser.add_argument("--plot", type=Path, metavar="PATH", help="write a plot of CPU against K")
     parser.add_argument(
-        "--write",
+        "--save",
         type=Path,
-        metavar="PAGE",
-        help="also put the printed text between PAGE's <!-- training_loop:begin/end --> markers",
+        nargs="?",
+        const=_results.RESULTS / "training_loop.json",
+        metavar="PATH",
+        help="save the results file (default benchmarks/results/training_loop.json)",
+    )
+    parser.add_argument(
+        "--replot",
+        type=Path,
+        metavar="RESULTS",
+        help="draw --plot from a saved results file instead of running",
     )
     args = parser.parse_args()
     defaults = (300, 1, 5_000) if args.quick else (2_000, 5, 100_000)
@@ -742,8 +808,11 @@ def main() -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             parser.error("--plot needs matplotlib: pip install 'monitor_bus[plot]'")
-    if args.write is not None and "<!-- training_loop:begin -->" not in args.write.read_text():
-        parser.error(f"--write: {str(args.write)!r} has no <!-- training_loop:begin --> marker")
+    if args.replot is not None:
+        if args.plot is None:
+            parser.error("--replot needs --plot PATH")
+        plot(_results.load("training_loop", path=args.replot)["results"], args.plot)
+        return 0
     # The sink processes fork from a server holding this script's imports. Its default preload,
     # '__main__', never happens (CPython hands the server the main path under another key), so
     # each child would import them again as it reruns this script: torch takes seconds a time.
@@ -753,16 +822,19 @@ def main() -> int:
     load_before = os.getloadavg()
     loop_runs, rates = run(args)
     load_after = os.getloadavg()
-    text = (
-        f"Measured on {datetime.now():%Y-%m-%d}: {machine()}. Load average (1 min) "
-        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after, on "
-        f"{os.cpu_count()} cores.\n\n{tables(args, loop_runs, rates)}\n"
+    results = results_of(args, loop_runs, rates)
+    results["load"] = {"before": load_before[0], "after": load_after[0]}
+    print(
+        f"Load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after, on "
+        f"{os.cpu_count()} cores.\n"
     )
-    print(text)
-    if args.write is not None:
-        write_between(args.write, text, "training_loop")
+    for name, spec in results["tables"].items():
+        print(f"{name}:\n{_results.markdown(spec)}\n")
+    if args.save is not None:
+        packages = ("numpy", "tensorboard", "orjson", *(["torch"] * (torch is not None)))
+        _results.save("training_loop", results, packages=packages, path=args.save)
     if args.plot is not None:
-        plot(loop_runs, args.plot)
+        plot(results, args.plot)
     problems = failures(loop_runs, rates, args.events)
     for problem in problems:
         print(f"training_loop.py: {problem}", file=sys.stderr)

@@ -53,7 +53,8 @@ class Aggregation(enum.Enum):
     MAX = 5
     #: The smallest value added.
     MIN = 6
-    #: The median of the values added, from the window's ``Histogram`` (within 1%).
+    #: The median of the values added, from the window's ``Histogram`` (within 0.54% for
+    #: values spanning up to 32 octaves).
     P50 = 7
     #: The 90th percentile, from the window's ``Histogram``.
     P90 = 8

@@ -47,7 +47,7 @@ class Stat(WindowFold):
     ``max_samples`` logs the window at once; later adds are discarded until the next window.
 
     P50, P90, P95 and P99 are nearest-rank percentiles of the window's non-NaN values read from
-    its ``Histogram`` (within 1% for values spanning up to 32 octaves; see
+    its ``Histogram`` (within 0.54% for values spanning up to 32 octaves; see
     ``monitor_bus.Histogram``), HISTOGRAM is that Histogram, and STDDEV the population standard
     deviation, computed stably and to a few roundings for any finite values, huge or tiny
     (NaN with a NaN or infinite value).

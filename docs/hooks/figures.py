@@ -12,6 +12,16 @@ quotes it with a token the build replaces:
 - ``{{ measured core }}``: the line saying at which commit, on what machine, with which
   versions and command the file was measured.
 
+A page the build does not render (the README) holds each quote as a block: the template in a
+comment, then what it renders to, which ``python docs/hooks/figures.py README.md`` rewrites
+(``tests/test_figures.py`` checks it is current)::
+
+    <!-- quote
+    {{ demo:output }}
+    -->
+    ...the rendered text...
+    <!-- /quote -->
+
 A token after a backslash is shown as written (``\\{{ core:x }}``: docs about tokens). A
 missing file or key, or a value that does not take the format, stops the build with a
 message naming the page, the file and the key.
@@ -136,6 +146,20 @@ def render(markdown: str, page: str, results: Path = RESULTS) -> str:
     return TOKEN.sub(replace, markdown)
 
 
+# A quote block of a page the build does not render: its template, then its rendered body.
+BLOCK = re.compile(r"<!-- quote\n(?P<template>.*?)\n-->\n(?P<body>.*?)<!-- /quote -->", re.S)
+
+
+def render_blocks(text: str, page: str, results: Path = RESULTS) -> str:
+    """``text`` with each quote block's body rendered afresh from its template."""
+
+    def replace(m: re.Match[str]) -> str:
+        body = render(m["template"], page, results)
+        return f"<!-- quote\n{m['template']}\n-->\n{body}\n<!-- /quote -->"
+
+    return BLOCK.sub(replace, text)
+
+
 def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
     from mkdocs.exceptions import PluginError
 
@@ -143,3 +167,9 @@ def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
         return render(markdown, f"docs/{page.file.src_uri}")
     except FigureError as exc:
         raise PluginError(str(exc)) from None
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:]:
+        file = Path(name)
+        file.write_text(render_blocks(file.read_text(), name))
