@@ -68,29 +68,61 @@ def test_the_quotient_bounds_hold_for_every_sign_and_size_of_the_figures() -> No
 
 def test_core_benchmark_writes_the_figures_it_measured(tmp_path: Path) -> None:
     """benchmarks/core.py prints a positive measurement in every row, each ratio is its two
-    columns' quotient ("n/a" only for torch.monitor without torch), and --write puts exactly
-    the printed text between the page's markers."""
+    columns' quotient (rows against torch.monitor left out without torch; "n/a" in the main
+    table), --write puts exactly the printed text between the page's markers, and the
+    results file holds the medians the tables were made from."""
     page = tmp_path / "performance.md"
     page.write_text(f"before\n{BEGIN}\nold figures\n{END}\nafter\n")
+    results = tmp_path / "core.json"
     out = subprocess.run(
         [
             sys.executable,
             str(BENCHMARKS / "core.py"),
             *("--rounds", "1", "--scale", "0.01", "--write", str(page)),
+            *("--results", str(results)),
         ],
         capture_output=True,
         text=True,
         check=True,
         timeout=120,
     ).stdout
+    has_torch = importlib.util.find_spec("torch") is not None
     rows = [line.strip("| ").split(" | ") for line in out.splitlines() if line.startswith("| ")]
-    header, *measures = rows  # the |---| rule does not start with "| "
+    stat_header, *rest = rows  # the |---| rules do not start with "| "
+    assert stat_header == [
+        "Stat",
+        "process CPU",
+        "caller's thread",
+        "other",
+        "other's process CPU",
+        "other's caller's thread",
+        "ratio, process CPU",
+        "ratio, caller's thread",
+        "target",
+    ]
+    stat_rows = rest[: 4 if has_torch else 2]
+    header, *measures = rest[len(stat_rows) :]
+    assert [(r[0], r[3]) for r in stat_rows] == [
+        ("`[MEAN]`", "torch.monitor `[MEAN]`"),
+        ("`[MEAN, P50, P99, STDDEV]`", "monitor_bus `[MEAN]`"),
+        ("`[MEAN, P50, P99, STDDEV]` without numpy", "monitor_bus `[MEAN]`"),
+        ("`[MEAN, P50, P99, STDDEV]`", "torch.monitor `[MEAN]`"),
+    ][slice(None) if has_torch else slice(1, 3)]
+    recorded = json.loads(results.read_text())["results"]
+    for what, process, caller, _, other, other_caller, ratio, caller_ratio, _ in stat_rows:
+        for a, b, q in ((process, other, ratio), (caller, other_caller, caller_ratio)):
+            assert _number(a) > 0, what
+            assert _number(b) > 0, what
+            low, high = _quotient_bounds(
+                _number(a), _number(b), _half_unit(a), _half_unit(b), _half_unit(q)
+            )
+            assert low <= _number(q) <= high, what
+    for ours, pair in recorded["stat_add_ratios"].items():
+        mine, other = ours.split("/")
+        medians = recorded["medians"]
+        assert pair["process"] == medians[mine] / medians[other]
     assert header == ["measure", "monitor_bus", "other", "other is", "ratio", "target"]
     assert [m[3] for m in measures] == [
-        "torch.monitor",
-        "monitor_bus [MEAN]",
-        "monitor_bus [MEAN]",
-        "torch.monitor",
         "torch.monitor",
         "`Event(name, datetime.now(), data)` + `log_event`",
         "`Event(name, datetime.now(), data)` + `log_event`",
@@ -100,7 +132,6 @@ def test_core_benchmark_writes_the_figures_it_measured(tmp_path: Path) -> None:
         "QueueHandler + QueueListener",
         "monitor_bus without the slow handler",
     ]
-    has_torch = importlib.util.find_spec("torch") is not None
     for measure, ours, other, other_is, ratio, _target in measures:
         assert _number(ours) > 0, measure
         if other_is == "torch.monitor" and not has_torch:
