@@ -6,7 +6,9 @@ Every rank trains a tiny ``DistributedDataParallel`` model under a ``StepAnatomy
 data, forward, backward, optimizer) for ``STEPS`` steps after ``WARMUP`` untimed ones; rank 2
 sleeps ``DELAY`` seconds more per step inside backward (a hook on the loss, so before any
 gradient bucket is launched). Its Stats' one window (an hour long) is logged as its bus closes,
-and the rank writes each Stat's aggregates to ``OUT_DIR/rank<r>.json``.
+and the rank writes each Stat's aggregates to ``OUT_DIR/rank<r>.json``, with whether its
+model's weights ended equal to those of a twin trained on the same batches between the steps
+with DDP's Python all-reduce hook (``allreduce_hook``), under ``"same_weights"``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 import monitor_bus as monitor
 from monitor_bus.integrations.torch import StepAnatomy
@@ -37,6 +40,11 @@ def main() -> None:
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 8))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    twin_module = torch.nn.Linear(32, 8)
+    twin_module.load_state_dict(model.module.state_dict())
+    twin = torch.nn.parallel.DistributedDataParallel(twin_module)
+    twin.register_comm_hook(None, allreduce_hook)
+    twin_optimizer = torch.optim.SGD(twin.parameters(), lr=0.01)
     bus = monitor.EventBus(name="anatomy")
     anatomy = StepAnatomy(model, window=timedelta(hours=1), bus=bus)
 
@@ -60,13 +68,20 @@ def main() -> None:
             with anatomy.stage("optimizer") if timed else contextlib.nullcontext():
                 optimizer.step()
                 optimizer.zero_grad()
+        twin(batch).square().mean().backward()
+        twin_optimizer.step()
+        twin_optimizer.zero_grad()
     anatomy.close()
+    same = all(
+        torch.equal(a, b)
+        for a, b in zip(model.module.parameters(), twin.module.parameters(), strict=True)
+    )
     assert bus.close(30)
     result = {
         name: {agg.name.lower(): value for agg, value in stat.get().items()}
         for name, stat in anatomy.stats.items()
     }
-    (out / f"rank{rank}.json").write_text(json.dumps(result))
+    (out / f"rank{rank}.json").write_text(json.dumps({**result, "same_weights": same}))
     dist.destroy_process_group()
 
 

@@ -455,6 +455,63 @@ def test_system_metrics_benchmark_writes_the_figures_it_measured(tmp_path: Path)
     assert page.read_text() == f"before\n{begin}\n{out}{end}\nafter\n"
 
 
+def test_step_anatomy_benchmark_writes_the_figures_it_measured(tmp_path: Path) -> None:
+    """benchmarks/step_anatomy.py, run tiny, prints each measure's figures with and without
+    StepAnatomy, their difference (per bucket: over the buckets DDP reduced) and that as a
+    fraction of a 10 ms step, saves the medians they came from, and --write puts exactly the
+    printed text between the page's markers."""
+    require(importlib.util.find_spec("torch") is not None, "torch is not installed")
+    begin, end = "<!-- step_anatomy:begin -->", "<!-- step_anatomy:end -->"
+    page = tmp_path / "performance.md"
+    page.write_text(f"before\n{begin}\nold figures\n{end}\nafter\n")
+    results = tmp_path / "step_anatomy.json"
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "step_anatomy.py"),
+            *("--rounds", "1", "--steps", "20", "--collections", "50"),
+            *("--ddp-steps", "3", "--layers", "4"),
+            *("--write", str(page), "--results", str(results)),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    rows = {
+        cells[0]: cells[1:]
+        for cells in (line.strip("| ").split(" | ") for line in out.splitlines())
+        if cells[0] and not cells[0].startswith(("measure", "---")) and len(cells) == 7
+    }
+    recorded = json.loads(results.read_text())["results"]
+
+    def pair(cell: str) -> tuple[float, float]:
+        process, caller = cell.split(" / ")
+        return _number(process), _number(caller)
+
+    def us(figure: dict[str, float]) -> tuple[float, float]:
+        return round(figure["process_ns"] / 1e3, 2), round(figure["caller_ns"] / 1e3, 2)
+
+    loop = rows["four stages around a 1 ms step, against the bare loop"]
+    assert pair(loop[1]) == us(recorded["loop"]["bare"])
+    assert pair(loop[2]) == us(recorded["loop"]["anatomy"])
+    assert pair(loop[1])[0] >= 1000  # the step burns 1 ms of the training thread's CPU
+    gc_row = rows["GC callback, `gc.collect(0)`, against no callback"]
+    assert pair(gc_row[2]) == us(recorded["gc"]["anatomy"])
+    ddp = recorded["ddp"]
+    assert ddp["buckets_per_step"]["count"] == 4  # a bucket per layer
+    hook = rows["DDP comm hook, 4 buckets a step, against DDP's default hook"]
+    assert pair(hook[1]) == us(ddp["default_hook"])
+    assert pair(hook[2]) == us(ddp["anatomy_hook"])
+    added = ddp["anatomy_hook"]["process_ns"] - ddp["default_hook"]["process_ns"]
+    assert hook[4] == f"{added / 10e6 * 100:.3f}%"
+    per_bucket = rows["DDP comm hook, per bucket"]
+    assert per_bucket[4] == f"{added / 4 / 10e6 * 100:.3f}%"
+    for cells in rows.values():
+        assert cells[-1] in ("<= 1%", "report")
+    assert page.read_text() == f"before\n{begin}\n{out.removesuffix(chr(10))}{end}\nafter\n"
+
+
 def test_compare_code_runs_both_trees_and_prints_their_ratio(tmp_path: Path) -> None:
     """benchmarks/compare_code.py, run tiny on this tree and a copy of its package, runs each
     in its own interpreter (importing monitor_bus from that tree) and prints one row per K
