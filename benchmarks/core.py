@@ -1,12 +1,16 @@
 """Core benchmarks, side by side in one run: monitor_bus against torch.monitor and the standard
 library's QueueHandler/QueueListener.
 
-    python benchmarks/core.py                    # print the table
+    python benchmarks/core.py                    # print the tables
     python benchmarks/core.py --save            # save benchmarks/results/core.json
-    python benchmarks/core.py --only stat-add    # just the Stat.add rows
+    python benchmarks/core.py --only stat-add    # just the Stat.add table
 
 Each figure is the median of several rounds; the contenders alternate within each round so
-both see the same machine load. torch is optional: without it, its columns say "n/a".
+both see the same machine load. ``Stat.add`` is measured as the CPU time of every thread of
+the process (the cost: work moved to another thread still takes the interpreter lock the
+caller needs) with the caller's thread's share beside it. ``--save`` writes
+the figures to ``benchmarks/results/core.json``. torch is
+optional: without it, its columns say "n/a".
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +35,7 @@ from typing import Any
 import _results
 
 import monitor_bus
+from monitor_bus import _vectorized
 
 try:
     import torch
@@ -49,24 +55,7 @@ def per_call_ns(func: Callable[[int], None], n: int) -> float:
     return (time.perf_counter_ns() - start) / n
 
 
-# -- 1. Stat.add --
-
-
-def stat_add_ours(n: int) -> None:
-    stat = monitor_bus.Stat("x", [monitor_bus.Aggregation.MEAN], timedelta(hours=1))
-    add = stat.add
-    for _ in range(n):
-        add(0.5)
-
-
-def stat_add_torch(n: int) -> None:
-    stat = torch_monitor.Stat("x", [torch_monitor.Aggregation.MEAN], timedelta(hours=1))
-    add = stat.add
-    for _ in range(n):
-        add(0.5)
-
-
-# -- 1b. Stat.add of varying samples: the distributions against MEAN alone (issue 22) --
+# -- 1. Stat.add: the CPU of every thread per call, and the caller's thread's share --
 
 # Step-time-like samples (a log-normal around 0.1 s), the same for every contender.
 _rng = random.Random(22)
@@ -79,42 +68,65 @@ DISTRIBUTIONS = [
 ]
 
 
-def stat_add_values(aggregations: list[monitor_bus.Aggregation], n: int) -> tuple[float, float]:
-    """ns per ``Stat.add`` of ``VALUES`` (cycled): wall time, and the CPU time of the caller's
-    thread (the distributions are bucketed on the dispatcher's, which runs: a handler is
-    registered, as in any real use)."""
+@contextmanager
+def pure_python() -> Iterator[None]:
+    """The distributions folded without numpy, as where it is not installed."""
+    saved = _vectorized._numpy
+    _vectorized._numpy = None
+    try:
+        yield
+    finally:
+        _vectorized._numpy = saved
+
+
+def stat_add_cpu(aggregations: list[monitor_bus.Aggregation], n: int) -> tuple[float, float]:
+    """CPU ns per ``Stat.add`` of ``VALUES`` (cycled), a handler registered (the dispatcher
+    runs, as in any real use): of every thread of the process (``time.process_time``) and of
+    the caller's thread (``time.thread_time``). The window is logged at the end, inside the
+    figures, so no bucketing is left out."""
     stat = monitor_bus.Stat("x", aggregations, timedelta(hours=1))
     add = stat.add
     values = (VALUES * (n // len(VALUES) + 1))[:n]
     gc.collect()
-    start, cpu = time.perf_counter_ns(), time.thread_time_ns()
+    process, caller = time.process_time_ns(), time.thread_time_ns()
     for v in values:
         add(v)
-    return (time.perf_counter_ns() - start) / n, (time.thread_time_ns() - cpu) / n
+    stat._close()
+    return (time.process_time_ns() - process) / n, (time.thread_time_ns() - caller) / n
 
 
-def stat_add_values_torch(n: int) -> float:
+def stat_add_cpu_torch(n: int) -> tuple[float, float]:
+    """As ``stat_add_cpu`` for torch.monitor's ``[MEAN]`` (which runs inline)."""
     stat = torch_monitor.Stat("x", [torch_monitor.Aggregation.MEAN], timedelta(hours=1))
     add = stat.add
     values = (VALUES * (n // len(VALUES) + 1))[:n]
     gc.collect()
-    start = time.perf_counter_ns()
+    process, caller = time.process_time_ns(), time.thread_time_ns()
     for v in values:
         add(v)
-    return (time.perf_counter_ns() - start) / n
+    return (time.process_time_ns() - process) / n, (time.thread_time_ns() - caller) / n
 
 
-def stat_add_rows(r: dict[str, float], n: int) -> None:
-    """The Stat.add measures of one round, the contenders alternating."""
-    r["add_ours"] = per_call_ns(stat_add_ours, n)
+def stat_add_rows(r: dict[str, float], n: int, turn: int) -> None:
+    """The Stat.add measures of one round, the contenders alternating (each round starts
+    with the next one)."""
+
+    def pure(n: int) -> tuple[float, float]:
+        with pure_python():
+            return stat_add_cpu(DISTRIBUTIONS, n)
+
+    contenders: list[tuple[str, Callable[[int], tuple[float, float]]]] = [
+        ("add_mean", lambda n: stat_add_cpu([monitor_bus.Aggregation.MEAN], n)),
+        ("add_dist", lambda n: stat_add_cpu(DISTRIBUTIONS, n)),
+        ("add_pure", pure),
+    ]
     if torch_monitor is not None:
-        r["add_torch"] = per_call_ns(stat_add_torch, n)
+        contenders.append(("add_torch", stat_add_cpu_torch))
     handle = monitor_bus.register_event_handler(lambda e: None)
-    r["add_mean_wall"], r["add_mean_cpu"] = stat_add_values([monitor_bus.Aggregation.MEAN], n)
-    r["add_dist_wall"], r["add_dist_cpu"] = stat_add_values(DISTRIBUTIONS, n)
+    for i in range(len(contenders)):
+        key, measure = contenders[(turn + i) % len(contenders)]
+        r[key], r[f"{key}_caller"] = measure(n)
     monitor_bus.unregister_event_handler(handle)
-    if torch_monitor is not None:
-        r["add_values_torch"] = stat_add_values_torch(n)
 
 
 # -- 2. Event + log_event with one handler --
@@ -268,9 +280,10 @@ def run(rounds: int, scale: float, only: str) -> dict[str, float]:
     n_tp = int(200_000 * scale)
     n_lat = int(20_000 * scale)
     results: list[dict[str, float]] = []
-    for _ in range(rounds):
+    _vectorized.numpy()  # imported before any round: its import is not a Stat.add's cost
+    for turn in range(rounds):
         r: dict[str, float] = {}
-        stat_add_rows(r, n_add)
+        stat_add_rows(r, n_add, turn)
         if only == "stat-add":
             results.append(r)
             continue
@@ -298,34 +311,6 @@ def run(rounds: int, scale: float, only: str) -> dict[str, float]:
 # Each row: what is measured, monitor_bus's median, the other's, who the other is, the
 # format of both, the target, and the name its ratio is saved under.
 ROWS = [
-    ("`Stat.add`, ns/call", "add_ours", "add_torch", "torch.monitor", ".0f", "<= 1.0", "stat_add"),
-    (
-        "`Stat.add` [MEAN, P50, P99, STDDEV] vs [MEAN], caller's thread CPU ns/call",
-        "add_dist_cpu",
-        "add_mean_cpu",
-        "monitor_bus [MEAN]",
-        ".0f",
-        "<= 1.3",
-        "stat_add_dist_cpu",
-    ),
-    (
-        "`Stat.add` [MEAN, P50, P99, STDDEV] vs [MEAN], wall ns/call (same process)",
-        "add_dist_wall",
-        "add_mean_wall",
-        "monitor_bus [MEAN]",
-        ".0f",
-        "report",
-        "stat_add_dist_wall",
-    ),
-    (
-        "`Stat.add` [MEAN, P50, P99, STDDEV] vs torch.monitor [MEAN], wall ns/call",
-        "add_dist_wall",
-        "add_values_torch",
-        "torch.monitor",
-        ".0f",
-        "report",
-        "stat_add_dist_torch",
-    ),
     (
         "`Event(...)` + `log_event`, one handler, ns/call",
         "log_ours",
@@ -418,6 +403,69 @@ def table(m: dict[str, float]) -> dict[str, Any]:
     return _results.table(columns, rows, "lrrlrl")
 
 
+STAT_ADD_ROWS = [
+    # (what, its key, the other, the other's key, target)
+    ("`[MEAN]`", "add_mean", "torch.monitor `[MEAN]`", "add_torch", "<= 1.0"),
+    ("`[MEAN, P50, P99, STDDEV]`", "add_dist", "monitor_bus `[MEAN]`", "add_mean", "<= 1.5"),
+    (
+        "`[MEAN, P50, P99, STDDEV]` without numpy",
+        "add_pure",
+        "monitor_bus `[MEAN]`",
+        "add_mean",
+        "report",
+    ),
+    ("`[MEAN, P50, P99, STDDEV]`", "add_dist", "torch.monitor `[MEAN]`", "add_torch", "report"),
+]
+
+
+def stat_add_ratios(m: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Each Stat.add row's ratios (process CPU, caller's thread CPU), by its keys."""
+    return {
+        f"{ours}/{other}": {
+            "process": m[ours] / m[other],
+            "caller": m[f"{ours}_caller"] / m[f"{other}_caller"],
+        }
+        for _, ours, _, other, _ in STAT_ADD_ROWS
+        if ours in m and other in m
+    }
+
+
+def stat_add_table(m: dict[str, float]) -> dict[str, Any]:
+    """``Stat.add``'s costs (``_results.table``): the process's CPU (every thread) beside the
+    caller's thread's."""
+    ratios = stat_add_ratios(m)
+    rows = []
+    for what, ours, other_is, other, target in STAT_ADD_ROWS:
+        if f"{ours}/{other}" not in ratios:
+            continue  # torch.monitor is not installed
+        ratio = ratios[f"{ours}/{other}"]
+        rows.append(
+            [
+                what,
+                f"{m[ours]:.0f}",
+                f"{m[f'{ours}_caller']:.0f}",
+                other_is,
+                f"{m[other]:.0f}",
+                f"{m[f'{other}_caller']:.0f}",
+                f"{ratio['process']:.2f}",
+                f"{ratio['caller']:.2f}",
+                target,
+            ]
+        )
+    columns = [
+        "Stat",
+        "process CPU",
+        "caller's thread",
+        "other",
+        "other's process CPU",
+        "other's caller's thread",
+        "ratio, process CPU",
+        "ratio, caller's thread",
+        "target",
+    ]
+    return _results.table(columns, rows, "lrrlrrrrl")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -433,23 +481,32 @@ def main() -> None:
         "--save",
         type=Path,
         nargs="?",
-        const=_results.RESULTS / "core.json",
-        help="save the results file (default benchmarks/results/core.json)",
+        const=None,
+        default=False,
+        help="save the results file (default benchmarks/results/core.json; core_stat_add.json"
+        " with --only stat-add)",
     )
     args = parser.parse_args()
     medians = run(args.rounds, args.scale, args.only)
+    tables = {"stat_add": stat_add_table(medians)}
+    if args.only == "all":
+        tables["results"] = table(medians)
     results = {
         "rounds": args.rounds,
         "scale": args.scale,
+        "samples": len(VALUES),
         "medians": medians,
         "ratios": ratios(medians),
-        "tables": {"results": table(medians)},
+        "stat_add_ratios": stat_add_ratios(medians),
+        "tables": tables,
     }
-    print(f"Median of {args.rounds} rounds; contenders alternate within each round.\n")
-    print(_results.markdown(results["tables"]["results"]))
-    if args.save:
-        saved = _results.save("core", results, packages=("torch",), path=args.save)
-        print(f"\n{_results.measured(_results.load('core', path=saved))}")
+    print(f"Median of {args.rounds} rounds; contenders alternate within each round.")
+    for spec in tables.values():
+        print(f"\n{_results.markdown(spec)}")
+    if args.save is not False:
+        name = "core" if args.only == "all" else "core_stat_add"
+        saved = _results.save(name, results, packages=("torch", "numpy"), path=args.save)
+        print(f"\n{_results.measured(_results.load(name, path=saved))}")
 
 
 if __name__ == "__main__":

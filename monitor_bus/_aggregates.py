@@ -18,6 +18,7 @@ from functools import reduce
 from itertools import chain, repeat
 from typing import TYPE_CHECKING, Union
 
+from . import _vectorized
 from ._buckets import Accumulator
 from ._histogram import Histogram, from_accumulator
 
@@ -198,12 +199,19 @@ def stddev(moments: Moments) -> float:
     return sd if n else math.nan
 
 
-def _chunk_moments(values: list[float], shift: float) -> Moments:
+def _chunk_moments(
+    values: list[float], shift: float, array: _vectorized.Floats | None = None
+) -> Moments:
     """The moments of a chunk about ``shift``, with C builtins: the samples' distances from
     ``shift`` (exact for samples within a factor 2 of it), their mean correctly rounded
     (``math.fsum``), then the root of their squared deviations from it (``math.dist``,
-    without overflow or cancellation) over the root of their number."""
+    without overflow or cancellation) over the root of their number. The same in numpy for
+    a chunk ``_vectorized`` takes (``array``)."""
     n = len(values)
+    if array is not None:
+        found = _vectorized.chunk_moments(array, shift)
+        if found is not None:
+            return (n, shift, *found)
     offsets = list(map(operator.sub, values, repeat(shift)))
     try:
         mean = math.fsum(offsets) / n
@@ -248,20 +256,27 @@ def _exact(n: int, shift: float, mean: Fraction, variance: Fraction) -> Moments:
 
 
 def _fold_distribution(
-    values: list[float], moments: Moments, hist: Accumulator | None, stat: WindowFold
+    values: list[float],
+    moments: Moments,
+    hist: Accumulator | None,
+    stat: WindowFold,
+    array: _vectorized.Floats | None = None,
 ) -> tuple[Moments, Accumulator | None]:
     """A window's moments and Histogram with ``values`` added, for those ``stat`` wants
-    (the Histogram's counts grow in place)."""
+    (the Histogram's counts grow in place); in numpy where ``_vectorized`` takes them
+    (``array``, if the caller made it already)."""
     if not values:
         return moments, hist
+    if array is None:
+        array = _vectorized.array(values)  # None: the pure-Python path
     if stat._want_moments:
         # One shift per window (its first sample), so its chunks' means differ exactly.
         shift = moments[1] if moments[0] else values[0]
-        moments = merge_moments(moments, _chunk_moments(values, shift))
+        moments = merge_moments(moments, _chunk_moments(values, shift, array))
     if stat._want_hist:
         if hist is None:
             hist = Accumulator(_MAX_BUCKETS)
-        hist.add(values)
+        hist.add(values, array)
     return moments, hist
 
 

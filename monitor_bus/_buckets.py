@@ -10,6 +10,7 @@ import operator
 from collections import Counter
 from itertools import chain, repeat
 
+from . import _vectorized
 from ._check import wrong_type
 
 MAX_SCALE = 20
@@ -39,8 +40,10 @@ Buckets = tuple[int, tuple[int, ...]]
 
 class Accumulator:
     """A Histogram being built chunk by chunk (a Stat's open window, ``Histogram.of``):
-    bucket counts in Counters at the finest scale its samples fit so far, counted by C
-    builtins (``math.log2`` through ``map``, ``Counter.update``'s C counting). Not
+    bucket counts at the finest scale its samples fit so far, counted by C builtins
+    (``math.log2`` through ``map``, ``Counter.update``'s C counting) in Counters, or, for a
+    chunk ``_vectorized`` takes, by numpy in ``_vectorized.DenseCounts``; the counts are the
+    sum of both, and the same whichever counted them. Not
     thread-safe: its owner serialises ``add``. Not interrupt-safe in place: an exception
     inside ``add`` (a KeyboardInterrupt) can leave ``count`` disagreeing with the buckets, so
     an owner that must survive one adds to a ``copy()`` and swaps it in (``Stat`` does).
@@ -57,9 +60,11 @@ class Accumulator:
         "max_buckets",
         "nan",
         "neg",
+        "neg_dense",
         "neg_range",
         "ninf",
         "pos",
+        "pos_dense",
         "pos_range",
         "scale",
         "zero",
@@ -73,6 +78,9 @@ class Accumulator:
         self.neg: Counter[int] = Counter()
         self.pos_range: tuple[int, int] | None = None
         self.neg_range: tuple[int, int] | None = None
+        # Counted in numpy (by index, within the ranges), added to the Counters' counts.
+        self.pos_dense: _vectorized.DenseCounts | None = None
+        self.neg_dense: _vectorized.DenseCounts | None = None
         self.count = self.zero = self.nan = self.inf = self.ninf = self.exact = 0
         self.low = self.high = math.nan
 
@@ -82,11 +90,29 @@ class Accumulator:
         for name in Accumulator.__slots__:
             setattr(new, name, getattr(self, name))
         new.pos, new.neg = self.pos.copy(), self.neg.copy()
+        if self.pos_dense is not None:
+            new.pos_dense = self.pos_dense.copy()
+        if self.neg_dense is not None:
+            new.neg_dense = self.neg_dense.copy()
         return new
 
-    def add(self, samples: list[float]) -> None:
-        """Count float ``samples``."""
+    def buckets(self) -> tuple[Buckets, Buckets]:
+        """The positive and the negative buckets counted, as ``(offset, counts)``."""
+        return (
+            _buckets_of(self.pos, self.pos_dense, self.pos_range),
+            _buckets_of(self.neg, self.neg_dense, self.neg_range),
+        )
+
+    def add(self, samples: list[float], array: _vectorized.Floats | None = None) -> None:
+        """Count float ``samples``: in numpy where ``_vectorized`` takes them (``array``, their
+        array if the caller made it already), with the same result.
+        """
         if not samples:
+            return
+        if array is None:
+            array = _vectorized.array(samples)
+        if array is not None:
+            self._add_array(samples, array)
             return
         self.count += len(samples)
         probe = sum(samples)  # a C loop: finite only if every sample is
@@ -125,6 +151,37 @@ class Accumulator:
         if not (self.inf or self.ninf) and smallest != math.inf:
             self.exact += exact_sum_of(finite, smallest)
 
+    def _add_array(self, samples: list[float], values: _vectorized.Floats) -> None:
+        """``add`` for finite samples none of which is subnormal, in numpy."""
+        self.count += len(samples)
+        low, high = float(values.min()), float(values.max())
+        if low == 0:  # min() keeps the first of 0.0 and -0.0
+            low = _vectorized.first_zero(samples, values)
+        if high == 0:
+            high = _vectorized.first_zero(samples, values)
+        self.low, self.high = nan_min(self.low, low), nan_max(self.high, high)
+        if low > 0:
+            positive, negative = values, values[:0]
+        else:
+            positive = values[values > 0]
+            negative = -values[values < 0]
+            self.zero += len(samples) - len(positive) - len(negative)
+        pos = (float(positive.min()), high) if len(positive) else None
+        neg = (float(negative.min()), float(negative.max())) if len(negative) else None
+        self._fit(pos, neg)
+        factor = math.ldexp(1.0, self.scale)
+        if pos is not None and self.pos_range is not None:
+            indices = _vectorized.bucket_indices(positive, pos, factor)
+            self.pos_dense = _dense_added(self.pos_dense, indices, self.pos_range)
+        if neg is not None and self.neg_range is not None:
+            indices = _vectorized.bucket_indices(negative, neg, factor)
+            self.neg_dense = _dense_added(self.neg_dense, indices, self.neg_range)
+        if not (self.inf or self.ninf) and (pos or neg):
+            smallest = min(pos[0] if pos else math.inf, neg[0] if neg else math.inf)
+            largest = max(high, -low)
+            grain = _vectorized.grain_of(smallest)
+            self.exact += _vectorized.exact_units(values, grain, largest)
+
     def _fit(
         self, pos: tuple[float, float] | None, neg: tuple[float, float] | None
     ) -> repeat[float]:
@@ -139,6 +196,10 @@ class Accumulator:
             self.scale = scale
             self.pos = shifted(self.pos, shift)
             self.neg = shifted(self.neg, shift)
+            if self.pos_dense is not None:
+                self.pos_dense = self.pos_dense.coarsened(shift)
+            if self.neg_dense is not None:
+                self.neg_dense = self.neg_dense.coarsened(shift)
             pos_range = (
                 None if pos_range is None else (pos_range[0] >> shift, pos_range[1] >> shift)
             )
@@ -147,6 +208,23 @@ class Accumulator:
             )
         self.pos_range, self.neg_range = pos_range, neg_range
         return repeat(math.ldexp(1.0, scale))
+
+
+def _dense_added(
+    dense: _vectorized.DenseCounts | None, indices: _vectorized.Ints, held: tuple[int, int]
+) -> _vectorized.DenseCounts:
+    if dense is None:
+        return _vectorized.DenseCounts(held[0], indices[:0]).added(indices, held)
+    return dense.added(indices, held)
+
+
+def _buckets_of(
+    counts: Counter[int], counted: _vectorized.DenseCounts | None, held: tuple[int, int] | None
+) -> Buckets:
+    """Counts keyed by index + 1 and those counted in numpy, over indices ``held``."""
+    if counted is None or held is None:
+        return dense(counts, held)
+    return (held[0], tuple(counted.tolist(held, counts.items())))
 
 
 def bucket_index(magnitude: float, scale: int) -> int:

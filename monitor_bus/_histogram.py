@@ -591,11 +591,12 @@ def _merge(a: Histogram, b: Histogram) -> Histogram:
 
 def from_accumulator(accumulator: Accumulator) -> Histogram:
     """The Histogram of the samples ``accumulator`` counted so far."""
+    pos, neg = accumulator.buckets()
     return Histogram.__new__(Histogram)._set(
         accumulator.scale,
         accumulator.zero,
-        dense(accumulator.pos, accumulator.pos_range),
-        dense(accumulator.neg, accumulator.neg_range),
+        pos,
+        neg,
         accumulator.count,
         accumulator.exact,
         accumulator.low,

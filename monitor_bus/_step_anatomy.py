@@ -21,7 +21,7 @@ Guarantees
   lock too, so it takes no lock); the training thread turns them into Stats at each step's
   end and at ``close()``. A pause counts in the stage and the step it overlaps.
 - torch is imported only when a model is given. ``close()`` removes the gc callback; DDP
-  cannot unregister a comm hook, so the hook stays, calling the default all-reduce untimed.
+  cannot unregister a comm hook, so the hook stays, all-reducing untimed.
 - One anatomy is driven by one training thread: ``step``, ``stage`` and ``collective`` are not
   thread-safe (the comm hook's and the gc callback's records are).
 - Progress: ``progress()`` says, from any thread, where this process's open anatomies are (the
@@ -108,8 +108,9 @@ class StepAnatomy:
 
     Wrap each training step in ``step()``, its parts in ``stage(name)``, and a collective
     called by hand in ``collective()``. Given a ``DistributedDataParallel`` model, it also times
-    the wait in DDP's gradient all-reduce: a communication hook around the default one
-    (``allreduce_hook``) notes when each bucket is launched and when it completes. A model that
+    the wait in DDP's gradient all-reduce: a communication hook doing what the default one
+    (``allreduce_hook``) does, the bucket divided by the group's size and summed across it,
+    notes when each bucket is launched and when it completes. A model that
     already has a communication hook is refused (one hook per model, as DDP allows).
 
     Each Stat below is added once per step (a stage's, once per step the stage ran in, its
@@ -355,9 +356,12 @@ class StepAnatomy:
         totals: dict[str, list[float]] = {}
         for name, s, e in blocks:
             total = totals.setdefault(name, [0.0, 0.0, 0.0])
-            total[0] += e - s
-            total[1] += max(0.0, e - s - _overlap(waited, s, e))
-            total[2] += _overlap(pauses, s, e)
+            took = e - s
+            total[0] += took
+            # Most steps have no wait or pause in a stage: no overlap to compute.
+            total[1] += max(0.0, took - _overlap(waited, s, e) if waited else took)
+            if pauses:
+                total[2] += _overlap(pauses, s, e)
         for name, values in totals.items():
             stats = self._stage_stats.get(name) or self._add_stage(name)
             for stat, value in zip(stats, values, strict=True):
@@ -417,12 +421,24 @@ class StepAnatomy:
         if getattr(model, "_comm_hooks", None):
             raise taken
 
-        def timed_allreduce(state: Any, bucket: Any) -> Any:
+        def timed_allreduce(group: Any, bucket: Any) -> Any:
             launched = _clock()
-            future = allreduce_hook(state, bucket)
+            tensor = bucket.buffer()
+            if tensor.is_complex():  # all_reduce's own handling of a complex bucket
+                future = allreduce_hook(group, bucket)
+                first = False
+            else:
+                # allreduce_hook's work without torch.distributed.all_reduce's Python layers
+                # (their checks and logging cost more than the rest of a bucket's hook): the
+                # bucket divided by the group's size (by 1, the same bucket), summed across it.
+                size = group.size()
+                if size != 1:
+                    tensor.div_(size)
+                future = group.allreduce([tensor]).get_future()  # its value: [tensor]
+                first = True
             if self._step_start is None or self._closed:
-                return future
-            return self._timed(launched, future)
+                return future.then(_first_value) if first else future
+            return self._timed(launched, future, first=first)
 
         # DDP checks the hook's annotations against its own types, and this module's are strings.
         timed_allreduce.__annotations__.clear()
@@ -433,14 +449,16 @@ class StepAnatomy:
                 raise
             raise taken from None
 
-    def _timed(self, launched: float, future: Any) -> Any:
-        """``future`` chained to note when it completes, as a wait from ``launched``."""
+    def _timed(self, launched: float, future: Any, *, first: bool = False) -> Any:
+        """``future`` chained to note when it completes, as a wait from ``launched``; the
+        chained future's value is its value (its first, a process group's list, with
+        ``first``): DDP's bucket, or the all-reduce's error."""
         interval = [launched, math.inf]
         self._waits.append(interval)
 
         def completed(done: Any) -> Any:
             interval[1] = _clock()
-            return done.value()  # DDP's bucket (or the all-reduce's error)
+            return done.value()[0] if first else done.value()
 
         return future.then(completed)
 
@@ -492,6 +510,11 @@ class _Collective:
 
     def __exit__(self, *exc: object) -> None:
         self._interval[1] = _clock()
+
+
+def _first_value(future: Any) -> Any:
+    """A process group's future's first value: the bucket, as DDP takes it."""
+    return future.value()[0]
 
 
 def _union(intervals: list[list[float]], lo: float, hi: float) -> list[_Interval]:

@@ -6,14 +6,17 @@ the buffer for the next window instead of being lost. The samples leave the buff
 their aggregates are computed, in straight-line code a signal cannot interrupt, so a Ctrl-C
 landing in a fold loses nothing.
 
-The distribution aggregates (percentiles, STDDEV, HISTOGRAM) are folded off the caller's
-thread: a folded chunk waits in ``_dist_chunks`` for the dispatcher, which buckets it under the
-Stat's lock; the caller folds the waiting chunks itself only once ``_DIST_BACKLOG`` wait (the
-dispatcher busy or not running), and a window's are all folded before it is logged, so no
-sample is left out or counted twice. The chunks are bucketed into a copy of the window's
-Histogram, swapped in with the moments and the emptied ``_dist_chunks`` by one statement: a
-Ctrl-C inside that fold leaves the window as it was (its chunks still waiting), never a
-Histogram whose count disagrees with its buckets.
+The distribution aggregates (percentiles, STDDEV, HISTOGRAM) of a chunk numpy takes
+(``_vectorized``: where it is installed, a chunk of finite samples) are folded by the caller,
+with the chunks waiting before it: in numpy that costs less than handing the chunk over (its
+calls release the interpreter lock, so two threads would trade it back and forth). Any other
+chunk is folded off the caller's thread: it waits in ``_dist_chunks`` for the dispatcher,
+which buckets it under the Stat's lock; the caller folds the waiting chunks itself only once
+``_DIST_BACKLOG`` wait (the dispatcher busy or not running), and a window's are all folded
+before it is logged, so no sample is left out or counted twice. The chunks are bucketed into
+a copy of the window's Histogram, swapped in with the moments and the emptied
+``_dist_chunks`` by one statement: a Ctrl-C inside that fold leaves the window as it was (its
+chunks still waiting), never a Histogram whose count disagrees with its buckets.
 
 A window's first fold starts a stopped dispatcher that has work, so a forked child's timer
 closes the windows of the Stats it inherited; ``_RESOLVING`` is new in a forked child
@@ -29,7 +32,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, cast
 
-from . import _device
+from . import _device, _vectorized
 from ._aggregates import (
     _NO_MOMENTS,
     AggregateValue,
@@ -231,11 +234,21 @@ class WindowFold:
             (self._want_sum, self._want_max, self._want_min),
         )
         dist_chunks = self._dist_chunks
+        moments, hist = self._moments, self._hist
         if (self._want_hist or self._want_moments) and values:
-            if len(dist_chunks) >= _DIST_BACKLOG:  # the dispatcher is behind: fold here
-                self._fold_distributions()
-                dist_chunks = self._dist_chunks
-            dist_chunks = dist_chunks + [values]
+            array = _vectorized.array(values)
+            if array is not None:
+                # numpy buckets a chunk for less than handing it over costs (its calls
+                # release the interpreter lock, so the two threads trade it back and forth):
+                # folded here, after the chunks waiting.
+                moments, hist = self._folded(dist_chunks)
+                moments, hist = _fold_distribution(values, moments, hist, self, array)
+                dist_chunks = []
+            elif len(dist_chunks) >= _DIST_BACKLOG:  # the dispatcher is behind: fold here
+                moments, hist = self._folded(dist_chunks)
+                dist_chunks = [values]
+            else:
+                dist_chunks = dist_chunks + [values]
         last = chunk[-1]
         # Committed without a call or a backward jump in between, the only points where
         # CPython runs a signal handler: the samples move from the buffer to the aggregates
@@ -247,22 +260,25 @@ class WindowFold:
         self._max = high
         self._min = low
         self._value = last
-        self._dist_chunks = dist_chunks
+        self._moments, self._hist, self._dist_chunks = moments, hist, dist_chunks
         self._count += n
 
     def _fold_distributions(self) -> None:
         """Fold the chunks waiting for the distribution aggregates (under the lock)."""
-        chunks = self._dist_chunks
-        if not chunks:
-            return
-        # Folded into a copy of the window's Histogram and swapped in by one statement: a
-        # KeyboardInterrupt inside the fold leaves the window as it was, chunks still waiting.
+        if self._dist_chunks:
+            # Swapped in by one statement: a KeyboardInterrupt inside the fold leaves the
+            # window as it was, chunks still waiting.
+            self._moments, self._hist, self._dist_chunks = (*self._folded(self._dist_chunks), [])
+
+    def _folded(self, chunks: list[list[float]]) -> tuple[Moments, Accumulator | None]:
+        """The window's moments and Histogram with ``chunks`` folded in, the window's own
+        left as they were: the Histogram is a copy, to swap in."""
         moments, hist = self._moments, self._hist
         if hist is not None:
             hist = hist.copy()
         for values in chunks:
             moments, hist = _fold_distribution(values, moments, hist, self)
-        self._moments, self._hist, self._dist_chunks = moments, hist, []
+        return moments, hist
 
     def _fold_distributions_soon(self) -> None:
         """The dispatcher's side of the distribution aggregates: bucketing off the caller's

@@ -67,8 +67,9 @@ def test_the_quotient_bounds_hold_for_every_sign_and_size_of_the_figures() -> No
 
 def test_core_benchmark_saves_the_figures_it_measured(tmp_path: Path) -> None:
     """benchmarks/core.py prints a positive measurement in every row, each ratio is its two
-    columns' quotient (torch.monitor's rows left out without torch), and --save writes the
-    medians, their ratios and the printed table to the results file."""
+    columns' quotient (torch.monitor's rows left out without torch), the Stat.add table gives
+    process CPU beside the caller's share, and --save writes the medians, their ratios and
+    the printed tables to the results file."""
     saved = tmp_path / "core.json"
     out = subprocess.run(
         [
@@ -81,15 +82,45 @@ def test_core_benchmark_saves_the_figures_it_measured(tmp_path: Path) -> None:
         check=True,
         timeout=120,
     ).stdout
+    has_torch = importlib.util.find_spec("torch") is not None
     rows = [line.strip("| ").split(" | ") for line in out.splitlines() if line.startswith("| ")]
-    header, *measures = rows  # the |---| rule does not start with "| "
+    stat_header, *rest = rows  # the |---| rules do not start with "| "
+    assert stat_header == [
+        "Stat",
+        "process CPU",
+        "caller's thread",
+        "other",
+        "other's process CPU",
+        "other's caller's thread",
+        "ratio, process CPU",
+        "ratio, caller's thread",
+        "target",
+    ]
+    stat_rows = rest[: 4 if has_torch else 2]
+    header, *measures = rest[len(stat_rows) :]
+    assert [(r[0], r[3]) for r in stat_rows] == [
+        ("`[MEAN]`", "torch.monitor `[MEAN]`"),
+        ("`[MEAN, P50, P99, STDDEV]`", "monitor_bus `[MEAN]`"),
+        ("`[MEAN, P50, P99, STDDEV]` without numpy", "monitor_bus `[MEAN]`"),
+        ("`[MEAN, P50, P99, STDDEV]`", "torch.monitor `[MEAN]`"),
+    ][slice(None) if has_torch else slice(1, 3)]
+    recorded = json.loads(saved.read_text())["results"]
+    assert recorded["tables"]["stat_add"]["rows"] == stat_rows
+    for what, process, caller, _, other, other_caller, ratio, caller_ratio, _ in stat_rows:
+        for a, b, q in ((process, other, ratio), (caller, other_caller, caller_ratio)):
+            assert _number(a) > 0, what
+            assert _number(b) > 0, what
+            low, high = _quotient_bounds(
+                _number(a), _number(b), _half_unit(a), _half_unit(b), _half_unit(q)
+            )
+            assert low <= _number(q) <= high, what
+    for ours, pair in recorded["stat_add_ratios"].items():
+        mine, other = ours.split("/")
+        medians = recorded["medians"]
+        assert pair["process"] == medians[mine] / medians[other]
     assert header == ["measure", "monitor_bus", "other", "other is", "ratio", "target"]
     has_torch = importlib.util.find_spec("torch") is not None
     expected = [
-        "torch.monitor",
-        "monitor_bus [MEAN]",
-        "monitor_bus [MEAN]",
-        "torch.monitor",
         "torch.monitor",
         "`Event(name, datetime.now(), data)` + `log_event`",
         "`Event(name, datetime.now(), data)` + `log_event`",
@@ -443,6 +474,63 @@ def test_system_metrics_benchmark_saves_the_figures_it_measured(tmp_path: Path) 
     results = json.loads(saved.read_text())["results"]
     assert [r[1] for r in results["tables"]["cost"]["rows"]] == list(rows.values())[1:]
     assert rows["sampler's thread, % of one core"] == f"{results['sampler_percent']:.2f}"
+
+
+def test_step_anatomy_benchmark_writes_the_figures_it_measured(tmp_path: Path) -> None:
+    """benchmarks/step_anatomy.py, run tiny, prints each measure's figures with and without
+    StepAnatomy, their difference (per bucket: over the buckets DDP reduced) and that as a
+    fraction of a 10 ms step, saves the medians they came from, and --write puts exactly the
+    printed text between the page's markers."""
+    require(importlib.util.find_spec("torch") is not None, "torch is not installed")
+    begin, end = "<!-- step_anatomy:begin -->", "<!-- step_anatomy:end -->"
+    page = tmp_path / "performance.md"
+    page.write_text(f"before\n{begin}\nold figures\n{end}\nafter\n")
+    results = tmp_path / "step_anatomy.json"
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "step_anatomy.py"),
+            *("--rounds", "1", "--steps", "20", "--collections", "50"),
+            *("--ddp-steps", "3", "--layers", "4"),
+            *("--write", str(page), "--results", str(results)),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    rows = {
+        cells[0]: cells[1:]
+        for cells in (line.strip("| ").split(" | ") for line in out.splitlines())
+        if cells[0] and not cells[0].startswith(("measure", "---")) and len(cells) == 7
+    }
+    recorded = json.loads(results.read_text())["results"]
+
+    def pair(cell: str) -> tuple[float, float]:
+        process, caller = cell.split(" / ")
+        return _number(process), _number(caller)
+
+    def us(figure: dict[str, float]) -> tuple[float, float]:
+        return round(figure["process_ns"] / 1e3, 2), round(figure["caller_ns"] / 1e3, 2)
+
+    loop = rows["four stages around a 1 ms step, against the bare loop"]
+    assert pair(loop[1]) == us(recorded["loop"]["bare"])
+    assert pair(loop[2]) == us(recorded["loop"]["anatomy"])
+    assert pair(loop[1])[0] >= 1000  # the step burns 1 ms of the training thread's CPU
+    gc_row = rows["GC callback, `gc.collect(0)`, against no callback"]
+    assert pair(gc_row[2]) == us(recorded["gc"]["anatomy"])
+    ddp = recorded["ddp"]
+    assert ddp["buckets_per_step"]["count"] == 4  # a bucket per layer
+    hook = rows["DDP comm hook, 4 buckets a step, against DDP's default hook"]
+    assert pair(hook[1]) == us(ddp["default_hook"])
+    assert pair(hook[2]) == us(ddp["anatomy_hook"])
+    added = ddp["anatomy_hook"]["process_ns"] - ddp["default_hook"]["process_ns"]
+    assert hook[4] == f"{added / 10e6 * 100:.3f}%"
+    per_bucket = rows["DDP comm hook, per bucket"]
+    assert per_bucket[4] == f"{added / 4 / 10e6 * 100:.3f}%"
+    for cells in rows.values():
+        assert cells[-1] in ("<= 1%", "report")
+    assert page.read_text() == f"before\n{begin}\n{out.removesuffix(chr(10))}{end}\nafter\n"
 
 
 def test_compare_code_runs_both_trees_and_prints_their_ratio(tmp_path: Path) -> None:

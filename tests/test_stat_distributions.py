@@ -28,6 +28,7 @@ from monitor_bus import (
     EventOrigin,
     Histogram,
     Stat,
+    _vectorized,
     _window,
     _wire,
 )
@@ -35,7 +36,7 @@ from monitor_bus._aggregates import distribution, merge_moments, stddev
 from monitor_bus._window import ClosedWindow
 
 from . import child_workers
-from .conftest import Recorder, StepClock
+from .conftest import Recorder, StepClock, require
 from .test_stat import stat_events
 
 DIST = [Aggregation.P50, Aggregation.P90, Aggregation.P95, Aggregation.P99]
@@ -250,8 +251,8 @@ def test_the_relay_checks_a_histograms_fields(monkeypatch: pytest.MonkeyPatch) -
 def test_the_dispatcher_buckets_off_the_callers_thread(
     bus: EventBus, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With the bus running, a window's chunks are bucketed on the dispatcher's thread, not
-    in the caller's add."""
+    """With the bus running, a chunk numpy does not take (a window's first, of one sample) is
+    bucketed on the dispatcher's thread, not in the caller's add."""
     bus.register_event_handler(recorder)
     threads: list[threading.Thread] = []
     folded = threading.Event()
@@ -283,11 +284,20 @@ def test_waiting_chunks_are_bounded_when_the_dispatcher_is_not_running(
     assert close_window(stat, clock)[Aggregation.HISTOGRAM] == Histogram.of(samples)
 
 
-def test_open_window_memory_is_bounded(bus: EventBus, clock: StepClock) -> None:
+@pytest.mark.parametrize("path", ["pure", "numpy"])
+def test_open_window_memory_is_bounded(
+    path: str, bus: EventBus, clock: StepClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An open window of 100,000 samples of both signs over 80 octaves, with no dispatcher
     folding for it (the worst case: chunks wait up to the backlog), holds under 2 MiB: the
-    figure docs/concepts.md gives. (The Stat clock stands still: the slow traced loop stays in
-    one window.)"""
+    figure docs/concepts.md gives, folded in pure Python and in numpy (imported before: its
+    import is the process's, once, not the window's). (The Stat clock stands still: the slow
+    traced loop stays in one window.)"""
+    if path == "pure":
+        monkeypatch.setattr(_vectorized, "_numpy", None)
+        monkeypatch.setattr(_vectorized, "_tried", True)
+    else:
+        require(_vectorized.numpy() is not None, "numpy is not installed")
     stat = Stat("x", [Aggregation.MEAN, *EVERY], LONG, bus=bus)
     rng = random.Random(1)
     samples = [(-1) ** i * 2.0 ** rng.uniform(-40, 40) for i in range(100_000)]
