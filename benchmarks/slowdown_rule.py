@@ -29,6 +29,7 @@ page between its ``slowdown-rates`` markers.
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import random
 import statistics
@@ -47,6 +48,11 @@ from _results import save  # noqa: E402
 from monitor_bus import read_jsonl  # noqa: E402
 from monitor_bus.ranks import SlowdownRule  # noqa: E402
 from monitor_bus.ranks import _slowdown as rule_module  # noqa: E402
+
+# The rule's defaults, as its signature gives them.
+DEFAULTS = {
+    name: p.default for name, p in inspect.signature(rule_module.SlowdownRule).parameters.items()
+}
 
 HERE = Path(__file__).resolve().parent
 SHIFTS = (0.05, 0.10, 0.20, 0.50)
@@ -220,8 +226,8 @@ def main() -> None:
             "noise": 1.4826 * statistics.median(steps) / math.sqrt(2),
         }
     rules: dict[str, Callable[[], Rule]] = {
-        f"SlowdownRule (default, evidence {rule_module.EVIDENCE:g})": package_rule(
-            rule_module.EVIDENCE
+        f"SlowdownRule (default, evidence {DEFAULTS['evidence']:g})": package_rule(
+            DEFAULTS["evidence"]
         ),
         "SlowdownRule, evidence 2.5": package_rule(2.5),
         "SlowdownRule, evidence 10": package_rule(10.0),
@@ -232,8 +238,8 @@ def main() -> None:
     lines += [
         "",
         f"Threshold {THRESHOLD:g} (10% slower); the rule's constants: windows "
-        f"{rule_module.WINDOWS}, baseline {rule_module.BASELINE}, first baseline "
-        f"{rule_module.FIRST}, reference {rule_module.REFERENCE:g} x the threshold, confidence "
+        f"{DEFAULTS['windows']}, baseline {DEFAULTS['baseline']}, first baseline "
+        f"{DEFAULTS['first']}, reference {rule_module.REFERENCE:g} x the threshold, confidence "
         f"{rule_module.CONFIDENCE:g}; {args.trials} trials a shift, horizon {HORIZON} windows.",
     ]
     settings = {

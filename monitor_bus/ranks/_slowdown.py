@@ -12,13 +12,13 @@ Guarantees
   names alone tell a family, as for ``_anatomy``), fed in the order the windows end. Late
   windows, and windows whose mean is not a positive, finite number, are not fed.
 - The rule, per series: a CUSUM (Page, 1954) of rank scores, confirmed by the medians.
-  The baseline is the median of up to ``BASELINE`` windows before the candidate ones (the
-  first ``FIRST`` windows make the first one). Each window scores where it ranks among the
+  The baseline is the median of up to ``baseline`` (30) windows before the candidate ones (the
+  first ``first`` (10) windows make the first one). Each window scores where it ranks among the
   baseline's windows once moved back by the reference (``REFERENCE`` x ``slowdown``), less
   a half, in (-0.5, 0.5): whatever the noise's shape (a step time's is skewed), a window
   of an unchanged job scores below 0 on average, so the sum of the scores, never below 0,
   drifts down. The candidate windows are those since the sum last left 0. A slowdown is
-  named when the sum reaches ``EVIDENCE`` (so after ``WINDOWS`` windows at the least),
+  named when the sum reaches ``evidence`` (5; so after ``windows`` (10) windows at the least),
   and the candidates' median is at least ``1 + slowdown`` times the baseline and over the
   reference by ``CONFIDENCE`` standard errors of the two medians (from the noise from one
   window to the next, ``sigma``): a noisy job needs more windows than a steady one. It
@@ -28,8 +28,8 @@ Guarantees
 - Not named: noise (its sum drifts down), a single spike (it scores 0.5 at most), a shift of
   half the threshold (under the reference, its sum drifts down too, and it never clears
   the bar), a drift slow enough for the baseline to follow (the windows that are no
-  candidates join it; so do the oldest of a change that has not confirmed in ``BASELINE``
-  windows), the first ``FIRST`` windows (a warm-up among them names nothing). A speed-up is
+  candidates join it; so do the oldest of a change that has not confirmed in ``baseline``
+  windows), the first ``first`` windows (a warm-up among them names nothing). A speed-up is
   the same rule mirrored and names nothing: the baseline moves down to the new level,
   silently, so a later slowdown is measured from there.
 - The event: ``SLOWDOWN_EVENT`` with ``stat`` (``"<prefix>.time_s"``), ``before`` (the
@@ -51,18 +51,10 @@ from .._check import check_int, wrong_type
 #: slower: data ``stat``, ``before``, ``after``, ``ratio``, ``began`` and ``windows``.
 SLOWDOWN_EVENT = "monitor_bus.slowdown"
 
-#: The fewest windows a slowdown is named after: ``EVIDENCE`` at the most a window scores.
-WINDOWS = 10
-#: The most windows the baseline is the median of.
-BASELINE = 30
-#: The windows the first baseline is made of (a warm-up among them names nothing).
-FIRST = 10
 #: How many window-to-window changes the spread is measured over.
 NOISE = 60
 #: The rule's reference, as a part of the threshold: a shift under it drives the sum down.
 REFERENCE = 0.75
-#: How much evidence names a slowdown: the sum of the windows' scores (each at most 0.5).
-EVIDENCE = 5.0
 #: The least noise (sigma of the log step time, window to window) the confirmation assumes.
 SIGMA_FLOOR = 0.01
 #: How many standard errors of the two medians a change must clear the reference by: a
@@ -146,10 +138,10 @@ class SlowdownRule:
         self,
         slowdown: float = 0.1,
         *,
-        windows: int = WINDOWS,
-        baseline: int = BASELINE,
-        first: int = FIRST,
-        evidence: float = EVIDENCE,
+        windows: int = 10,
+        baseline: int = 30,
+        first: int = 10,
+        evidence: float = 5.0,
     ) -> None:
         self.slowdown = check_threshold("slowdown", slowdown)
         self.windows = check_int("windows", windows, 1)
