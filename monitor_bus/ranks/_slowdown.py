@@ -1,5 +1,5 @@
 """The slowdown rule: the job's step time watched for a lasting change, named once when it
-gets and stays ``slowdown`` (default 10%) slower.
+gets and stays ``slowdown`` (a fraction, default 0.1) slower.
 
 ``SlowdownRule`` is a pure object fed one window at a time (its stamp, its mean step time),
 so the same code runs live on ``dst``, on recorded windows (a JSONL file read back) and on
