@@ -128,6 +128,15 @@ def test_a_token_quotes_a_figure_a_table_and_the_measured_line(tmp_path: Path) -
     )
 
 
+def test_a_saved_output_quoted_in_a_text_block_keeps_its_lines(tmp_path: Path) -> None:
+    """A program's output saved as one string, quoted alone in a ``text`` fence, renders as its
+    lines exactly as printed (spaces, blank lines and all), and the fence around it stays."""
+    output = "stragglers\n  rank 2 (vm)  others waited 15.3 ms/step\n\nrank  wait\n0     11.3"
+    _results_file(tmp_path, "run", {"output": output})
+    page = "Its output:\n\n```text\n{{ run:output }}\n```\n"
+    assert figures.render(page, "p.md", tmp_path) == f"Its output:\n\n```text\n{output}\n```\n"
+
+
 def test_a_missing_file_key_or_bad_format_names_the_page_file_and_key(tmp_path: Path) -> None:
     """The build stops at a token it cannot quote, naming the page, the file and the key."""
     _results_file(tmp_path, "bench", {"m": {"ns": 5963.0, "label": "x"}})
