@@ -246,6 +246,7 @@ def main() -> None:
     }
     settings = {
         "threshold": THRESHOLD,
+        "shifts": list(SHIFTS),
         "trials": args.trials,
         "horizon": HORIZON,
         "lead": LEAD,
