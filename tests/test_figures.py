@@ -49,6 +49,7 @@ ALLOWED: list[tuple[str, str, str]] = [
     ("*", r"\d+ s of its minute", "the soak test's length in CI"),
     ("*", r"16 MiB", "the JSONL sink's buffer and the reader's line limit"),
     ("*", r"chunk \(64 KiB\)", "the relay's read size"),
+    ("multihost.md", r"sleeping \d+ ms more", "the slowdown phase's delay in a test"),
 ]
 # Pages whose figures are still typed in, to be quoted from results files; empty when done.
 PENDING = {
