@@ -1,7 +1,7 @@
 """How often the slowdown rule names something in a clean job, and how soon it names a real
 slowdown: from real merged step-time windows recorded on this machine.
 
-    python benchmarks/slowdown_rule.py [TRACE.jsonl ...] [--trials 300] [--write docs/multihost.md]
+    python benchmarks/slowdown_rule.py [TRACE.jsonl ...] [--trials 300] [--save]
 
 The traces (default: ``benchmarks/traces/*.jsonl``, made by ``benchmarks/step_time_trace.py``:
 3 gloo ranks training a DDP model under ``StepAnatomy``, merged, nothing slowed on purpose)
@@ -22,8 +22,9 @@ are read with ``monitor_bus.read_jsonl``; their series is each window's merged
 Rules: the package's (``SlowdownRule``, its defaults and half and twice the evidence), and
 the simple rule it was chosen over (``K_IN_A_ROW`` windows in a row each at least 1 +
 threshold times the median of the ``BASELINE`` windows before, then that level the baseline).
-The results go to ``benchmarks/results/slowdown_rule.json``; ``--write`` puts the table on the
-page between its ``slowdown-rates`` markers.
+It prints its two tables (the traces, the rules' rates); ``--save`` saves them with the
+figures they are made of to ``benchmarks/results/slowdown_rule.json``, which the "A slowdown"
+section of docs/multihost.md quotes.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _machine import positive, publish  # noqa: E402
-from _results import save  # noqa: E402
+import _results  # noqa: E402
+from _machine import positive  # noqa: E402
 
 from monitor_bus import read_jsonl  # noqa: E402
 from monitor_bus.ranks import SlowdownRule  # noqa: E402
@@ -155,7 +156,7 @@ def measure(
                 detected += 1
                 delays.append(found[0] - t + 1)
             anyway += any(i + start >= t for i in names(make, when, part))
-        result["shifts"][f"{shift:.0%}"] = {
+        result["shifts"][f"{shift * 100:g}"] = {
             "trials": trials,
             "detected": detected / trials,
             "named_anyway": anyway / trials,
@@ -165,35 +166,40 @@ def measure(
     return result
 
 
-def table(results: dict[str, Any], traces: dict[str, dict[str, Any]]) -> list[str]:
-    lines = [
-        "Traces (3 gloo ranks, DDP, StepAnatomy, merged; recorded by "
-        "benchmarks/step_time_trace.py on this machine):",
-        "",
-        "| trace | windows | median step, ms | noise from window to window (sigma of the log) |",
-        "|---|---|---|---|",
+def tables(results: dict[str, Any], traces: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The page's two tables (``_results.table``): the traces, and each rule's rates."""
+    trace_rows = [
+        [name, str(t["windows"]), f"{t['median_ms']:.2f}", f"{t['noise']:.2f}"]
+        for name, t in traces.items()
     ]
-    for name, info in traces.items():
-        lines.append(
-            f"| {name} | {info['windows']} | {info['median_ms']:.2f} | {info['noise']:.2f} |"
-        )
-    lines += [
-        "",
-        "| rule | clean, names per 1,000 windows: as recorded (steady) "
-        + "".join(f"| {s} shift: detected (named anyway), delay p50/p90 " for s in _shift_names())
-        + "|",
-        "|---|---|" + "---|" * len(SHIFTS),
-    ]
-    for rule, r in results.items():
-        cells = [f"{r['clean_per_1000']:.1f} ({r['steady_per_1000']:.1f})"]
-        for s in _shift_names():
-            x = r["shifts"][s]
+    rule_rows = []
+    for r in results.values():
+        cells = [r["label"], f"{r['clean_per_1000']:.1f} ({r['steady_per_1000']:.1f})"]
+        for x in r["shifts"].values():
             cells.append(
                 f"{x['detected']:.0%} ({x['named_anyway']:.0%}), "
                 f"{_windows(x['delay_p50'])}/{_windows(x['delay_p90'])}"
             )
-        lines.append(f"| {rule} | " + " | ".join(cells) + " |")
-    return lines
+        rule_rows.append(cells)
+    return {
+        "traces": _results.table(
+            [
+                "trace",
+                "windows",
+                "median step, ms",
+                "noise from window to window (sigma of the log)",
+            ],
+            trace_rows,
+        ),
+        "rules": _results.table(
+            [
+                "rule",
+                "clean, names per 1,000 windows: as recorded (steady)",
+                *(f"{s} shift: detected (named anyway), delay p50/p90" for s in _shift_names()),
+            ],
+            rule_rows,
+        ),
+    }
 
 
 def _shift_names() -> list[str]:
@@ -209,8 +215,13 @@ def main() -> None:
     parser.add_argument("traces", nargs="*", type=Path)
     parser.add_argument("--trials", type=positive, default=300)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--write", type=Path, default=None, help="the page to publish on")
-    parser.add_argument("--results", type=Path, default=None, help="where to save (a test's)")
+    parser.add_argument(
+        "--save",
+        type=Path,
+        nargs="?",
+        const=_results.RESULTS / "slowdown_rule.json",
+        help="save the results file (default benchmarks/results/slowdown_rule.json)",
+    )
     args = parser.parse_args()
     paths = args.traces or sorted((HERE / "traces").glob("*.jsonl"))
     traces, info = [], {}
@@ -225,35 +236,47 @@ def main() -> None:
             "median_ms": 1e3 * statistics.median(series),
             "noise": 1.4826 * statistics.median(steps) / math.sqrt(2),
         }
-    rules: dict[str, Callable[[], Rule]] = {
-        f"SlowdownRule (default, evidence {DEFAULTS['evidence']:g})": package_rule(
-            DEFAULTS["evidence"]
+    evidence = DEFAULTS["evidence"]
+    rules: dict[str, tuple[str, Callable[[], Rule]]] = {
+        "default": (f"SlowdownRule (default, evidence {evidence:g})", package_rule(evidence)),
+        "half_evidence": (f"SlowdownRule, evidence {evidence / 2:g}", package_rule(evidence / 2)),
+        "twice_evidence": (f"SlowdownRule, evidence {evidence * 2:g}", package_rule(evidence * 2)),
+        "in_a_row": (
+            f"{K_IN_A_ROW} windows in a row each >= {1 + THRESHOLD:g}x",
+            lambda: in_a_row_rule(),
         ),
-        "SlowdownRule, evidence 2.5": package_rule(2.5),
-        "SlowdownRule, evidence 10": package_rule(10.0),
-        f"{K_IN_A_ROW} windows in a row each >= 1.1x": lambda: in_a_row_rule(),
     }
-    results = {name: measure(make, traces, args.trials, args.seed) for name, make in rules.items()}
-    lines = table(results, info)
-    lines += [
-        "",
-        f"Threshold {THRESHOLD:g} (10% slower); the rule's constants: windows "
-        f"{DEFAULTS['windows']}, baseline {DEFAULTS['baseline']}, first baseline "
-        f"{DEFAULTS['first']}, reference {rule_module.REFERENCE:g} x the threshold, confidence "
-        f"{rule_module.CONFIDENCE:g}; {args.trials} trials a shift, horizon {HORIZON} windows.",
-    ]
+    results = {
+        key: {"label": label, **measure(make, traces, args.trials, args.seed)}
+        for key, (label, make) in rules.items()
+    }
     settings = {
         "threshold": THRESHOLD,
+        "shifts": list(SHIFTS),
         "trials": args.trials,
         "horizon": HORIZON,
+        "lead": LEAD,
+        "steady_windows": 2 * SPAN + 1,
         "seed": args.seed,
+        "in_a_row": {"windows": K_IN_A_ROW, "baseline": BASELINE},
+        "rule": {
+            "evidence": evidence,
+            "windows": DEFAULTS["windows"],
+            "baseline": DEFAULTS["baseline"],
+            "first": DEFAULTS["first"],
+            "reference": rule_module.REFERENCE,
+            "confidence": rule_module.CONFIDENCE,
+        },
     }
-    save(
-        "slowdown_rule",
-        {"traces": info, "rules": results, "settings": settings},
-        path=args.results,
-    )
-    publish(lines, args.write, "slowdown-rates")
+    made = tables(results, info)
+    print(_results.markdown(made["traces"]), _results.markdown(made["rules"]), sep="\n\n")
+    print(f"\n{args.trials} trials a shift, horizon {HORIZON} windows; threshold {THRESHOLD:g}.")
+    if args.save is not None:
+        _results.save(
+            "slowdown_rule",
+            {"traces": info, "rules": results, "settings": settings, "tables": made},
+            path=args.save,
+        )
 
 
 if __name__ == "__main__":

@@ -584,39 +584,43 @@ def test_compare_code_runs_both_trees_and_prints_their_ratio(tmp_path: Path) -> 
     assert f"before: no monitor_bus package in {str(tmp_path)!r}" in refused.stderr
 
 
-def test_slowdown_rule_benchmark_publishes_the_rates_it_saved(tmp_path: Path) -> None:
+def test_slowdown_rule_benchmark_saves_its_tables_built_from_its_rates(tmp_path: Path) -> None:
     """benchmarks/slowdown_rule.py, run tiny on the recorded traces, saves a results file with
-    every rule's clean rates and each shift's detection, prints one row per rule built from
-    those figures, and --write puts exactly the printed text between the page's markers."""
-    page = tmp_path / "multihost.md"
-    begin, end = "<!-- slowdown-rates:begin -->", "<!-- slowdown-rates:end -->"
-    page.write_text(f"before\n{begin}\nold figures\n{end}\nafter\n")
+    every rule's clean rates and each shift's detection, and the page's two tables built from
+    those figures (the ones it prints)."""
     results = tmp_path / "slowdown_rule.json"
     out = subprocess.run(
         [
             sys.executable,
             str(BENCHMARKS / "slowdown_rule.py"),
-            *("--trials", "4", "--results", str(results), "--write", str(page)),
+            *("--trials", "4", "--save", str(results)),
         ],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert out.returncode == 0, out.stderr
-    assert page.read_text() == f"before\n{begin}\n{out.stdout.removesuffix(chr(10))}{end}\nafter\n"
     record = json.loads(results.read_text())
     assert record["benchmark"] == "slowdown_rule"
-    rules = record["results"]["rules"]
-    traces, table = _markdown_tables(out.stdout)
-    assert [row[0] for row in traces[1:]] == sorted(record["results"]["traces"])
-    assert sorted(row[0] for row in table[1:]) == sorted(rules)
-    shifts = [cell.split(" ")[0] for cell in table[0][2:]]
-    assert shifts == ["5%", "10%", "20%", "50%"]
-    for row in table[1:]:
-        figures = rules[row[0]]
+    saved = record["results"]
+    rules, tables = saved["rules"], saved["tables"]
+    assert sorted(rules) == ["default", "half_evidence", "in_a_row", "twice_evidence"]
+    assert _markdown_tables(out.stdout) == [
+        [tables[name]["columns"], *tables[name]["rows"]] for name in ("traces", "rules")
+    ]
+    assert [row[0] for row in tables["traces"]["rows"]] == sorted(saved["traces"])
+    assert tables["rules"]["columns"][2:] == [
+        f"{s}% shift: detected (named anyway), delay p50/p90" for s in ("5", "10", "20", "50")
+    ]
+    assert [row[0] for row in tables["rules"]["rows"]] == [
+        rules[key]["label"] for key in ("default", "half_evidence", "twice_evidence", "in_a_row")
+    ]
+    for row in tables["rules"]["rows"]:
+        (figures,) = (r for r in rules.values() if r["label"] == row[0])
         assert row[1] == f"{figures['clean_per_1000']:.1f} ({figures['steady_per_1000']:.1f})"
-        assert sorted(figures["shifts"]) == sorted(shifts)
-        for cell, shift in zip(row[2:], (figures["shifts"][s] for s in shifts), strict=True):
+        assert sorted(figures["shifts"]) == ["10", "20", "5", "50"]
+        for cell, s in zip(row[2:], ("5", "10", "20", "50"), strict=True):
+            shift = figures["shifts"][s]
             assert shift["trials"] == 4
             assert cell.startswith(f"{shift['detected']:.0%} ({shift['named_anyway']:.0%}), ")
 
@@ -745,3 +749,52 @@ def test_training_loop_plot_keeps_its_legend_off_the_data_and_labels_its_log_tic
     lo, hi = fig.axes[0].get_ylim()
     shown = [t for t, v in zip(labels, fig.axes[0].get_yticks(), strict=True) if lo <= v <= hi]
     assert shown == ["1", "1.5", "2", "3", "5", "10", "15", "20", "30"]
+
+
+@pytest.mark.timeout(300)
+def test_slow_rank_example_saves_the_output_it_printed_and_the_figures_it_shows(
+    tmp_path: Path,
+) -> None:
+    """benchmarks/slow_rank_example.py runs examples/slow_rank_ddp.py under torchrun and saves
+    what rank 0 printed (the run's directory as the page shows it) with the figures of its
+    JSONL file, each the one the printed summary shows, and the plot where it was asked to."""
+    from .test_merge_ranks import torchrun_available
+
+    require(torchrun_available(), "torch with torch.distributed is not installed")
+    require(importlib.util.find_spec("matplotlib") is not None, "matplotlib is not installed")
+    results, plot = tmp_path / "slow_rank_example.json", tmp_path / "anatomy.png"
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "slow_rank_example.py")]
+        + ["--save", str(results), "--plot", str(plot)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    saved = json.loads(results.read_text())["results"]
+    assert saved["output"] == out.stdout.rstrip("\n")
+    lines = saved["output"].splitlines()
+    named, recovered, jsonl, lost = (
+        saved["straggler"],
+        saved["recovered"],
+        saved["jsonl"],
+        saved["lost"],
+    )
+    assert lines[:3] == [
+        f"straggler: rank 2 on {named['host']}, the others waited {named['exposed_ms']:.1f} ms "
+        "per step for it, in stage 'data'",
+        f"recovered: rank 2 on {recovered['host']}, the others waited "
+        f"{recovered['exposed_ms']:.1f} ms per step for it, in stage 'data'",
+        f"runs/slow_rank_ddp/rank0.jsonl: {jsonl['events']} events, {lines[2].split(', ', 1)[1]}",
+    ]
+    assert ["monitor_bus.anatomy", str(jsonl["anatomy_events"])] in [line.split() for line in lines]
+    assert (
+        f"time lost waiting for the slowest rank (step: {lost['s']:.3g} s over "
+        f"{lost['windows']} windows, {lost['share_of_step_time']:.1%} of the step time)"
+    ) in lines
+    assert (saved["ranks"], saved["stages"]) == (3, 4)
+    assert jsonl["anatomy_bytes_each"] * jsonl["anatomy_events"] == pytest.approx(
+        jsonl["anatomy_share"] * jsonl["bytes"]
+    )
+    assert saved["plot"] == str(plot)
+    assert plot.stat().st_size > 0

@@ -63,6 +63,8 @@ ALLOWED: list[tuple[str, str, str]] = [
     ("performance.md", r"[\d.]+ s into a \d+ s run", "when the merge benchmark's rank dies"),
     ("performance.md", r"^10 s\)", "the close() timeout of the 16-rank run"),
     ("performance.md", r"between 5 ms$", "the scale job's step, a sleep"),
+    ("multihost.md", r"sleeping \d+ ms more", "the slowdown phase's delay in a test"),
+    ("multihost.md", r"for 61\.0 s, nor on", "the hang warning's text, an example"),
 ]
 # Sections whose figures come from runs not saved to a results file yet, each with why; the
 # figures of the rest of the page are checked.
@@ -142,6 +144,15 @@ def test_a_token_quotes_a_figure_a_table_and_the_measured_line(tmp_path: Path) -
         "CPython 3.11.7, monitor_bus 0.1.0, anyio 4.16.0; by `python benchmarks/bench.py "
         "--rounds 5`. {{ bench:m.ns }}\n"
     )
+
+
+def test_a_saved_output_quoted_in_a_text_block_keeps_its_lines(tmp_path: Path) -> None:
+    """A program's output saved as one string, quoted alone in a ``text`` fence, renders as its
+    lines exactly as printed (spaces, blank lines and all), and the fence around it stays."""
+    output = "stragglers\n  rank 2 (vm)  others waited 15.3 ms/step\n\nrank  wait\n0     11.3"
+    _results_file(tmp_path, "run", {"output": output})
+    page = "Its output:\n\n```text\n{{ run:output }}\n```\n"
+    assert figures.render(page, "p.md", tmp_path) == f"Its output:\n\n```text\n{output}\n```\n"
 
 
 def test_a_missing_file_key_or_bad_format_names_the_page_file_and_key(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ quotes it with a token the build replaces:
   the value as it is). ``{{ core:medians.log_ours/1000:.1f }}`` divides first (ns to µs).
 - ``{{ core:tables.results }}``: a table the benchmark saved (``_results.table``), on a line
   of its own.
+- ``{{ demo:output }}`` alone in a ``text`` fence: a program's output the benchmark saved as
+  one string, its lines as printed.
 - ``{{ measured core }}``: the line saying at which commit, on what machine, with which
   versions and command the file was measured.
 
