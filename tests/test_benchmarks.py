@@ -629,9 +629,9 @@ def test_peers_benchmark_runs_every_installed_tool_and_renders_its_results(
 ) -> None:
     """benchmarks/peers.py, run tiny, runs every tool whose packages are installed and names
     the others as not installed (this environment has no wandb: it is in the `peers` extra,
-    not `test`); its results file holds a positive figure per tool, the printed tables are
-    rendered from that file (--render gives the same text) and --write puts exactly that text
-    between the page's markers."""
+    not `test`); its results file holds a positive figure per tool and the page's tables, made
+    from those figures, which the run prints; --render makes them again from the figures alone
+    and writes them back, the run's commit, date and command kept."""
     for module in ("numpy", "psutil", "tensorboard", "tensorboardX", "torch", "mlflow"):
         require(importlib.util.find_spec(module) is not None, f"{module} is not installed")
     for module in ("opentelemetry.sdk", "prometheus_client", "orjson", "matplotlib"):
@@ -642,26 +642,29 @@ def test_peers_benchmark_runs_every_installed_tool_and_renders_its_results(
     finally:
         sys.path.remove(str(BENCHMARKS))
     has_wandb = importlib.util.find_spec("wandb") is not None
-    begin, end = "<!-- peers:begin -->", "<!-- peers:end -->"
-    page, results, png = tmp_path / "choosing.md", tmp_path / "peers.json", tmp_path / "p.png"
-    page.write_text(f"before\n{begin}\nold figures\n{end}\nafter\n")
+    results, png = tmp_path / "peers.json", tmp_path / "p.png"
     tiny = ("--rounds", "1", "--steps", "20", "--long-steps", "2", "--ks", "1", "3")
     out = subprocess.run(
         [
             sys.executable,
             str(BENCHMARKS / "peers.py"),
             *tiny,
-            *("--results", str(results), "--write", str(page), "--plot", str(png)),
+            *("--results", str(results), "--plot", str(png)),
         ],
         capture_output=True,
         text=True,
         timeout=400,
     )
     assert out.returncode == 0, out.stderr
-    assert page.read_text() == f"before\n{begin}\n{out.stdout.removesuffix(chr(10))}{end}\nafter\n"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     record = json.loads(results.read_text())
     res = record["results"]
+    assert out.stdout == peers.printed(res) + "\n"
+    assert set(res["tables"]) == set(peers.TABLES)
+    assert res["steps_each"] == [20, 2]
+    assert res["not_run"] == (
+        "" if has_wandb else "Not in this run: `wandb.log`, offline: not installed (wandb)."
+    )
     expected = {t: "ran" for t in peers.TOOLS}
     if not has_wandb:
         expected["wandb"] = "not installed (wandb)"
@@ -702,8 +705,9 @@ def test_peers_benchmark_runs_every_installed_tool_and_renders_its_results(
     for part in verdicts.removesuffix(".").split(". "):
         ks = [k for v in part.split(": ", 1)[1].split("; ") for k in v.split(" at K = ")[1:]]
         assert sorted(", ".join(ks).split(", ")) == ["1", "3"], part
-    not_run = "- `wandb.log`, offline: not installed (wandb)"
-    assert (not_run in out.stdout) is not has_wandb
+    made = ("tables", "bar", "caller_bar", "not_run", "steps_each")
+    measured_only = {**record, "results": {k: v for k, v in res.items() if k not in made}}
+    results.write_text(json.dumps(measured_only))
     rendered = subprocess.run(
         [sys.executable, str(BENCHMARKS / "peers.py"), "--render", "--results", str(results)],
         capture_output=True,
@@ -712,6 +716,7 @@ def test_peers_benchmark_runs_every_installed_tool_and_renders_its_results(
         timeout=60,
     )
     assert rendered.stdout == out.stdout
+    assert json.loads(results.read_text()) == record
 
 
 def test_training_loop_plot_keeps_its_legend_off_the_data_and_labels_its_log_ticks(

@@ -63,6 +63,13 @@ ALLOWED: list[tuple[str, str, str]] = [
     ("performance.md", r"[\d.]+ s into a \d+ s run", "when the merge benchmark's rank dies"),
     ("performance.md", r"^10 s\)", "the close() timeout of the 16-rank run"),
     ("performance.md", r"between 5 ms$", "the scale job's step, a sleep"),
+    ("performance.md", r"fraction of a 10 ms step", "the step StepAnatomy's cost is held against"),
+    ("performance.md", r"one bucket per 25 MB", "DDP's default bucket size, torch's setting"),
+    (
+        "choosing.md",
+        r"(?:exported|Exporting) every 250 ms",
+        "the OpenTelemetry reader's export interval in the peers benchmark, a setting",
+    ),
 ]
 # Sections whose figures come from runs not saved to a results file yet, each with why; the
 # figures of the rest of the page are checked.
