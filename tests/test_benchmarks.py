@@ -268,6 +268,20 @@ def test_multiprocess_benchmark_loses_nothing_and_prints_its_table() -> None:
     assert math.isclose(total, sum(shares.values()), abs_tol=0.2)
 
 
+def _results_markdown(table: dict[str, object]) -> str:
+    """A saved table's markdown, as benchmarks/_results.py makes it for the page."""
+    spec = importlib.util.spec_from_file_location("_results", BENCHMARKS / "_results.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(BENCHMARKS))  # it imports _machine
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module.markdown(table)  # type: ignore[no-any-return]
+
+
 def _markdown_tables(text: str) -> list[list[list[str]]]:
     """Each markdown table in ``text`` as rows of cells, its header first and its rule left out."""
     tables: list[list[list[str]]] = []
@@ -476,15 +490,13 @@ def test_system_metrics_benchmark_saves_the_figures_it_measured(tmp_path: Path) 
     assert rows["sampler's thread, % of one core"] == f"{results['sampler_percent']:.2f}"
 
 
-def test_step_anatomy_benchmark_writes_the_figures_it_measured(tmp_path: Path) -> None:
+def test_step_anatomy_benchmark_saves_the_figures_it_measured(tmp_path: Path) -> None:
     """benchmarks/step_anatomy.py, run tiny, prints each measure's figures with and without
     StepAnatomy, their difference (per bucket: over the buckets DDP reduced) and that as a
-    fraction of a 10 ms step, saves the medians they came from, and --write puts exactly the
-    printed text between the page's markers."""
+    fraction of a 10 ms step, the page's table it saves with the medians they came from;
+    --render makes that table again from the medians alone and writes it back, the run's
+    commit, date and command kept."""
     require(importlib.util.find_spec("torch") is not None, "torch is not installed")
-    begin, end = "<!-- step_anatomy:begin -->", "<!-- step_anatomy:end -->"
-    page = tmp_path / "performance.md"
-    page.write_text(f"before\n{begin}\nold figures\n{end}\nafter\n")
     results = tmp_path / "step_anatomy.json"
     out = subprocess.run(
         [
@@ -492,7 +504,7 @@ def test_step_anatomy_benchmark_writes_the_figures_it_measured(tmp_path: Path) -
             str(BENCHMARKS / "step_anatomy.py"),
             *("--rounds", "1", "--steps", "20", "--collections", "50"),
             *("--ddp-steps", "3", "--layers", "4"),
-            *("--write", str(page), "--results", str(results)),
+            *("--results", str(results)),
         ],
         capture_output=True,
         text=True,
@@ -504,7 +516,11 @@ def test_step_anatomy_benchmark_writes_the_figures_it_measured(tmp_path: Path) -
         for cells in (line.strip("| ").split(" | ") for line in out.splitlines())
         if cells[0] and not cells[0].startswith(("measure", "---")) and len(cells) == 7
     }
-    recorded = json.loads(results.read_text())["results"]
+    record = json.loads(results.read_text())
+    recorded = record["results"]
+    assert out == _results_markdown(recorded["tables"]["cost"]) + "\n"
+    assert recorded["arguments"]["layers"] == 4
+    assert set(recorded["load"]) == {"before", "after"}
 
     def pair(cell: str) -> tuple[float, float]:
         process, caller = cell.split(" / ")
@@ -528,9 +544,23 @@ def test_step_anatomy_benchmark_writes_the_figures_it_measured(tmp_path: Path) -
     assert hook[4] == f"{added / 10e6 * 100:.3f}%"
     per_bucket = rows["DDP comm hook, per bucket"]
     assert per_bucket[4] == f"{added / 4 / 10e6 * 100:.3f}%"
-    for cells in rows.values():
-        assert cells[-1] in ("<= 1%", "report")
-    assert page.read_text() == f"before\n{begin}\n{out.removesuffix(chr(10))}{end}\nafter\n"
+    targets = [cells[-1] for cells in rows.values()]
+    assert targets == ["<= 1%", "report", "report", "report", "<= 1%", "report"]
+    made = recorded.pop("tables")
+    results.write_text(json.dumps(record))
+    rendered = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "step_anatomy.py"), "--render"]
+        + ["--results", str(results)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert rendered == out
+    assert json.loads(results.read_text()) == {
+        **record,
+        "results": {**recorded, "tables": made},
+    }
 
 
 def test_compare_code_runs_both_trees_and_prints_their_ratio(tmp_path: Path) -> None:
