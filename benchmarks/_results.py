@@ -3,7 +3,8 @@
 ``save(name, results)`` writes ``benchmarks/results/<name>.json``: the figures (``results``,
 nested dicts of numbers and strings), the commit they were measured at, the machine, the
 Python and the versions of the packages that took part, and the command that ran. ``load``
-reads one back. A page never holds a measured figure typed by hand; the docs build quotes
+reads one back; ``amend`` adds what a benchmark renders from those figures (its tables, made
+afresh) without measuring again, the run's commit, date and command kept. A page never holds a measured figure typed by hand; the docs build quotes
 these files (``docs/hooks/figures.py``): a figure by its key path, a table ``table`` made, and
 the ``measured`` line.
 """
@@ -86,6 +87,18 @@ def save(
         "results": results,
     }
     target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return target
+
+
+def amend(name: str, results: dict[str, Any], *, path: Path | None = None) -> Path:
+    """Add ``results`` (what a benchmark renders from its saved figures: its tables) to the
+    record ``save`` wrote for ``name`` (or at ``path``), keeping its commit, date, machine,
+    versions and command: the figures are still that run's, nothing was measured again.
+    Returns the file's path."""
+    target = path if path is not None else RESULTS / f"{name}.json"
+    record = load(name, path=target)
+    record["results"] = record["results"] | results
     target.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return target
 

@@ -3,7 +3,7 @@ pick instead, on one machine in one run.
 
     pip install -e '.[peers]' && pip install torch==2.13.0      # torch for torch.monitor
     python benchmarks/peers.py                                  # about 15 minutes here
-    python benchmarks/peers.py --render --write docs/choosing.md --plot docs/img/peers.png
+    python benchmarks/peers.py --render --plot docs/img/peers.png    # the page's tables again
 
 The loop: a numpy MLP training step (~0.3 ms, and a larger batch of ~10 ms), then K scalars
 (K = 1, 10, 100) logged through one tool (benchmarks/_peers_tools.py has each, set up as its
@@ -22,8 +22,9 @@ tool's helper processes: W&B's service, the sink process), from the first step t
 the tool's flush and close, as a ratio to the loop without logging; the training thread's wall
 time per step in the loop, the same way; the time the close took; the training thread's CPU
 inside the logging calls per scalar logged (the caller's cost); the bytes written. Medians of
-the rounds. The figures go to benchmarks/results/peers.json; ``--render`` makes the page's
-table and the plot from that file.
+the rounds. The figures and the page's tables go to benchmarks/results/peers.json (the page
+quotes them); ``--render`` makes the tables and the plot again from that file's figures,
+measuring nothing and keeping the run's commit, date and command.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _machine import positive, publish
+import _results
+from _machine import positive
 from _results import RESULTS, load, save
 
 HERE = Path(__file__).resolve().parent
@@ -135,6 +137,7 @@ KINDS = {
     ),
 }
 CALLER_BAR = 0.25
+TABLES = ("cpu", "wall", "caller", "cheapest")  # the page's tables, in its order
 
 
 def missing(tool: str) -> str | None:
@@ -234,69 +237,30 @@ def _cell(cells: dict[str, Any], tool: str, label: str, k: int, what: str, fmt: 
     return "n/a" if got is None else format(got[what], fmt)
 
 
-def render(record: dict[str, Any]) -> list[str]:
-    """The page's text: the run's header and its tables."""
-    res, machine, versions = record["results"], record["machine"], record["versions"]
-    cells, tools, labels, ks = res["cells"], res["tools"], res["step_sizes"], res["ks"]
+def render(results: dict[str, Any]) -> dict[str, Any]:
+    """What the page quotes, made from the measured ``results`` (a results file's): its tables
+    (``tables``), the caller's-cost verdicts (``bar``, against ``caller_bar``), the sentence
+    naming the tools not in the run (``not_run``, empty when all ran) and the steps per run of
+    each step size, in the order of ``step_sizes`` (``steps_each``)."""
+    cells, tools = results["cells"], results["tools"]
+    labels, ks = results["step_sizes"], results["ks"]
     shown = [t for t in TOOLS if tools.get(t, {}).get("status") == "ran"]
-    ran = ", ".join(f"{p} {v}" for p, v in versions.items() if v != "not installed")
-    lines = [
-        f"Measured on {record['date'][:10]} at commit {record['commit']}: {machine['cpu']}, "
-        f"{machine['cores']} cores, {machine['system']}; {machine['python']}; {ran}.",
-        "",
-        f"{res['steps']['0.3 ms']:,} steps of the 0.3 ms step and "
-        f"{res['steps']['10 ms']:,} of the 10 ms one per run; median of {res['rounds']} "
-        "rounds; tools in a shuffled order in each round, each in a fresh interpreter, each "
-        "run beside the same loop without logging. Load average (1 min) "
-        f"{res['load'][0]:.2f} before, {res['load'][1]:.2f} after, on {machine['cores']} cores.",
-        "",
-        "**Process CPU per step**, every thread and the tool's helper processes, its final "
-        "flush and close included, as a ratio to the same loop without logging:",
-        "",
-        "| logger | keeps | "
-        + " | ".join(f"{label} step, K = {k}" for label in labels for k in ks)
-        + " |",
-        "|---|---|" + "---:|" * (len(labels) * len(ks)),
-        "| no logging, CPU µs/step | | "
-        + " | ".join(
-            _cell(cells, REFERENCE, lb, k, "none_cpu_us", ".0f") for lb in labels for k in ks
-        )
-        + " |",
+    table = _results.table
+    steps = [f"{label} step, K = {k}" for label in labels for k in ks]
+    cpu = [
+        ["no logging, CPU µs/step", ""]
+        + [_cell(cells, REFERENCE, lb, k, "none_cpu_us", ".0f") for lb in labels for k in ks]
     ]
     for t in shown:
         title, keeps, _ = TOOLS[t]
         row = [_cell(cells, t, lb, k, "cpu_ratio", ".2f") + "x" for lb in labels for k in ks]
-        lines.append(f"| {title} | {keeps} | " + " | ".join(row) + " |")
-    lines += [
-        "",
-        "**The training thread's wall time per step** in the loop, as a ratio to the same loop "
-        "without logging, and the time the tool's flush and close took at the end "
-        f"({labels[0]} step, K = {ks[-1]}):",
-        "",
-        "| logger | "
-        + " | ".join(f"{label} step, K = {k}" for label in labels for k in ks)
-        + " | close, ms |",
-        "|---|" + "---:|" * (len(labels) * len(ks) + 1),
-    ]
+        cpu.append([title, keeps, *row])
+    wall = []
     for t in shown:
         row = [_cell(cells, t, lb, k, "wall_ratio", ".2f") + "x" for lb in labels for k in ks]
-        close = _cell(cells, t, labels[0], ks[-1], "close_ms", ".0f")
-        lines.append(f"| {TOOLS[t][0]} | " + " | ".join(row) + f" | {close} |")
+        wall.append([TOOLS[t][0], *row, _cell(cells, t, labels[0], ks[-1], "close_ms", ".0f")])
     ref = {k: cells.get(f"{REFERENCE}|{labels[0]}|{k}") for k in ks}
-    lines += [
-        "",
-        f"**The caller's cost**: the training thread's CPU inside the logging calls, ns per "
-        f"scalar logged ({labels[0]} step; the cost of the brackets around them, measured in "
-        "the loop without logging, taken off), against OpenTelemetry's `Histogram.record`; "
-        f"the bar is {CALLER_BAR}. Then the bytes each wrote per scalar (K = {ks[-1]}):",
-        "",
-        "| logger | "
-        + " | ".join(f"K = {k}, ns" for k in ks)
-        + " | "
-        + " | ".join(f"/ `record`, K = {k}" for k in ks)
-        + " | bytes/scalar |",
-        "|---|" + "---:|" * (2 * len(ks) + 1),
-    ]
+    caller = []
     for t in shown:
         ns = [_cell(cells, t, labels[0], k, "caller_ns", ",.0f") for k in ks]
         against = []
@@ -305,14 +269,56 @@ def render(record: dict[str, Any]) -> list[str]:
             ok = got is not None and base is not None and base["caller_ns"] > 0
             against.append(f"{got['caller_ns'] / base['caller_ns']:.2f}" if ok else "n/a")
         stored = _cell(cells, t, labels[0], ks[-1], "bytes_per_scalar", ".1f")
-        lines.append(f"| {TOOLS[t][0]} | " + " | ".join(ns + against) + f" | {stored} |")
-    lines += ["", bar(cells, shown, labels[0], ks)]
-    lines += cheapest(cells, shown, labels, ks)
+        caller.append([TOOLS[t][0], *ns, *against, stored])
     absent = [t for t in TOOLS if t in tools and tools[t]["status"] != "ran"]
-    if absent:
-        lines += ["", "Not in this run:", ""]
-        lines += [f"- {TOOLS[t][0]}: {tools[t]['status']}" for t in absent]
-    return lines
+    return {
+        "tables": {
+            "cpu": table(["logger", "keeps", *steps], cpu, "ll" + "r" * len(steps)),
+            "wall": table(["logger", *steps, "close, ms"], wall),
+            "caller": table(
+                [
+                    "logger",
+                    *(f"K = {k}, ns" for k in ks),
+                    *(f"/ `record`, K = {k}" for k in ks),
+                    "bytes/scalar",
+                ],
+                caller,
+            ),
+            "cheapest": table(
+                [
+                    "keeps",
+                    "step",
+                    "K",
+                    "monitor_bus, its cheapest",
+                    "ratio",
+                    "the cheapest other",
+                    "ratio",
+                    "monitor_bus cheapest",
+                ],
+                cheapest(cells, shown, labels, ks),
+                "llrlrlrl",
+            ),
+        },
+        "bar": bar(cells, shown, labels[0], ks),
+        "caller_bar": CALLER_BAR,
+        "not_run": (
+            "Not in this run: "
+            + "; ".join(f"{TOOLS[t][0]}: {tools[t]['status']}" for t in absent)
+            + "."
+            if absent
+            else ""
+        ),
+        "steps_each": [results["steps"][label] for label in labels],
+    }
+
+
+def printed(results: dict[str, Any]) -> str:
+    """The text a run prints: the page's tables, the verdicts and the tools not run."""
+    parts = [_results.markdown(results["tables"][name]) for name in TABLES]
+    parts.append(results["bar"])
+    if results["not_run"]:
+        parts.append(results["not_run"])
+    return "\n\n".join(parts)
 
 
 def bar(cells: dict[str, Any], shown: list[str], label: str, ks: list[int]) -> str:
@@ -338,19 +344,10 @@ def bar(cells: dict[str, Any], shown: list[str], label: str, ks: list[int]) -> s
 
 def cheapest(
     cells: dict[str, Any], shown: list[str], labels: list[str], ks: list[int]
-) -> list[str]:
+) -> list[list[str]]:
     """monitor_bus's cheapest way against the cheapest other tool keeping the same kind of
-    data, by process CPU per step, for each step and K."""
-    lines = [
-        "",
-        "**monitor_bus against the cheapest other tool that keeps the same kind of data** "
-        "(process CPU per step against no logging, from the first table; a gap smaller than "
-        "half the widest range of either's rounds is called within the rounds' spread):",
-        "",
-        "| keeps | step | K | monitor_bus, its cheapest | ratio | the cheapest other | ratio "
-        "| monitor_bus cheapest |",
-        "|---|---|---:|---|---:|---|---:|---|",
-    ]
+    data, by process CPU per step, for each step and K: the rows of the page's last table."""
+    rows = []
     for kind, (ours, theirs) in KINDS.items():
         for label in labels:
             for k in ks:
@@ -372,11 +369,11 @@ def cheapest(
                 verdict = (
                     "yes" if a <= b else "within the rounds' spread" if a - b <= spread else "no"
                 )
-                lines.append(
-                    f"| {kind} | {label} | {k} | {TOOLS[best[0]][0]} | {a:.2f}x | "
-                    f"{TOOLS[best[1]][0]} | {b:.2f}x | {verdict} |"
+                rows.append(
+                    [kind, label, str(k), TOOLS[best[0]][0], f"{a:.2f}x"]
+                    + [TOOLS[best[1]][0], f"{b:.2f}x", verdict]
                 )
-    return lines
+    return rows
 
 
 def plot(record: dict[str, Any], path: Path) -> None:
@@ -457,16 +454,17 @@ def main() -> int:
         help="the results file (default benchmarks/results/peers.json)",
     )
     parser.add_argument(
-        "--render", action="store_true", help="measure nothing: render the results file"
-    )
-    parser.add_argument(
-        "--write", type=Path, metavar="PAGE", help="put the tables between PAGE's peers markers"
+        "--render",
+        action="store_true",
+        help="measure nothing: make the tables again from the results file's figures",
     )
     parser.add_argument("--plot", type=Path, metavar="PNG", help="plot CPU per step against K")
     args = parser.parse_args()
-    if args.write is not None and "<!-- peers:begin -->" not in args.write.read_text():
-        parser.error(f"--write: {str(args.write)!r} has no <!-- peers:begin --> marker")
-    if not args.render:
+    if args.render:
+        _results.amend(
+            "peers", render(load("peers", path=args.results)["results"]), path=args.results
+        )
+    else:
         status = {t: missing(t) for t in TOOLS}
         tools = [t for t in args.tools if status[t] is None]
         load_before = os.getloadavg()[0]
@@ -492,9 +490,9 @@ def main() -> int:
             "cells": summarize(measured),
             "load": [load_before, os.getloadavg()[0]],
         }
-        save("peers", results, packages=PACKAGES, path=args.results)
+        save("peers", results | render(results), packages=PACKAGES, path=args.results)
     record = load("peers", path=args.results)
-    publish(render(record), args.write, "peers")
+    print(printed(record["results"]))
     if args.plot is not None:
         plot(record, args.plot)
     failed = [t for t, s in record["results"]["tools"].items() if s["status"].startswith("failed")]

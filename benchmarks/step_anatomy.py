@@ -18,8 +18,13 @@ The contenders alternate in every round (each round starts with the next); the f
 the medians of the rounds. A handler is registered, so the Stats' windows are delivered (the
 dispatcher's CPU counts).
 
+The figures and the page's table go to benchmarks/results/step_anatomy.json, which the page
+quotes; ``--render`` makes the table again from that file's figures, measuring nothing and
+keeping the run's commit, date and command.
+
 Run:  python benchmarks/step_anatomy.py [--rounds 11] [--steps 2000] [--collections 2000]
-      [--ddp-steps 200] [--write docs/performance.md]
+      [--ddp-steps 200]
+      python benchmarks/step_anatomy.py --render
 """
 
 from __future__ import annotations
@@ -28,17 +33,16 @@ import argparse
 import gc
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-from _machine import cpu_model, positive, publish
-from _results import save
+import _results
+from _machine import positive
 
-import monitor_bus
 from monitor_bus import EventBus
 from monitor_bus.integrations.torch import StepAnatomy
 
@@ -231,65 +235,89 @@ def percent_of_10ms(ns: float) -> str:
     return f"{ns / STEP_10_MS * 100:.3f}%"
 
 
-def report(results: dict[str, dict[str, dict[str, float]]], args: argparse.Namespace) -> list[str]:
+def table(results: dict[str, Any]) -> dict[str, Any]:
+    """The page's table, made from the measured ``results`` (a results file's): each measure's
+    CPU without and with StepAnatomy, what it adds, and that as a fraction of a 10 ms step."""
     loop_fig, gc_fig, ddp_fig = results["loop"], results["gc"], results["ddp"]
     loop_added = added(loop_fig, "anatomy", "bare")
     gc_added = added(gc_fig, "anatomy", "bare")
+    noop_added = added(gc_fig, "noop_callback", "bare")
     hook_added = added(ddp_fig, "anatomy_hook", "default_hook")
     buckets = ddp_fig["buckets_per_step"]["count"]
     per_bucket = {kind: value / buckets for kind, value in hook_added.items()}
-    import torch
-
-    lines = [
-        f"Measured on {datetime.now():%Y-%m-%d}: {cpu_model()}, {os.cpu_count()} cores, load"
-        f" average (1 min) {os.getloadavg()[0]:.2f}; Python {sys.version.split()[0]},"
-        f" monitor_bus {monitor_bus.__version__}, torch {torch.__version__}. Median of"
-        f" {args.rounds} rounds; contenders alternate within each round.",
-        "",
-        "CPU of every thread of the process (the cost) and of the training thread (its share),"
-        " per unit; what StepAnatomy adds, and that as a fraction of a 10 ms step:",
-        "",
-        "| measure | unit | without, process / caller's (µs) | with StepAnatomy, process /"
-        " caller's (µs) | added, process / caller's (µs) | added, of a 10 ms step | target |",
-        "|---|---|---:|---:|---:|---:|---|",
-    ]
+    python_added = added(ddp_fig, "torch_allreduce_hook", "default_hook")
+    python_per_bucket = {kind: value / buckets for kind, value in python_added.items()}
 
     def us(figure: dict[str, float]) -> str:
         return f"{figure['process_ns'] / 1e3:.2f} / {figure['caller_ns'] / 1e3:.2f}"
 
-    lines.append(
-        f"| four stages around a {args.step_ms:g} ms step, against the bare loop | step |"
-        f" {us(loop_fig['bare'])} | {us(loop_fig['anatomy'])} | {us(loop_added)} |"
-        f" {percent_of_10ms(loop_added['process_ns'])} | <= 1% |"
-    )
-    lines.append(
-        f"| GC callback, `gc.collect(0)`, against no callback | collection |"
-        f" {us(gc_fig['bare'])} | {us(gc_fig['anatomy'])} | {us(gc_added)} |"
-        f" {percent_of_10ms(gc_added['process_ns'])} | report |"
-    )
-    noop_added = added(gc_fig, "noop_callback", "bare")
-    lines.append(
-        f"| of which: a gc callback that does nothing | collection | {us(gc_fig['bare'])} |"
-        f" {us(gc_fig['noop_callback'])} | {us(noop_added)} |"
-        f" {percent_of_10ms(noop_added['process_ns'])} | report |"
-    )
-    lines.append(
-        f"| DDP comm hook, {buckets:.0f} buckets a step, against DDP's default hook | step |"
-        f" {us(ddp_fig['default_hook'])} | {us(ddp_fig['anatomy_hook'])} | {us(hook_added)} |"
-        f" {percent_of_10ms(hook_added['process_ns'])} | report |"
-    )
-    lines.append(
-        f"| DDP comm hook, per bucket | bucket | — | — | {us(per_bucket)} |"
-        f" {percent_of_10ms(per_bucket['process_ns'])} | <= 1% |"
-    )
-    python_added = added(ddp_fig, "torch_allreduce_hook", "default_hook")
-    python_per_bucket = {kind: value / buckets for kind, value in python_added.items()}
-    lines.append(
-        f"| for comparison: torch's own Python `allreduce_hook`, per bucket | bucket | — | — |"
-        f" {us(python_per_bucket)} | {percent_of_10ms(python_per_bucket['process_ns'])} |"
-        " report |"
-    )
-    return lines
+    def row(
+        measure: str, unit: str, without: str, with_: str, more: dict[str, float], target: str
+    ) -> list[str]:
+        return [
+            measure,
+            unit,
+            without,
+            with_,
+            us(more),
+            percent_of_10ms(more["process_ns"]),
+            target,
+        ]
+
+    step_ms = results["arguments"]["step_ms"]
+    rows = [
+        row(
+            f"four stages around a {step_ms:g} ms step, against the bare loop",
+            "step",
+            us(loop_fig["bare"]),
+            us(loop_fig["anatomy"]),
+            loop_added,
+            "<= 1%",
+        ),
+        row(
+            "GC callback, `gc.collect(0)`, against no callback",
+            "collection",
+            us(gc_fig["bare"]),
+            us(gc_fig["anatomy"]),
+            gc_added,
+            "report",
+        ),
+        row(
+            "of which: a gc callback that does nothing",
+            "collection",
+            us(gc_fig["bare"]),
+            us(gc_fig["noop_callback"]),
+            noop_added,
+            "report",
+        ),
+        row(
+            f"DDP comm hook, {buckets:.0f} buckets a step, against DDP's default hook",
+            "step",
+            us(ddp_fig["default_hook"]),
+            us(ddp_fig["anatomy_hook"]),
+            hook_added,
+            "report",
+        ),
+        row("DDP comm hook, per bucket", "bucket", "—", "—", per_bucket, "<= 1%"),
+        row(
+            "for comparison: torch's own Python `allreduce_hook`, per bucket",
+            "bucket",
+            "—",
+            "—",
+            python_per_bucket,
+            "report",
+        ),
+    ]
+    columns = [
+        "measure",
+        "unit",
+        "without, process / caller's (µs)",
+        "with StepAnatomy, process / caller's (µs)",
+        "added, process / caller's (µs)",
+        "added, of a 10 ms step",
+        "target",
+    ]
+    return _results.table(columns, rows, "llrrrrl")
 
 
 def main() -> None:
@@ -303,30 +331,40 @@ def main() -> None:
     parser.add_argument("--collections", type=positive, default=2000, help="per round")
     parser.add_argument("--ddp-steps", type=positive, default=200, help="DDP steps per round")
     parser.add_argument("--layers", type=positive, default=32, help="the DDP model's buckets")
-    parser.add_argument("--write", type=Path, help="replace the step_anatomy section of this page")
     parser.add_argument(
-        "--results", type=Path, help="write the results file here (default benchmarks/results/)"
+        "--results", type=Path, help="the results file (default benchmarks/results/)"
+    )
+    parser.add_argument(
+        "--render",
+        action="store_true",
+        help="measure nothing: make the table again from the results file's figures",
     )
     args = parser.parse_args()
-    bus = EventBus(name="step-anatomy-bench")
-    bus.register_event_handler(lambda e: None, name="noop")
-    try:
-        results = {
-            "loop": loop(bus, args.rounds, args.steps, args.step_ms / 1e3),
-            "gc": collections(bus, args.rounds, args.collections),
-            "ddp": ddp(bus, args.rounds, args.ddp_steps, args.layers),
+    if args.render:
+        record = _results.load("step_anatomy", path=args.results)
+        tables = {"tables": {"cost": table(record["results"])}}
+        _results.amend("step_anatomy", tables, path=args.results)
+    else:
+        load_before = os.getloadavg()[0]
+        bus = EventBus(name="step-anatomy-bench")
+        bus.register_event_handler(lambda e: None, name="noop")
+        try:
+            results: dict[str, Any] = {
+                "loop": loop(bus, args.rounds, args.steps, args.step_ms / 1e3),
+                "gc": collections(bus, args.rounds, args.collections),
+                "ddp": ddp(bus, args.rounds, args.ddp_steps, args.layers),
+            }
+        finally:
+            bus.close(10)
+        arguments = {k: v for k, v in vars(args).items() if k not in ("results", "render")}
+        results |= {
+            "arguments": arguments,
+            "load": {"before": load_before, "after": os.getloadavg()[0]},
         }
-    finally:
-        bus.close(10)
-    lines = report(results, args)
-    save(
-        "step_anatomy",
-        {"arguments": {k: v for k, v in vars(args).items() if k not in ("write", "results")}}
-        | results,
-        packages=("torch",),
-        path=args.results,
-    )
-    publish(lines, args.write, "step_anatomy")
+        results["tables"] = {"cost": table(results)}
+        _results.save("step_anatomy", results, packages=("torch",), path=args.results)
+    saved = _results.load("step_anatomy", path=args.results)["results"]
+    print(_results.markdown(saved["tables"]["cost"]))
 
 
 if __name__ == "__main__":

@@ -268,6 +268,20 @@ def test_multiprocess_benchmark_loses_nothing_and_prints_its_table() -> None:
     assert math.isclose(total, sum(shares.values()), abs_tol=0.2)
 
 
+def _results_markdown(table: dict[str, object]) -> str:
+    """A saved table's markdown, as benchmarks/_results.py makes it for the page."""
+    spec = importlib.util.spec_from_file_location("_results", BENCHMARKS / "_results.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(BENCHMARKS))  # it imports _machine
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module.markdown(table)  # type: ignore[no-any-return]
+
+
 def _markdown_tables(text: str) -> list[list[list[str]]]:
     """Each markdown table in ``text`` as rows of cells, its header first and its rule left out."""
     tables: list[list[list[str]]] = []
@@ -476,15 +490,13 @@ def test_system_metrics_benchmark_saves_the_figures_it_measured(tmp_path: Path) 
     assert rows["sampler's thread, % of one core"] == f"{results['sampler_percent']:.2f}"
 
 
-def test_step_anatomy_benchmark_writes_the_figures_it_measured(tmp_path: Path) -> None:
+def test_step_anatomy_benchmark_saves_the_figures_it_measured(tmp_path: Path) -> None:
     """benchmarks/step_anatomy.py, run tiny, prints each measure's figures with and without
     StepAnatomy, their difference (per bucket: over the buckets DDP reduced) and that as a
-    fraction of a 10 ms step, saves the medians they came from, and --write puts exactly the
-    printed text between the page's markers."""
+    fraction of a 10 ms step, the page's table it saves with the medians they came from;
+    --render makes that table again from the medians alone and writes it back, the run's
+    commit, date and command kept."""
     require(importlib.util.find_spec("torch") is not None, "torch is not installed")
-    begin, end = "<!-- step_anatomy:begin -->", "<!-- step_anatomy:end -->"
-    page = tmp_path / "performance.md"
-    page.write_text(f"before\n{begin}\nold figures\n{end}\nafter\n")
     results = tmp_path / "step_anatomy.json"
     out = subprocess.run(
         [
@@ -492,7 +504,7 @@ def test_step_anatomy_benchmark_writes_the_figures_it_measured(tmp_path: Path) -
             str(BENCHMARKS / "step_anatomy.py"),
             *("--rounds", "1", "--steps", "20", "--collections", "50"),
             *("--ddp-steps", "3", "--layers", "4"),
-            *("--write", str(page), "--results", str(results)),
+            *("--results", str(results)),
         ],
         capture_output=True,
         text=True,
@@ -504,7 +516,11 @@ def test_step_anatomy_benchmark_writes_the_figures_it_measured(tmp_path: Path) -
         for cells in (line.strip("| ").split(" | ") for line in out.splitlines())
         if cells[0] and not cells[0].startswith(("measure", "---")) and len(cells) == 7
     }
-    recorded = json.loads(results.read_text())["results"]
+    record = json.loads(results.read_text())
+    recorded = record["results"]
+    assert out == _results_markdown(recorded["tables"]["cost"]) + "\n"
+    assert recorded["arguments"]["layers"] == 4
+    assert set(recorded["load"]) == {"before", "after"}
 
     def pair(cell: str) -> tuple[float, float]:
         process, caller = cell.split(" / ")
@@ -528,9 +544,23 @@ def test_step_anatomy_benchmark_writes_the_figures_it_measured(tmp_path: Path) -
     assert hook[4] == f"{added / 10e6 * 100:.3f}%"
     per_bucket = rows["DDP comm hook, per bucket"]
     assert per_bucket[4] == f"{added / 4 / 10e6 * 100:.3f}%"
-    for cells in rows.values():
-        assert cells[-1] in ("<= 1%", "report")
-    assert page.read_text() == f"before\n{begin}\n{out.removesuffix(chr(10))}{end}\nafter\n"
+    targets = [cells[-1] for cells in rows.values()]
+    assert targets == ["<= 1%", "report", "report", "report", "<= 1%", "report"]
+    made = recorded.pop("tables")
+    results.write_text(json.dumps(record))
+    rendered = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "step_anatomy.py"), "--render"]
+        + ["--results", str(results)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert rendered == out
+    assert json.loads(results.read_text()) == {
+        **record,
+        "results": {**recorded, "tables": made},
+    }
 
 
 def test_compare_code_runs_both_trees_and_prints_their_ratio(tmp_path: Path) -> None:
@@ -634,9 +664,9 @@ def test_peers_benchmark_runs_every_installed_tool_and_renders_its_results(
 ) -> None:
     """benchmarks/peers.py, run tiny, runs every tool whose packages are installed and names
     the others as not installed (this environment has no wandb: it is in the `peers` extra,
-    not `test`); its results file holds a positive figure per tool, the printed tables are
-    rendered from that file (--render gives the same text) and --write puts exactly that text
-    between the page's markers."""
+    not `test`); its results file holds a positive figure per tool and the page's tables, made
+    from those figures, which the run prints; --render makes them again from the figures alone
+    and writes them back, the run's commit, date and command kept."""
     for module in ("numpy", "psutil", "tensorboard", "tensorboardX", "torch", "mlflow"):
         require(importlib.util.find_spec(module) is not None, f"{module} is not installed")
     for module in ("opentelemetry.sdk", "prometheus_client", "orjson", "matplotlib"):
@@ -647,26 +677,29 @@ def test_peers_benchmark_runs_every_installed_tool_and_renders_its_results(
     finally:
         sys.path.remove(str(BENCHMARKS))
     has_wandb = importlib.util.find_spec("wandb") is not None
-    begin, end = "<!-- peers:begin -->", "<!-- peers:end -->"
-    page, results, png = tmp_path / "choosing.md", tmp_path / "peers.json", tmp_path / "p.png"
-    page.write_text(f"before\n{begin}\nold figures\n{end}\nafter\n")
+    results, png = tmp_path / "peers.json", tmp_path / "p.png"
     tiny = ("--rounds", "1", "--steps", "20", "--long-steps", "2", "--ks", "1", "3")
     out = subprocess.run(
         [
             sys.executable,
             str(BENCHMARKS / "peers.py"),
             *tiny,
-            *("--results", str(results), "--write", str(page), "--plot", str(png)),
+            *("--results", str(results), "--plot", str(png)),
         ],
         capture_output=True,
         text=True,
         timeout=400,
     )
     assert out.returncode == 0, out.stderr
-    assert page.read_text() == f"before\n{begin}\n{out.stdout.removesuffix(chr(10))}{end}\nafter\n"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     record = json.loads(results.read_text())
     res = record["results"]
+    assert out.stdout == peers.printed(res) + "\n"
+    assert set(res["tables"]) == set(peers.TABLES)
+    assert res["steps_each"] == [20, 2]
+    assert res["not_run"] == (
+        "" if has_wandb else "Not in this run: `wandb.log`, offline: not installed (wandb)."
+    )
     expected = {t: "ran" for t in peers.TOOLS}
     if not has_wandb:
         expected["wandb"] = "not installed (wandb)"
@@ -707,8 +740,9 @@ def test_peers_benchmark_runs_every_installed_tool_and_renders_its_results(
     for part in verdicts.removesuffix(".").split(". "):
         ks = [k for v in part.split(": ", 1)[1].split("; ") for k in v.split(" at K = ")[1:]]
         assert sorted(", ".join(ks).split(", ")) == ["1", "3"], part
-    not_run = "- `wandb.log`, offline: not installed (wandb)"
-    assert (not_run in out.stdout) is not has_wandb
+    made = ("tables", "bar", "caller_bar", "not_run", "steps_each")
+    measured_only = {**record, "results": {k: v for k, v in res.items() if k not in made}}
+    results.write_text(json.dumps(measured_only))
     rendered = subprocess.run(
         [sys.executable, str(BENCHMARKS / "peers.py"), "--render", "--results", str(results)],
         capture_output=True,
@@ -717,6 +751,7 @@ def test_peers_benchmark_runs_every_installed_tool_and_renders_its_results(
         timeout=60,
     )
     assert rendered.stdout == out.stdout
+    assert json.loads(results.read_text()) == record
 
 
 def test_training_loop_plot_keeps_its_legend_off_the_data_and_labels_its_log_ticks(

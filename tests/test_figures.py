@@ -77,6 +77,13 @@ ALLOWED: list[tuple[str, str, str]] = [
         r"[13]\.00x the median  \d windows",
         "the summary's format shown on the two-node test's run, whose rank 3 sleeps 3x by design",
     ),
+    ("performance.md", r"fraction of a 10 ms step", "the step StepAnatomy's cost is held against"),
+    ("performance.md", r"one bucket per 25 MB", "DDP's default bucket size, torch's setting"),
+    (
+        "choosing.md",
+        r"(?:exported|Exporting) every 250 ms",
+        "the OpenTelemetry reader's export interval in the peers benchmark, a setting",
+    ),
 ]
 # Sections whose figures come from runs not saved to a results file yet, each with why; the
 # figures of the rest of the page are checked.
