@@ -11,6 +11,7 @@ the ``measured`` line.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -62,6 +63,19 @@ def machine() -> dict[str, Any]:
         "system": f"{platform.system()} {platform.release()}",
         "python": f"{platform.python_implementation()} {platform.python_version()}",
     }
+
+
+def save_argument(parser: argparse.ArgumentParser, name: str) -> None:
+    """Give ``parser`` the ``--save [PATH]`` option every benchmark has: save the results file
+    (at ``PATH``, by default ``benchmarks/results/<name>.json``); without it, nothing is saved
+    (``args.save`` is None), so a trial run leaves the committed file alone."""
+    parser.add_argument(
+        "--save",
+        type=Path,
+        nargs="?",
+        const=RESULTS / f"{name}.json",
+        help=f"save the results file (default benchmarks/results/{name}.json)",
+    )
 
 
 def save(

@@ -112,13 +112,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
     parser.add_argument("--steps", type=int, default=1000, help="steps per run (default 1000)")
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 10, 100], help="events a step")
-    parser.add_argument(
-        "--save",
-        type=Path,
-        nargs="?",
-        const=_results.RESULTS / "compare_code.json",
-        help="save the results file (default benchmarks/results/compare_code.json)",
-    )
+    _results.save_argument(parser, "compare_code")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

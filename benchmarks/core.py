@@ -26,8 +26,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -68,17 +67,6 @@ DISTRIBUTIONS = [
 ]
 
 
-@contextmanager
-def pure_python() -> Iterator[None]:
-    """The distributions folded without numpy, as where it is not installed."""
-    saved = _vectorized._numpy
-    _vectorized._numpy = None
-    try:
-        yield
-    finally:
-        _vectorized._numpy = saved
-
-
 def stat_add_cpu(aggregations: list[monitor_bus.Aggregation], n: int) -> tuple[float, float]:
     """CPU ns per ``Stat.add`` of ``VALUES`` (cycled), a handler registered (the dispatcher
     runs, as in any real use): of every thread of the process (``time.process_time``) and of
@@ -112,7 +100,7 @@ def stat_add_rows(r: dict[str, float], n: int, turn: int) -> None:
     with the next one)."""
 
     def pure(n: int) -> tuple[float, float]:
-        with pure_python():
+        with _vectorized.pure_python():
             return stat_add_cpu(DISTRIBUTIONS, n)
 
     contenders: list[tuple[str, Callable[[int], tuple[float, float]]]] = [

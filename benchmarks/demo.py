@@ -53,13 +53,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, help="the demo's --steps (default: its own)")
     parser.add_argument("--plot", type=Path, help=f"write the plot here (with --save: {PLOT})")
-    parser.add_argument(
-        "--save",
-        type=Path,
-        nargs="?",
-        const=_results.RESULTS / "demo.json",
-        help="save the results file (default benchmarks/results/demo.json)",
-    )
+    _results.save_argument(parser, "demo")
     args = parser.parse_args()
     plot = args.plot or (PLOT if args.save is not None else None)
     extra = ["--steps", str(args.steps)] if args.steps else []

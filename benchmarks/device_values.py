@@ -37,7 +37,6 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import _results
@@ -409,13 +408,7 @@ def main() -> int:
         "--calls", type=positive, help="calls per ns-per-call measure (default 50,000)"
     )
     parser.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
-    parser.add_argument(
-        "--save",
-        type=Path,
-        nargs="?",
-        const=_results.RESULTS / "device_values.json",
-        help="save the results file (default benchmarks/results/device_values.json)",
-    )
+    _results.save_argument(parser, "device_values")
     args = parser.parse_args()
     if torch is None:
         parser.error("needs torch: pip install torch")

@@ -18,7 +18,6 @@ import statistics
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import _results
 
@@ -82,13 +81,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument(
-        "--save",
-        type=Path,
-        nargs="?",
-        const=_results.RESULTS / "idle_stats.json",
-        help="save the results file (default benchmarks/results/idle_stats.json)",
-    )
+    _results.save_argument(parser, "idle_stats")
     args = parser.parse_args()
     shares, firsts, steadies = [], [], []
     for _ in range(args.rounds):

@@ -369,13 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", choices=("lightning", "hf"), help="run one of the two comparisons"
     )
-    parser.add_argument(
-        "--save",
-        type=Path,
-        nargs="?",
-        const=_results.RESULTS / "integrations.json",
-        help="save the results file (default benchmarks/results/integrations.json)",
-    )
+    _results.save_argument(parser, "integrations")
     args = parser.parse_args(argv)
     import torch
 

@@ -333,13 +333,7 @@ def main() -> int:
     parser.add_argument("--workers", type=positive, default=4, help="DataLoader workers")
     parser.add_argument("--batch-size", type=positive, default=64, help="default 64")
     parser.add_argument("--spawn", action="store_true", help="measure spawn as well as fork")
-    parser.add_argument(
-        "--save",
-        type=Path,
-        nargs="?",
-        const=_results.RESULTS / "multiprocess.json",
-        help="save the results file (default benchmarks/results/multiprocess.json)",
-    )
+    _results.save_argument(parser, "multiprocess")
     args = parser.parse_args()
     if not sys.platform.startswith("linux"):
         print("multiprocess.py: reads /proc per thread, so it runs on Linux only", file=sys.stderr)

@@ -150,13 +150,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument(
-        "--save",
-        type=Path,
-        nargs="?",
-        const=_results.RESULTS / "process_sink.json",
-        help="save the results file (default benchmarks/results/process_sink.json)",
-    )
+    _results.save_argument(parser, "process_sink")
     args = parser.parse_args()
     in_child = ProcessHandler
     # key: (label, sink, log() rather than log_event)

@@ -115,13 +115,7 @@ def figures(run: Path) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plot", type=Path, help=f"copy the plot here (with --save: {PLOT})")
-    parser.add_argument(
-        "--save",
-        type=Path,
-        nargs="?",
-        const=_results.RESULTS / "slow_rank_example.json",
-        help="save the results file (default benchmarks/results/slow_rank_example.json)",
-    )
+    _results.save_argument(parser, "slow_rank_example")
     args = parser.parse_args()
     plot = args.plot or (PLOT if args.save is not None else None)
     with tempfile.TemporaryDirectory() as tmp:

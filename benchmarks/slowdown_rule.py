@@ -215,13 +215,7 @@ def main() -> None:
     parser.add_argument("traces", nargs="*", type=Path)
     parser.add_argument("--trials", type=positive, default=300)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--save",
-        type=Path,
-        nargs="?",
-        const=_results.RESULTS / "slowdown_rule.json",
-        help="save the results file (default benchmarks/results/slowdown_rule.json)",
-    )
+    _results.save_argument(parser, "slowdown_rule")
     args = parser.parse_args()
     paths = args.traces or sorted((HERE / "traces").glob("*.jsonl"))
     traces, info = [], {}

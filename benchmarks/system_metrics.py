@@ -22,7 +22,6 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import _results
 from _machine import positive
@@ -133,13 +132,7 @@ def main() -> None:
     parser.add_argument("--workers", type=positive, default=8, help="worker processes (default 8)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument(
-        "--save",
-        type=Path,
-        nargs="?",
-        const=_results.RESULTS / "system_metrics.json",
-        help="save the results file (default benchmarks/results/system_metrics.json)",
-    )
+    _results.save_argument(parser, "system_metrics")
     args = parser.parse_args()
     result = measure(args.seconds, args.workers, args.interval, args.device)
     results = report(result, args.workers, args.interval, args.device)

@@ -782,14 +782,7 @@ def main() -> int:
         help="torch.monitor's handler flushes the sinks every N events (default 100)",
     )
     parser.add_argument("--plot", type=Path, metavar="PATH", help="write a plot of CPU against K")
-    parser.add_argument(
-        "--save",
-        type=Path,
-        nargs="?",
-        const=_results.RESULTS / "training_loop.json",
-        metavar="PATH",
-        help="save the results file (default benchmarks/results/training_loop.json)",
-    )
+    _results.save_argument(parser, "training_loop")
     parser.add_argument(
         "--replot",
         type=Path,

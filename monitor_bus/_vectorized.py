@@ -24,7 +24,8 @@ Guarantees
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,19 @@ def numpy() -> ModuleType | None:
             numpy = None  # type: ignore[assignment]
         _numpy, _tried = numpy, True
     return _numpy
+
+
+@contextmanager
+def pure_python() -> Iterator[None]:
+    """While open, Stats fold their samples as where numpy is not installed: the seam through
+    which the tests hold both paths equal and the benchmarks measure each."""
+    global _numpy
+    saved = _numpy
+    _numpy = None
+    try:
+        yield
+    finally:
+        _numpy = saved
 
 
 def array(samples: list[float]) -> Floats | None:

@@ -34,17 +34,6 @@ def _numpy_installed() -> None:
 
 
 @contextmanager
-def pure_python() -> Iterator[None]:
-    """The pure-Python path, as where numpy is not installed."""
-    saved = _vectorized._numpy
-    _vectorized._numpy = None
-    try:
-        yield
-    finally:
-        _vectorized._numpy = saved
-
-
-@contextmanager
 def numpy_for_any_chunk() -> Iterator[None]:
     """numpy for a chunk of any size (it takes only chunks of MIN_CHUNK samples or more)."""
     saved = _vectorized.MIN_CHUNK
@@ -125,7 +114,7 @@ def test_numpy_counts_every_chunk_as_the_pure_path_does(
     infinity, a subnormal) goes the pure way in the same Accumulator."""
     with numpy_for_any_chunk():
         fast = counted(chunks, max_buckets)
-    with pure_python():
+    with _vectorized.pure_python():
         slow = counted(chunks, max_buckets)
     assert state(fast) == state(slow)
 
@@ -150,7 +139,7 @@ def test_samples_next_to_every_boundary_land_where_math_log2_puts_them() -> None
             samples += [rng.choice((1.0, -1.0)) * ulps(v, steps) for steps in range(-4, 5)]
         samples = [v for v in samples if SMALLEST_NORMAL <= abs(v) < math.inf]
         fast = counted([samples], max_buckets)
-        with pure_python():
+        with _vectorized.pure_python():
             slow = counted([samples], max_buckets)
         assert state(fast) == state(slow), scale
         assert fast.scale <= scale + 1  # the boundaries' scale or next to it was the one used
@@ -177,7 +166,7 @@ def test_where_numpys_log2_and_math_log2_part_samples_are_placed_by_math_log2() 
     for v in parted:
         with numpy_for_any_chunk():
             fast = counted([[v, v, -v]], 2048)  # at scale 20: one bucket a sign
-        with pure_python():
+        with _vectorized.pure_python():
             slow = counted([[v, v, -v]], 2048)
         assert fast.scale == 20
         assert state(fast) == state(slow), v
@@ -220,7 +209,7 @@ def moments_agree(values: list[float], shift: float) -> None:
     array = _vectorized.array(values)
     assert array is not None
     n, shift_fast, mean_fast, sd_fast = _chunk_moments(values, shift, array)
-    with pure_python():
+    with _vectorized.pure_python():
         assert (n, shift_fast, mean_fast) == _chunk_moments(values, shift)[:3]
         sd_slow = _chunk_moments(values, shift)[3]
     # numpy's pairwise sum of 4096 squares is within ~24 roundings of theirs, halved by the
@@ -305,7 +294,7 @@ def test_a_stats_window_is_the_same_through_numpy(bus: EventBus, clock: StepCloc
     every = [Aggregation.MEAN, Aggregation.P50, Aggregation.P99, Aggregation.STDDEV]
     results = []
     for path in ("numpy", "pure"):
-        with pure_python() if path == "pure" else numpy_for_any_chunk():
+        with _vectorized.pure_python() if path == "pure" else numpy_for_any_chunk():
             stat = Stat("x", [*every, Aggregation.HISTOGRAM], timedelta(seconds=600), bus=bus)
             for i, v in enumerate(samples):
                 stat.add(v)
