@@ -268,7 +268,7 @@ def run(rounds: int, scale: float, only: str) -> dict[str, float]:
     n_tp = int(200_000 * scale)
     n_lat = int(20_000 * scale)
     results: list[dict[str, float]] = []
-    _vectorized.numpy()  # imported before any round: its import is not a Stat.add's cost
+    _vectorized.import_numpy()  # imported before any round: its import is not a Stat.add's cost
     for turn in range(rounds):
         r: dict[str, float] = {}
         stat_add_rows(r, n_add, turn)

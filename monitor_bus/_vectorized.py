@@ -53,7 +53,7 @@ _numpy: ModuleType | None = None
 _tried = False
 
 
-def numpy() -> ModuleType | None:
+def import_numpy() -> ModuleType | None:
     """numpy, imported on the first call; None where it is not importable."""
     global _numpy, _tried
     if not _tried:
@@ -84,7 +84,7 @@ def array(samples: list[float]) -> Floats | None:
     n = len(samples)
     if n < MIN_CHUNK:
         return None
-    np = numpy()
+    np = import_numpy()
     if np is None:
         return None
     values: Floats = np.fromiter(samples, np.float64, n)

@@ -297,7 +297,7 @@ def test_open_window_memory_is_bounded(
         monkeypatch.setattr(_vectorized, "_numpy", None)
         monkeypatch.setattr(_vectorized, "_tried", True)
     else:
-        require(_vectorized.numpy() is not None, "numpy is not installed")
+        require(_vectorized.import_numpy() is not None, "numpy is not installed")
     stat = Stat("x", [Aggregation.MEAN, *EVERY], LONG, bus=bus)
     rng = random.Random(1)
     samples = [(-1) ** i * 2.0 ** rng.uniform(-40, 40) for i in range(100_000)]

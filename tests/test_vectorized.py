@@ -30,7 +30,7 @@ SMALLEST_NORMAL = sys.float_info.min
 
 @pytest.fixture(autouse=True)
 def _numpy_installed() -> None:
-    require(_vectorized.numpy() is not None, "numpy is not installed")
+    require(_vectorized.import_numpy() is not None, "numpy is not installed")
 
 
 @contextmanager
@@ -149,7 +149,7 @@ def test_where_numpys_log2_and_math_log2_part_samples_are_placed_by_math_log2() 
     """Samples next to scale-20 boundaries near 1, where numpy's log2 (its SIMD code) and
     math.log2 round to different sides of the boundary, are bucketed as math.log2 places
     them. (Where numpy's log2 is the C library's, no sample parts them: skipped.)"""
-    np = _vectorized.numpy()
+    np = _vectorized.import_numpy()
     assert np is not None
     factor = 2.0**20
     indices = np.arange(-(1 << 17), 1 << 17)
@@ -195,7 +195,7 @@ def test_powers_of_two_are_the_upper_bound_of_their_bucket() -> None:
 )
 def test_exact_units_is_the_rational_sum(values: list[float]) -> None:
     """exact_units is the exact sum in 2**-1074 units, by either of its passes."""
-    np = _vectorized.numpy()
+    np = _vectorized.import_numpy()
     assert np is not None
     array = np.array(values)
     magnitudes = np.abs(array)
@@ -277,7 +277,7 @@ def test_without_numpy_histograms_are_counted_in_pure_python(
     monkeypatch.setitem(sys.modules, "numpy", None)  # unimportable
     monkeypatch.setattr(_vectorized, "_numpy", None)
     monkeypatch.setattr(_vectorized, "_tried", False)
-    assert _vectorized.numpy() is None
+    assert _vectorized.import_numpy() is None
     assert _vectorized.array(samples) is None
     assert Histogram.of(samples) == expected
 
