@@ -178,6 +178,19 @@ def _tensorboardx(work: Path, names: list[str]) -> Tool:
     return Tool(log, writer.close, writer.flush)
 
 
+def _torch_tensorboard(work: Path, names: list[str]) -> Tool:
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(work / "tb"))
+    add = writer.add_scalar
+
+    def log(step: int, values: list[float]) -> None:
+        for n, v in zip(names, values, strict=True):
+            add(n, v, step)
+
+    return Tool(log, writer.close, writer.flush)
+
+
 def _wandb(work: Path, names: list[str]) -> Tool:
     os.environ["WANDB_SILENT"] = "true"
     import wandb
@@ -278,6 +291,7 @@ TOOLS: dict[str, Setup] = {
     "mb_log_tensorboard": _mb_log_tensorboard,
     "mb_log_process": _mb_log_process,
     "torch_monitor": _torch_monitor,
+    "torch_tensorboard": _torch_tensorboard,
     "tensorboardx": _tensorboardx,
     "wandb": _wandb,
     "mlflow": _mlflow,

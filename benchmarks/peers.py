@@ -9,11 +9,12 @@ The loop: a numpy MLP training step (~0.3 ms, and a larger batch of ~10 ms), the
 (K = 1, 10, 100) logged through one tool (benchmarks/_peers_tools.py has each, set up as its
 documentation shows): monitor_bus's ``Stat.add`` and ``log()`` with the JSONL sink, the
 TensorBoard sink and the TensorBoard sink in a sink process; torch.monitor's Stats with its
-TensorBoard handler; tensorboardX's ``SummaryWriter.add_scalar``; ``wandb.log`` offline;
-MLflow's ``log_metrics(..., synchronous=False)`` to a local file store; the OpenTelemetry
-SDK's histogram ``record`` and counter ``add`` with a periodic exporting reader writing JSON
-lines to a file; prometheus_client's ``Histogram.observe``, single-process (written to a text
-file at the end) and in multiprocess mode (its mmap files).
+TensorBoard handler; ``SummaryWriter.add_scalar``, torch's (torch.utils.tensorboard) and
+tensorboardX's; ``wandb.log`` offline; MLflow's ``log_metrics(..., synchronous=False)`` to a
+local file store; the OpenTelemetry SDK's histogram ``record`` and counter ``add`` with a
+periodic exporting reader writing JSON lines to a file; prometheus_client's
+``Histogram.observe``, single-process (written to a text file at the end) and in
+multiprocess mode (its mmap files).
 
 Each round runs every tool once, in a shuffled order, each in a fresh interpreter that runs
 its configurations in a shuffled order, each next to the same loop without logging (the one
@@ -86,6 +87,11 @@ TOOLS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "windows (mean, min, max, count), TensorBoard",
         ("torch", "tensorboard"),
     ),
+    "torch_tensorboard": (
+        "torch's `SummaryWriter.add_scalar`",
+        "every value, TensorBoard",
+        ("torch", "tensorboard"),
+    ),
     "tensorboardx": (
         "tensorboardX `SummaryWriter.add_scalar`",
         "every value, TensorBoard",
@@ -123,7 +129,7 @@ REFERENCE = "otel_histogram"  # the caller's cost is held against its `record`
 KINDS = {
     "every value": (
         ("mb_log_jsonl", "mb_log_tensorboard", "mb_log_process"),
-        ("tensorboardx", "wandb", "mlflow"),
+        ("torch_tensorboard", "tensorboardx", "wandb", "mlflow"),
     ),
     "aggregates": (
         ("mb_stat",),

@@ -656,7 +656,7 @@ def test_slowdown_rule_benchmark_saves_its_tables_built_from_its_rates(tmp_path:
             assert cell.startswith(f"{shift['detected']:.0%} ({shift['named_anyway']:.0%}), ")
 
 
-# Eleven tools, each in an interpreter of its own that imports it (torch and MLflow take
+# Each tool in an interpreter of its own that imports it (torch and MLflow take
 # seconds): about a minute on a loaded 2-core machine.
 @pytest.mark.timeout(400)
 def test_peers_benchmark_runs_every_installed_tool_and_renders_its_results(
