@@ -1,6 +1,6 @@
-"""``monitor-bus summary``: a run's events per name (and per origin), its runs and
-stragglers, where each rank's step goes and the time lost waiting for the slowest rank
-(``_cli_anatomy``), and a table of its Stats and metrics.
+"""``monitor-bus summary``: a run's events per name (and per origin), its runs, the rank
+merge's stragglers, hangs and slowdowns, where each rank's step goes and the time lost waiting
+for the slowest rank (``_cli_anatomy``), and a table of its Stats and metrics.
 
 Guarantees: the run is folded one event at a time and no event is kept, so memory grows with
 the names and keys, not with the file. Per Stat aggregate it prints the windows and the last,
@@ -31,7 +31,8 @@ from ._cli_read import (
 )
 from ._event import Event, EventOrigin
 from ._run import METRICS_EVENT, RUN_END_EVENT, RUN_START_EVENT
-from .ranks import STRAGGLER_EVENT
+from .ranks import HANG_EVENT, SLOWDOWN_EVENT, STRAGGLER_EVENT
+from .ranks._hang import where
 
 
 def _fmt(value: float) -> str:
@@ -83,8 +84,11 @@ class _Summary:
         self.origins: Counter[tuple[EventOrigin | None, str]] = Counter()
         # run id -> name, status, duration, exception (start and end events; see Run)
         self.runs: dict[str, list[str]] = {}
-        # One line per straggler named or recovered (the rank merge logs few: once each way).
+        # One line per straggler named or recovered, per hung rank, per slowdown (the rank
+        # merge logs few: once each way, once a hang, once a slowdown).
         self.stragglers: list[str] = []
+        self.hangs: list[str] = []
+        self.slowdowns: list[str] = []
         self.anatomy = Anatomy()
 
 
@@ -101,6 +105,10 @@ def _summarize(events: Iterable[Event]) -> _Summary:
             _fold_run(summary.runs, event, summary.skipped)
         elif event.name == STRAGGLER_EVENT:
             summary.stragglers.append(_straggler(event, summary.skipped))
+        elif event.name == HANG_EVENT:
+            summary.hangs.append(_hang(event, summary.skipped))
+        elif event.name == SLOWDOWN_EVENT:
+            summary.slowdowns.append(_slowdown(event, summary.skipped))
         else:
             summary.anatomy.add(event, summary.skipped)
         ts = event.timestamp
@@ -174,6 +182,41 @@ def _straggler(event: Event, skips: _StatSkips) -> str:
     )
 
 
+def _hang(event: Event, skips: _StatSkips) -> str:
+    """One line of ``summary``'s hangs: when, which rank, where, for how long."""
+    data = event.data
+    seconds = data.get("seconds")
+    if isinstance(seconds, (int, float)):
+        seconds = _float(seconds, "seconds", skips)
+    how = f"no step for {seconds:.1f} s" if isinstance(seconds, float) else "no step for ? s"
+    place = where(str(data.get("stage") or ""), bool(data.get("in_step")))
+    if data.get("waits"):
+        place += ", waiting in a collective"
+    return (
+        f"{event.timestamp.isoformat(timespec='seconds')}  hang  rank {data.get('rank')} "
+        f"({data.get('host')})  {place}  {how}  {data.get('waiting')} ranks waiting"
+    )
+
+
+def _slowdown(event: Event, skips: _StatSkips) -> str:
+    """One line of ``summary``'s slowdowns: when, which Stat, from what to what."""
+    data = event.data
+    figures = []
+    for key in ("before", "after", "ratio"):
+        value = data.get(key)
+        figures.append(_float(value, key, skips) if isinstance(value, (int, float)) else None)
+    before, after, ratio = figures
+    if before is not None and after is not None:
+        how = f"{before * 1e3:.2f} -> {after * 1e3:.2f} ms"
+    else:
+        how = "? -> ? ms"
+    how += f" ({ratio:.2f}x)" if ratio is not None else " (?x)"
+    return (
+        f"{event.timestamp.isoformat(timespec='seconds')}  slowdown  {data.get('stat')}  "
+        f"{how} since {data.get('began')}  {data.get('windows')} windows"
+    )
+
+
 def _summary(args: argparse.Namespace) -> int:
     skips = _Skips(args.run)
     summary = _summarize(_events(args.run, skips))
@@ -199,11 +242,16 @@ def _summary(args: argparse.Namespace) -> int:
                 + "  ".join(cell.ljust(w) for cell, w in zip(run, widths, strict=True)).rstrip()
             )
         print()
-    if summary.stragglers:
-        print("stragglers")
-        for line in summary.stragglers:
-            print(f"  {line}")
-        print()
+    for title, lines in (
+        ("stragglers", summary.stragglers),
+        ("hangs", summary.hangs),
+        ("slowdowns", summary.slowdowns),
+    ):
+        if lines:
+            print(title)
+            for line in lines:
+                print(f"  {line}")
+            print()
     for prefix, family in summary.anatomy.families.items():
         _print_family(prefix, family)
     if args.by_origin:

@@ -21,9 +21,11 @@ from ._skipped import (
     is_utf8,
 )
 from ._window import STAT_EVENT
-from .ranks import STRAGGLER_EVENT
+from .ranks import HANG_EVENT, SLOWDOWN_EVENT, STRAGGLER_EVENT
 
-_RUN_EVENTS = frozenset((RUN_START_EVENT, RUN_END_EVENT, METRICS_EVENT, STRAGGLER_EVENT))
+_RUN_EVENTS = frozenset(
+    (RUN_START_EVENT, RUN_END_EVENT, METRICS_EVENT, STRAGGLER_EVENT, HANG_EVENT, SLOWDOWN_EVENT)
+)
 _WANTED = _RUN_EVENTS | {STAT_EVENT}
 
 _SYSTEM = "system."  # SystemMetrics' Stats
@@ -117,10 +119,10 @@ class TensorboardEventHandler:
 
     Each ``STAT_EVENT`` becomes ``writer.add_scalar(key, value, global_step=step,
     walltime=...)`` per key, with the event's timestamp as wall time. Run start and end,
-    framework metrics and the rank merge's stragglers (``RUN_START_EVENT``, ``RUN_END_EVENT``,
-    ``METRICS_EVENT``, ``STRAGGLER_EVENT``) go to the
-    writer's ``add_run_event`` where it has one (``monitor_bus.tensorboard.SummaryWriter``: the
-    HPARAMS tab, texts and scalars); other events are ignored, as in ``torch.monitor``. The bus
+    framework metrics and the rank merge's stragglers, hangs and slowdowns (``RUN_START_EVENT``,
+    ``RUN_END_EVENT``, ``METRICS_EVENT``, ``STRAGGLER_EVENT``, ``HANG_EVENT``,
+    ``SLOWDOWN_EVENT``) go to the writer's ``add_run_event`` where it has one
+    (``monitor_bus.tensorboard.SummaryWriter``: the HPARAMS tab, texts and scalars); other events are ignored, as in ``torch.monitor``. The bus
     hands it whole batches as they were queued, so the events it ignores cost next to nothing.
 
     Steps: an event whose data holds an int under the key ``"step"`` gives that step to all

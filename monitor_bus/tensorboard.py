@@ -59,7 +59,10 @@ from ._tensorboard_records import (
     summary_value,
     table,
 )
-from .ranks import STRAGGLER_EVENT
+from .ranks import HANG_EVENT, SLOWDOWN_EVENT, STRAGGLER_EVENT
+
+# The rank merge's findings, each a Markdown table under its text tag.
+_TEXTS = {STRAGGLER_EVENT: "stragglers", HANG_EVENT: "hangs", SLOWDOWN_EVENT: "slowdowns"}
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -123,7 +126,7 @@ class SummaryWriter:
         self._suffix = filename_suffix
         self._lock = threading.Lock()
         self._closed = False
-        self._stragglers = 0  # the next step of the text "stragglers"
+        self._texts = dict.fromkeys(_TEXTS.values(), 0)  # the next step of each text tag
         self._last_step = 0  # the highest step written: a run's end is drawn there
         self._hparams: dict[str, Any] = {}  # the running session's, for its experiment
         self._pid = os.getpid()  # the process that owns the files
@@ -423,8 +426,10 @@ class SummaryWriter:
           written: the run's last.
         - ``METRICS_EVENT``: each number as a scalar at the event's int ``"step"`` (strings
           are left out).
-        - ``STRAGGLER_EVENT`` (the rank merge naming a slow rank, or its recovery): its data
-          as a Markdown table, text ``stragglers``, at step 0, 1, 2, ... in turn.
+        - ``STRAGGLER_EVENT``, ``HANG_EVENT`` and ``SLOWDOWN_EVENT`` (the rank merge naming a
+          slow rank or its recovery, a hung rank, a slowdown of the job): its data as a
+          Markdown table, text ``stragglers``, ``hangs`` or ``slowdowns``, each tag at step
+          0, 1, 2, ... in turn.
 
         The event's timestamp is the wall time. Thread-safe.
 
@@ -452,10 +457,12 @@ class SummaryWriter:
             for key, value in data.items():
                 if key != "step" and value.__class__ in (int, float, bool) and is_utf8(key):
                     self._add(step_event(summary_value(key, float(value), False, False), at, wall))
-        elif event.name == STRAGGLER_EVENT:
+        elif event.name in _TEXTS:
+            tag = _TEXTS[event.name]
             with self._lock:
-                step, self._stragglers = self._stragglers, self._stragglers + 1
-            self.add_text("stragglers", table(data), step, wall)
+                step = self._texts[tag]
+                self._texts[tag] = step + 1
+            self.add_text(tag, table(data), step, wall)
         else:
             return False
         return True

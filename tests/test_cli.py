@@ -1014,6 +1014,53 @@ def test_summary_shows_a_step_anatomy_straggler_by_the_time_the_others_waited(
     ]
 
 
+def test_summary_shows_the_rank_merge_s_hangs_and_slowdowns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hung rank is shown with where it is, how long no step ended and how many ranks wait;
+    a rank that waits too is said to; a slowdown by its Stat, before and after and when it
+    began. Each in a section of its own, after the stragglers."""
+    from monitor_bus.ranks import HANG_EVENT, SLOWDOWN_EVENT, STRAGGLER_EVENT
+
+    hang = {"host": "n1", "in_step": True, "waiting": 2, "seconds": 61.54, "silent_s": 0.5}
+    began = "2026-01-01T00:00:10+00:00"
+    events = [
+        Event(HANG_EVENT, T0, {**hang, "rank": 2, "stage": "data", "waits": False}),
+        Event(HANG_EVENT, T0, {**hang, "rank": 1, "stage": "", "waits": True}),
+        Event(HANG_EVENT, T0, {**hang, "rank": 0, "stage": "", "in_step": False, "waits": False}),
+        Event(
+            SLOWDOWN_EVENT,
+            T0,
+            {
+                "stat": "step.time_s",
+                "before": 0.01,
+                "after": 0.0125,
+                "ratio": 1.25,
+                "began": began,
+                "windows": 12,
+            },
+        ),
+        Event(
+            STRAGGLER_EVENT, T0, {"stat": "t", "rank": 1, "host": "h", "ratio": 2.0, "windows": 3}
+        ),
+    ]
+    run = write_run(tmp_path / "run.jsonl", events)
+    assert main(["summary", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    when = T0.isoformat(timespec="seconds")
+    assert (
+        f"stragglers\n  {when}  straggler  stat t  rank 1 (h)  2.00x the median  3 windows\n\n"
+        f"hangs\n"
+        f"  {when}  hang  rank 2 (n1)  in stage 'data'  no step for 61.5 s  2 ranks waiting\n"
+        f"  {when}  hang  rank 1 (n1)  in a step, outside every stage, waiting in a "
+        "collective  no step for 61.5 s  2 ranks waiting\n"
+        f"  {when}  hang  rank 0 (n1)  between steps  no step for 61.5 s  2 ranks waiting\n\n"
+        f"slowdowns\n"
+        f"  {when}  slowdown  step.time_s  10.00 -> 12.50 ms (1.25x) since {began}  12 windows\n"
+    ) in out
+
+
 def test_summary_and_plot_take_ints_beyond_a_float_in_step_duration_and_ratio(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -194,3 +194,45 @@ def test_add_text_checks_its_arguments(tmp_path: Path) -> None:
             writer.add_text("t", 3)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="hparam_dict must be a mapping"):
             writer.add_hparams([1])  # type: ignore[arg-type]
+
+
+def test_the_rank_merge_s_findings_are_texts_each_at_its_own_steps(
+    bus: monitor_bus.EventBus, tmp_path: Path
+) -> None:
+    """Through the bus and the TensorBoard sink: a straggler, two hung ranks and a slowdown
+    are Markdown tables under the texts "stragglers", "hangs" and "slowdowns", each tag
+    counting its own steps from 0."""
+    from monitor_bus.ranks import HANG_EVENT, SLOWDOWN_EVENT, STRAGGLER_EVENT
+
+    hang = {"host": "n1", "stage": "data", "in_step": True, "waits": False, "waiting": 2}
+    events = [
+        (STRAGGLER_EVENT, {"stat": "step.wait_s", "rank": 2, "host": "n1", "recovered": False}),
+        (HANG_EVENT, {**hang, "rank": 2, "seconds": 61.5, "silent_s": 0.5}),
+        (HANG_EVENT, {**hang, "rank": 1, "seconds": 61.5, "silent_s": 0.25}),
+        (SLOWDOWN_EVENT, {"stat": "step.time_s", "before": 0.01, "after": 0.0125, "ratio": 1.25}),
+    ]
+    with SummaryWriter(tmp_path) as writer:
+        bus.register_event_handler(monitor_bus.TensorboardEventHandler(writer))
+        for name, data in events:
+            bus.log_event(monitor_bus.Event(name, T0, data))
+        assert bus.flush(10)
+    acc = _load(tmp_path)
+    assert sorted(acc.PluginTagToContent("text")) == ["hangs", "slowdowns", "stragglers"]
+    texts = {
+        tag: [
+            (e.step, tensor_util.make_ndarray(e.tensor_proto).item().decode())
+            for e in acc.Tensors(tag)
+        ]
+        for tag in ("stragglers", "hangs", "slowdowns")
+    }
+    assert [step for step, _ in texts["stragglers"]] == [0]
+    assert "| rank | 2 |" in texts["stragglers"][0][1]
+    assert [step for step, _ in texts["hangs"]] == [0, 1]
+    assert ["| rank | 2 |" in text for _, text in texts["hangs"]] == [True, False]
+    assert "| rank | 1 |" in texts["hangs"][1][1]
+    assert "| stage | data |" in texts["hangs"][0][1]
+    assert "| seconds | 61.5 |" in texts["hangs"][0][1]
+    ((step, slowdown),) = texts["slowdowns"]
+    assert step == 0
+    assert "| ratio | 1.25 |" in slowdown
+    assert "| stat | step.time_s |" in slowdown

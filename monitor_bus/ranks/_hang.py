@@ -162,7 +162,7 @@ class Hang(MergeState):
             "hang_after%s",
             data["rank"],
             data["host"],
-            _where(data["stage"], data["in_step"]),
+            where(data["stage"], data["in_step"]),
             data["waiting"],
             data["seconds"],
             silent,
@@ -172,7 +172,7 @@ class Hang(MergeState):
         """dst: say in one warning (however many ranks) that every rank waits, and where."""
         places: dict[str, list[int]] = {}
         for rank, entry in sorted(ranks.items()):
-            places.setdefault(_where(entry[2], entry[3]), []).append(rank)
+            places.setdefault(where(entry[2], entry[3]), []).append(rank)
         silent = [rank for rank, entry in sorted(ranks.items()) if entry[1] >= _SILENT]
         logger.warning(
             "merge_stats_across_ranks: every rank (%d) waits in a collective, and no step has "
@@ -184,7 +184,7 @@ class Hang(MergeState):
         )
 
 
-def _where(stage: str, in_step: bool) -> str:
+def where(stage: str, in_step: bool) -> str:
     """Where a rank is, in words."""
     if stage:
         return f"in stage {stage!r}"
