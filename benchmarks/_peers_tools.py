@@ -19,6 +19,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import functools  # noqa: E402
 import gc  # noqa: E402
+import importlib  # noqa: E402
 import json  # noqa: E402
 import resource  # noqa: E402
 import sys  # noqa: E402
@@ -165,30 +166,20 @@ def _torch_monitor(work: Path, names: list[str]) -> Tool:
     return Tool(log, close, writer.flush)
 
 
-def _tensorboardx(work: Path, names: list[str]) -> Tool:
-    from tensorboardX import SummaryWriter
+def _writer(module: str) -> Setup:
+    """A TensorBoard ``SummaryWriter`` (torch's or tensorboardX's) called per scalar."""
 
-    writer = SummaryWriter(str(work / "tb"))
-    add = writer.add_scalar
+    def setup(work: Path, names: list[str]) -> Tool:
+        writer = importlib.import_module(module).SummaryWriter(str(work / "tb"))
+        add = writer.add_scalar
 
-    def log(step: int, values: list[float]) -> None:
-        for n, v in zip(names, values, strict=True):
-            add(n, v, step)
+        def log(step: int, values: list[float]) -> None:
+            for n, v in zip(names, values, strict=True):
+                add(n, v, step)
 
-    return Tool(log, writer.close, writer.flush)
+        return Tool(log, writer.close, writer.flush)
 
-
-def _torch_tensorboard(work: Path, names: list[str]) -> Tool:
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(str(work / "tb"))
-    add = writer.add_scalar
-
-    def log(step: int, values: list[float]) -> None:
-        for n, v in zip(names, values, strict=True):
-            add(n, v, step)
-
-    return Tool(log, writer.close, writer.flush)
+    return setup
 
 
 def _wandb(work: Path, names: list[str]) -> Tool:
@@ -291,8 +282,8 @@ TOOLS: dict[str, Setup] = {
     "mb_log_tensorboard": _mb_log_tensorboard,
     "mb_log_process": _mb_log_process,
     "torch_monitor": _torch_monitor,
-    "torch_tensorboard": _torch_tensorboard,
-    "tensorboardx": _tensorboardx,
+    "torch_tensorboard": _writer("torch.utils.tensorboard"),
+    "tensorboardx": _writer("tensorboardX"),
     "wandb": _wandb,
     "mlflow": _mlflow,
     "otel_histogram": _otel("histogram"),
