@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +16,12 @@ import monitor_bus
 from monitor_bus import _default, _stat
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+# A shell starts a background job (`cmd &`, nohup) with SIGINT ignored, and an ignored signal
+# stays ignored through exec: the Ctrl-C tests' children would never see theirs. Caught here,
+# it is reset to the default in every child this process starts (xdist's workers too).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def require(condition: bool, reason: str) -> None:
