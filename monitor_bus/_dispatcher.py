@@ -456,7 +456,10 @@ class Dispatcher(Portal, StatTimer):
         bus = self.bus
         self._drain(force=True)
         handlers, bus._handlers = bus._handlers, ()
-        return [(h, self._retire(h)) for h in handlers]
+        targets = [(h, self._retire(h)) for h in handlers]
+        if targets:  # here, not in close(): a SIGTERM's close can run before close() returns
+            bus._detached = targets
+        return targets
 
     def drain_targets(self) -> list[tuple[_Handler, int]]:
         """Hand everything queued over; return each handler with its delivery target, those
