@@ -20,7 +20,6 @@ import pytest
 
 import monitor_bus as monitor
 from monitor_bus.ranks import ANATOMY_EVENT, STRAGGLER_EVENT, SlowdownRule
-from monitor_bus.ranks._slowdown import SPLIT_BEFORE
 
 from .conftest import require
 from .test_merge_ranks import ROOT, closed_records, merge_due, merge_on, run_nodes
@@ -468,13 +467,11 @@ def test_every_rank_slower_is_a_slowdown_named_once_from_where_it_began(
     """The straggler phases' last: every rank sleeps 10 ms more per step, after 30 clean
     windows. ``dst`` names exactly the slowdowns a fresh ``SlowdownRule`` names from the
     merged windows it logged, and one of them begins with the phase: in its first window, or
-    in one of the few before it where the rule's sum was already rising (a rank's windows keep
-    their own phase, so the window before can hold its first slower steps; a noisy clean
-    window can start the sum; fewer than ``SPLIT_BEFORE`` such windows are not split off). It
-    is at least 1.5 times the step before, its ``after`` within 20% of the phase's median
-    merged step time. (The machine's own load can make the clean phases slower too, a
-    slowdown of its own, begun before the phase; none is named from the phase but that
-    one.)"""
+    in the one before (a rank's windows keep their own phase, so that one can hold its first
+    slower steps). It is at least 1.5 times the step before, its ``after`` within 20% of the
+    phase's median merged step time. (The machine's own load can make the clean phases
+    slower too, a slowdown of its own, begun and named before the phase; none is named from
+    the phase but that one.)"""
     _, slower_start, slower_end = job["spans"][-1]
     merged = [
         (datetime.fromtimestamp(w["stamp"], timezone.utc), w["step.time_s.mean"])
@@ -491,7 +488,7 @@ def test_every_rank_slower_is_a_slowdown_named_once_from_where_it_began(
         for e in job["slowdowns"]
     ], report
     began = {end_of(datetime.fromisoformat(e["began"]).timestamp()): e for e in job["slowdowns"]}
-    earliest = slower_start - (SPLIT_BEFORE - 1) * WINDOW
+    earliest = slower_start  # the window before the phase's first
     named = [e for end, e in began.items() if earliest <= end <= slower_end]
     assert len(named) == 1, report
     (event,) = named

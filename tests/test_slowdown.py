@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import statistics
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,34 @@ def test_a_slowdown_after_a_slower_stretch_began_where_the_step_changed() -> Non
     assert named(series) == [(47, 40, 1.0, 2.0, 2.0, 8)]
 
 
+def test_a_slower_stretch_named_on_its_own_level_then_the_change_after_it() -> None:
+    """A stretch 20% slower (three windows in four), its evidence slow to gather, then the
+    step doubles two windows before it is confirmed: the stretch is named on its own, from
+    where it began and at its own level (1.0 -> 1.2, 16 windows); the doubled windows are
+    scored again from there and named as begun at the first of them (1.2 -> 2.0)."""
+    series = [1.0] * 30 + [1.2, 1.2, 1.2, 1.0] * 4 + [2.0] * 30
+    assert named(series) == [(47, 30, 1.0, 1.2, 1.2, 16), (55, 46, 1.2, 2.0, 2.0 / 1.2, 10)]
+
+
+def test_a_slowdown_right_after_a_speed_up_began_where_the_step_changed() -> None:
+    """A baseline mostly of 5 s windows, then 1 s (a speed-up whose evidence gathers slowly,
+    as after a stretch of straggler windows), then 3 s two windows before the speed-up is
+    confirmed: the baseline moves down to the 1 s windows only, and the slowdown is named as
+    begun at the first 3 s window, 1.0 -> 3.0."""
+    series = ([5.0] * 3 + [1.0]) * 10 + [1.0] * 16 + [3.0] * 30
+    assert named(series) == [(65, 56, 1.0, 3.0, 3.0, 10)]
+
+
+def test_a_slowdown_that_cuts_a_return_to_speed_short_is_named_from_the_faster_level() -> None:
+    """A baseline of straggler windows (35 ms, a 6 ms window in six), four clean windows
+    (6 ms), then 20 ms: every window still faster than the baseline, so the return to speed
+    gathers evidence through the slower ones too. It is taken for the four clean windows
+    only, however few: the slowdown is named from 6 ms, begun at the first 20 ms window (it
+    went unnamed, the baseline moved to 20 ms with the slower windows in it)."""
+    series = ([35.0] * 5 + [6.0]) * 5 + [6.0] * 4 + [20.0] * 20
+    assert named(series) == [(43, 34, 6.0, 20.0, 20.0 / 6.0, 10)]
+
+
 def test_a_five_percent_step_or_drift_names_nothing() -> None:
     """A 5% step, held for 300 windows, and a drift of 5% over 300 windows name nothing; nor
     does either under noise of a steady job's size (5% window to window)."""
@@ -119,15 +148,16 @@ def test_windows_without_a_positive_mean_are_left_out() -> None:
 def test_a_recorded_series_names_what_dst_named_live() -> None:
     """A real run's merged ``step.time_s`` windows (3 gloo ranks, DDP, StepAnatomy, 0.5 s
     windows) and the slowdowns its dst named, read back with ``read_jsonl``. Recorded with
-    tests/slow_rank_job.py as it was then (one node; phases clean, backward, clean, gc, 30
-    clean, slower; its OUT_DIR/merged.jsonl is written the same way today):
+    tests/slow_rank_job.py on one node (its phases: the straggler phases, 30 clean windows,
+    slower; then the hang):
 
         torchrun --nproc_per_node=3 tests/slow_rank_job.py OUT && cp OUT/merged.jsonl \\
             tests/slowdown_windows.jsonl
 
     Fed to a fresh ``SlowdownRule``, the windows name exactly the slowdowns dst named live:
-    the straggler phases, 5x the step for 12 of 17 windows, as one; every rank sleeping
-    10 ms more per step, begun in that phase's first window."""
+    the straggler phases as one; every rank sleeping 10 ms more per step, measured from the
+    30 clean windows before it (the return to speed after the straggler phases), begun in
+    the phase's first window."""
     events = monitor.read_jsonl(RECORDED)
     phases = [(e.data["phase"], e.timestamp) for e in events if e.name == "slow_rank_job.phase"]
     live = [e.data for e in events if e.name == SLOWDOWN_EVENT]
@@ -151,6 +181,10 @@ def test_a_recorded_series_names_what_dst_named_live() -> None:
     ]
     assert replayed == live
     assert len(live) == 2
+    # The phase's slowdown is measured from the 30 clean windows before it, all of them.
+    clean = [m for s, m in windows if phases[-2][1] < s <= phases[-1][1]]
+    assert len(clean) == 30
+    assert found[1].before == statistics.median(clean)
     slower = phases[-1]
     assert slower[0] == "slower"
     # A window's stamp is when it closed, just after its end: the phase's first ends 0.5 s in.

@@ -21,10 +21,17 @@ Guarantees
   named when the sum reaches ``evidence`` (5; so after ``windows`` (10) windows at the least),
   and the candidates' median is at least ``1 + slowdown`` times the baseline and over the
   reference by ``CONFIDENCE`` standard errors of the two medians (from the noise from one
-  window to the next, ``sigma``): a noisy job needs more windows than a steady one. It
-  began with the first candidate, or, where the candidates are a slower stretch and then
-  a part ``slowdown`` slower again and surely so (a Mann-Whitney z of ``SPLIT_Z``), with
-  that part. Then the baseline is the new level, so a slowdown that lasts is named once.
+  window to the next, ``sigma``): a noisy job needs more windows than a steady one (a
+  speed-up: the same, mirrored). It began with the first candidate, unless the candidates
+  are two levels: split where two levels fit them best, at least ``slowdown`` apart and
+  surely so (their medians ``SPLIT_Z`` standard errors apart). Then the earlier part, if it
+  is a change of its own (the same test), is the change (a slowdown named at its own
+  level) and the later part is scored again against it; else, if the later part is
+  further the same way (a slower stretch, the machine's load, that the step's own change
+  followed), the change began with it, once it is ``windows`` / 2 long; else a speed-up
+  that turned slower again is taken for its earlier part however short, so the slowdown
+  after it is weighed from the faster level. Then the baseline is the new level, so a
+  slowdown that lasts is named once.
 - Not named: noise (its sum drifts down), a single spike (it scores 0.5 at most), a shift of
   half the threshold (under the reference, its sum drifts down too, and it never clears
   the bar), a drift slow enough for the baseline to follow (the windows that are no
@@ -33,9 +40,9 @@ Guarantees
   the same rule mirrored and names nothing: the baseline moves down to the new level,
   silently, so a later slowdown is measured from there.
 - The event: ``SLOWDOWN_EVENT`` with ``stat`` (``"<prefix>.time_s"``), ``before`` (the
-  baseline, seconds), ``after`` (the candidate windows' median), ``ratio`` (after / before),
-  ``began`` (the first candidate window's stamp, ISO 8601) and ``windows`` (how many
-  candidate windows), and a warning, rate-limited per Stat.
+  baseline, seconds), ``after`` (the named windows' median), ``ratio`` (after / before),
+  ``began`` (the first named window's stamp, ISO 8601) and ``windows`` (how many
+  windows named), and a warning, rate-limited per Stat.
 """
 
 from __future__ import annotations
@@ -60,11 +67,9 @@ SIGMA_FLOOR = 0.01
 #: How many standard errors of the two medians a change must clear the reference by: a
 #: noisy job needs more windows to confirm one.
 CONFIDENCE = 2.0
-#: How sure (a Mann-Whitney z) that the later part of the slower windows is slower again
-#: than the earlier, for the slowdown to have begun there rather than with the earlier part.
+#: How many standard errors of the two medians a later level must be from the part before
+#: for the candidate windows to be two levels.
 SPLIT_Z = 3.0
-#: The fewest windows of such an earlier part.
-SPLIT_BEFORE = 3
 # The standard error of a normal sample's median, in sigmas times the root of its size.
 _MEDIAN_ERROR = 1.2533
 # The MAD of a normal sample times this estimates its standard deviation.
@@ -148,6 +153,7 @@ class SlowdownRule:
         self.evidence = check_threshold("evidence", evidence)
         self._cap = max(check_int("baseline", baseline, 1), windows)
         self._first = max(check_int("first", first, 1), windows)
+        self._warming = True
         # The last ``NOISE`` window-to-window changes of the log step time, for the spread.
         self._steps: deque[float] = deque(maxlen=NOISE)
         self._last: float | None = None
@@ -179,49 +185,52 @@ class SlowdownRule:
         if self._last is not None:
             self._steps.append(abs(now - self._last))
         self._last = now
-        if len(history) < self._first:  # the first baseline
+        if self._warming:  # the first baseline (a later one may be shorter)
             history.append(mean)
+            self._warming = len(history) < self._first
             return None
-        base = statistics.median(history)
-        center = math.log(base)
         # The noise from one window to the next: a level shift is one step among many.
         sigma = max(_MAD_SIGMA * statistics.median(self._steps) / math.sqrt(2), SIGMA_FLOOR)
         pending, starts = self._pending, self._starts
         pending.append((stamp, mean))
-        # Each side's score: where the window, moved back by the reference, ranks among the
-        # baseline's, less a half. Its mean is below 0 when nothing changed, whatever the
-        # noise's shape (a skewed one too); a change beyond the reference drives it up.
-        size = len(history)
-        over = mean / (1 + REFERENCE * self.slowdown)
-        under = mean * (1 + REFERENCE * self.slowdown)
-        ranks = (
-            (sum(m < over for m in history) + 0.5 * sum(m == over for m in history)) / size,
-            (sum(m > under for m in history) + 0.5 * sum(m == under for m in history)) / size,
-        )
+        self._score(len(pending) - 1)
         for side, sign in enumerate((1.0, -1.0)):
-            step = ranks[side] - 0.5
-            total = self._sums[side] = max(self._sums[side] + step, 0.0)
             start = starts[side]
-            if total == 0.0:
-                start = starts[side] = None
-            elif start is None:
-                start = starts[side] = len(pending) - 1
-            if start is None or total < self.evidence or len(pending) - start < self.windows:
+            if (
+                start is None
+                or self._sums[side] < self.evidence
+                or len(pending) - start < self.windows
+                or not self._clears(pending[start:], sign, sigma)
+            ):
                 continue
+            # Where the candidates are two levels, the earlier is acted on if it is a change
+            # of its own (the later scored again against it), else the later if it is
+            # further the same way, once it is long enough; else all of them (but for a
+            # speed-up that turned back).
             candidates = pending[start:]
-            level = statistics.median(m for _, m in candidates)
-            # The level's and the baseline's medians are uncertain by this much (as for a
-            # normal sample's median): the change must clear the reference by CONFIDENCE of it.
-            error = _MEDIAN_ERROR * sigma * math.sqrt(1 / len(candidates) + 1 / len(history))
-            change = sign * (math.log(level) - center)
-            if change >= self._bar and change >= self._reference + CONFIDENCE * error:
-                if sign < 0:  # a speed-up: the baseline moves down, nothing named
-                    self._reset(candidates)
-                    return None
-                candidates = candidates[self._second_level(candidates) :]
-                self._reset(candidates)
-                level = statistics.median(m for _, m in candidates)
-                return Slowdown(base, level, candidates[0][0], len(candidates))
+            changed, rest = candidates, []
+            cut, gap = self._split(candidates, sigma)
+            if cut:
+                earlier, later = candidates[:cut], candidates[cut:]
+                if self._clears(earlier, sign, sigma):
+                    changed, rest = earlier, later
+                elif sign * gap > 0:
+                    if len(later) < max(self.windows // 2, 1):
+                        continue  # too short to tell yet: the next windows will
+                    changed = later
+                elif sign < 0 and self._clears(earlier, sign, sigma, least=1):
+                    # Back to speed, then slower again: the later part is weighed from the
+                    # faster level, however short it was.
+                    changed, rest = earlier, later
+            before = statistics.median(self._history)
+            self._reset(changed)
+            for i, window in enumerate(rest):  # pending again, against the new baseline
+                self._pending.append(window)
+                self._score(i)
+            if sign < 0:  # a speed-up: the baseline moved down, nothing named
+                return None
+            after = statistics.median(m for _, m in changed)
+            return Slowdown(before, after, changed[0][0], len(changed))
         # The windows before every candidate join the baseline; so do the oldest of a shift
         # that never confirms, which the baseline then follows.
         active = [s for s in starts if s is not None]
@@ -232,24 +241,67 @@ class SlowdownRule:
             self._starts = [None if s is None else max(s - cut, 0) for s in starts]
         return None
 
-    def _second_level(self, candidates: list[tuple[datetime, float]]) -> int:
-        """Where in ``candidates`` the slowdown began: 0, or the first window of a later part
-        that is ``slowdown`` slower again than the part before and, by a Mann-Whitney test,
-        surely slower (z of ``SPLIT_Z`` or more; the highest such z picks the place): a slower
-        stretch (the machine's load) the step's own change followed."""
-        values = [m for _, m in candidates]
-        size = len(values)
-        best, where = SPLIT_Z, 0
-        for cut in range(SPLIT_BEFORE, size - max(self.windows // 2, 1) + 1):
-            before, after = values[:cut], values[cut:]
-            if statistics.median(after) < (1 + self.slowdown) * statistics.median(before):
-                continue
-            wins = sum((y > x) + 0.5 * (y == x) for x in before for y in after)
-            pairs = len(before) * len(after)
-            z = (wins - pairs / 2) / math.sqrt(pairs * (size + 1) / 12)
-            if z > best:
-                best, where = z, cut
-        return where
+    def _score(self, index: int) -> None:
+        """Add the pending window at ``index`` to both sums. Each side's score: where the
+        window, moved back by the reference, ranks among the baseline's, less a half. Its mean
+        is below 0 when nothing changed, whatever the noise's shape (a skewed one too); a
+        change beyond the reference drives it up."""
+        history, starts = self._history, self._starts
+        mean = self._pending[index][1]
+        size = len(history)
+        over = mean / (1 + REFERENCE * self.slowdown)
+        under = mean * (1 + REFERENCE * self.slowdown)
+        ranks = (
+            (sum(m < over for m in history) + 0.5 * sum(m == over for m in history)) / size,
+            (sum(m > under for m in history) + 0.5 * sum(m == under for m in history)) / size,
+        )
+        for side in (0, 1):
+            total = self._sums[side] = max(self._sums[side] + ranks[side] - 0.5, 0.0)
+            if total == 0.0:
+                starts[side] = None
+            elif starts[side] is None:
+                starts[side] = index
+
+    def _clears(
+        self,
+        windows: list[tuple[datetime, float]],
+        sign: float,
+        sigma: float,
+        least: int | None = None,
+    ) -> bool:
+        """Whether ``windows`` (``least``, by default ``windows``, of them at the least) are
+        a change from the baseline (up, ``sign`` 1, or down, -1): their median at least the
+        bar away and past the reference by ``CONFIDENCE`` standard errors of the two medians
+        (as for a normal sample's median)."""
+        if len(windows) < (self.windows if least is None else least):
+            return False
+        history = self._history
+        error = _MEDIAN_ERROR * sigma * math.sqrt(1 / len(windows) + 1 / len(history))
+        level = statistics.median(m for _, m in windows)
+        change = sign * (math.log(level) - math.log(statistics.median(history)))
+        return change >= self._bar and change >= self._reference + CONFIDENCE * error
+
+    def _split(self, candidates: list[tuple[datetime, float]], sigma: float) -> tuple[int, float]:
+        """Where in ``candidates`` a later level begins that is at least ``slowdown`` away
+        from the part before (up or down) and surely so, and the log of their medians'
+        ratio; or (0, 0.0). The place is the best fit of two levels (the least absolute
+        deviation of the log step time from each part's median), so it is where the step
+        changed however long either part; sure: the medians ``SPLIT_Z`` standard errors
+        apart."""
+        logs = [math.log(m) for _, m in candidates]
+        best, where, gap = math.inf, 0, 0.0
+        for cut in range(1, len(logs)):
+            before, after = logs[:cut], logs[cut:]
+            low, high = statistics.median(before), statistics.median(after)
+            cost = sum(abs(x - low) for x in before) + sum(abs(x - high) for x in after)
+            if cost < best:
+                best, where, gap = cost, cut, high - low
+        if not where:
+            return 0, 0.0
+        error = _MEDIAN_ERROR * sigma * math.sqrt(1 / where + 1 / (len(logs) - where))
+        if abs(gap) >= self._bar and abs(gap) >= SPLIT_Z * error:
+            return where, gap
+        return 0, 0.0
 
     def _reset(self, level: list[tuple[datetime, float]]) -> None:
         """A change confirmed: the baseline is the new level; both sums start again."""
