@@ -13,18 +13,21 @@ are read with ``monitor_bus.read_jsonl``; their series is each window's merged
   window over the median of the ``2 * SPAN + 1`` around it: the recorded noise from window
   to window, without the slow changes); names per 1,000 windows.
 - Shifts of 5%, 10%, 20% and 50%: ``--trials`` times each, a trace drawn at random and made
-  steady (the machine's own changes would name slowdowns of their own), a window ``t`` drawn at random (at least 40 windows from its
-  start, ``HORIZON`` from its end), every window from ``t`` on multiplied by 1 + the shift,
-  the rule run from ``LEAD`` windows before ``t``. Detected: a slowdown named within
-  ``HORIZON`` windows from ``t``; its delay, the windows from ``t`` to the one it is named in
-  (median, p90). "Named anyway": the same count on the trial's windows without the shift.
+  steady (the machine's own changes would name slowdowns of their own), a window ``t``
+  drawn at random (at least 40 windows from its start, ``HORIZON`` from its end), every
+  window from ``t`` on multiplied by 1 + the shift, the rule run from ``LEAD`` windows
+  before ``t``. Detected: a slowdown named within ``HORIZON`` windows from ``t``; its
+  delay, the windows from ``t`` to the one it is named in (median, p90); where it began:
+  the share of the detected whose first slowdown named began at ``t`` (and within a window
+  of it). "Named anyway": the same count on the trial's windows without the shift.
 
 Rules: the package's (``SlowdownRule``, its defaults and half and twice the evidence), and
 the simple rule it was chosen over (``K_IN_A_ROW`` windows in a row each at least 1 +
 threshold times the median of the ``BASELINE`` windows before, then that level the baseline).
-It prints its two tables (the traces, the rules' rates); ``--save`` saves them with the
-figures they are made of to ``benchmarks/results/slowdown_rule.json``, which the "A slowdown"
-section of docs/multihost.md quotes.
+It prints its three tables (the traces, the rules' rates, where the slowdowns they named
+began); ``--save`` saves them with the figures they are made of to
+``benchmarks/results/slowdown_rule.json``, which the "A slowdown" section of
+docs/multihost.md quotes.
 """
 
 from __future__ import annotations
@@ -64,48 +67,65 @@ THRESHOLD = 0.1
 K_IN_A_ROW = 5
 BASELINE = 30
 
-# A rule as the benchmark runs it: fed (stamp, mean), true when it names a slowdown.
-Rule = Callable[[datetime, float], bool]
+# A rule as the benchmark runs it: fed (stamp, mean), the stamp of the window a slowdown
+# it names began in, or None.
+Rule = Callable[[datetime, float], datetime | None]
 
 
 def package_rule(evidence: float) -> Callable[[], Rule]:
     def make() -> Rule:
         # The fewest windows: as many as the evidence takes at the most a window scores.
         rule = SlowdownRule(THRESHOLD, evidence=evidence, windows=math.ceil(2 * evidence))
-        return lambda stamp, mean: rule.add(stamp, mean) is not None
+
+        def add(stamp: datetime, mean: float) -> datetime | None:
+            found = rule.add(stamp, mean)
+            return None if found is None else found.began
+
+        return add
 
     return make
 
 
 def in_a_row_rule() -> Rule:
-    """K windows in a row each at least (1 + threshold) x the median of the windows before."""
+    """K windows in a row each at least (1 + threshold) x the median of the windows before;
+    begun with the first of them."""
     history: deque[float] = deque(maxlen=BASELINE)
-    run: list[float] = []
+    run: list[tuple[datetime, float]] = []
 
-    def add(stamp: datetime, mean: float) -> bool:
+    def add(stamp: datetime, mean: float) -> datetime | None:
         if len(history) < BASELINE // 3:
             history.append(mean)
-            return False
+            return None
         if mean >= (1 + THRESHOLD) * statistics.median(history):
-            run.append(mean)
+            run.append((stamp, mean))
             if len(run) == K_IN_A_ROW:
+                began = run[0][0]
                 history.clear()
-                history.extend(run)
+                history.extend(m for _, m in run)
                 run.clear()
-                return True
-            return False
-        history.extend(run)
+                return began
+            return None
+        history.extend(m for _, m in run)
         history.append(mean)
         run.clear()
-        return False
+        return None
 
     return add
 
 
-def names(make: Callable[[], Rule], stamps: list[datetime], series: list[float]) -> list[int]:
-    """The indices of the windows a fresh rule names a slowdown in."""
+def names(
+    make: Callable[[], Rule], stamps: list[datetime], series: list[float]
+) -> list[tuple[int, int]]:
+    """Each slowdown a fresh rule names: (the index of the window it is named in, of the
+    window it began in)."""
     rule = make()
-    return [i for i, (s, m) in enumerate(zip(stamps, series, strict=True)) if rule(s, m)]
+    where = {stamp: i for i, stamp in enumerate(stamps)}
+    found = []
+    for i, (stamp, mean) in enumerate(zip(stamps, series, strict=True)):
+        began = rule(stamp, mean)
+        if began is not None:
+            found.append((i, where[began]))
+    return found
 
 
 def steady(series: list[float]) -> list[float]:
@@ -143,7 +163,7 @@ def measure(
     }
     weights = [max(len(series) - 40 - HORIZON, 0) for _, series in traces]
     for shift in SHIFTS:
-        detected, anyway, delays = 0, 0, []
+        detected, anyway, delays, exact, near = 0, 0, [], 0, 0
         for _ in range(trials):
             stamps, recorded_series = rng.choices(traces, weights)[0]
             series = steady(recorded_series)
@@ -151,17 +171,21 @@ def measure(
             start = max(0, t - LEAD)
             part, when = series[start : t + HORIZON], stamps[start : t + HORIZON]
             slower = part[: t - start] + [m * (1 + shift) for m in part[t - start :]]
-            found = [i + start for i in names(make, when, slower) if i + start >= t]
+            found = [(i + start, b + start) for i, b in names(make, when, slower) if i + start >= t]
             if found:
                 detected += 1
-                delays.append(found[0] - t + 1)
-            anyway += any(i + start >= t for i in names(make, when, part))
+                delays.append(found[0][0] - t + 1)
+                exact += found[0][1] == t
+                near += abs(found[0][1] - t) <= 1
+            anyway += any(i + start >= t for i, _ in names(make, when, part))
         result["shifts"][f"{shift * 100:g}"] = {
             "trials": trials,
             "detected": detected / trials,
             "named_anyway": anyway / trials,
             "delay_p50": statistics.median(delays) if delays else None,
             "delay_p90": percentile(delays, 0.9) if delays else None,
+            "began_at_shift": exact / detected if detected else None,
+            "began_within_1": near / detected if detected else None,
         }
     return result
 
@@ -181,6 +205,16 @@ def tables(results: dict[str, Any], traces: dict[str, dict[str, Any]]) -> dict[s
                 f"{_windows(x['delay_p50'])}/{_windows(x['delay_p90'])}"
             )
         rule_rows.append(cells)
+    began_rows = [
+        [
+            r["label"],
+            *(
+                f"{_share(x['began_at_shift'])} ({_share(x['began_within_1'])})"
+                for x in r["shifts"].values()
+            ),
+        ]
+        for r in results.values()
+    ]
     return {
         "traces": _results.table(
             [
@@ -199,11 +233,19 @@ def tables(results: dict[str, Any], traces: dict[str, dict[str, Any]]) -> dict[s
             ],
             rule_rows,
         ),
+        "began": _results.table(
+            ["rule", *(f"{s} shift: began at it (within a window)" for s in _shift_names())],
+            began_rows,
+        ),
     }
 
 
 def _shift_names() -> list[str]:
     return [f"{s:.0%}" for s in SHIFTS]
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def _windows(value: float | None) -> str:
@@ -263,7 +305,7 @@ def main() -> None:
         },
     }
     made = tables(results, info)
-    print(_results.markdown(made["traces"]), _results.markdown(made["rules"]), sep="\n\n")
+    print(*(_results.markdown(made[k]) for k in ("traces", "rules", "began")), sep="\n\n")
     print(f"\n{args.trials} trials a shift, horizon {HORIZON} windows; threshold {THRESHOLD:g}.")
     if args.save is not None:
         _results.save(

@@ -617,8 +617,8 @@ def test_compare_code_runs_both_trees_and_prints_their_ratio(tmp_path: Path) -> 
 
 def test_slowdown_rule_benchmark_saves_its_tables_built_from_its_rates(tmp_path: Path) -> None:
     """benchmarks/slowdown_rule.py, run tiny on the recorded traces, saves a results file with
-    every rule's clean rates and each shift's detection, and the page's two tables built from
-    those figures (the ones it prints)."""
+    every rule's clean rates and each shift's detection and where what it named began, and
+    the page's three tables built from those figures (the ones it prints)."""
     results = tmp_path / "slowdown_rule.json"
     out = subprocess.run(
         [
@@ -637,7 +637,7 @@ def test_slowdown_rule_benchmark_saves_its_tables_built_from_its_rates(tmp_path:
     rules, tables = saved["rules"], saved["tables"]
     assert sorted(rules) == ["default", "half_evidence", "in_a_row", "twice_evidence"]
     assert _markdown_tables(out.stdout) == [
-        [tables[name]["columns"], *tables[name]["rows"]] for name in ("traces", "rules")
+        [tables[name]["columns"], *tables[name]["rows"]] for name in ("traces", "rules", "began")
     ]
     assert [row[0] for row in tables["traces"]["rows"]] == sorted(saved["traces"])
     assert tables["rules"]["columns"][2:] == [
@@ -654,6 +654,23 @@ def test_slowdown_rule_benchmark_saves_its_tables_built_from_its_rates(tmp_path:
             shift = figures["shifts"][s]
             assert shift["trials"] == 4
             assert cell.startswith(f"{shift['detected']:.0%} ({shift['named_anyway']:.0%}), ")
+    assert [row[0] for row in tables["began"]["rows"]] == [
+        row[0] for row in tables["rules"]["rows"]
+    ]
+    for row in tables["began"]["rows"]:
+        (figures,) = (r for r in rules.values() if r["label"] == row[0])
+        for cell, s in zip(row[1:], ("5", "10", "20", "50"), strict=True):
+            shift = figures["shifts"][s]
+            if shift["detected"]:
+                at, near = shift["began_at_shift"], shift["began_within_1"]
+                assert cell == f"{at:.0%} ({near:.0%})"
+                assert at <= near <= 1
+            else:
+                assert (shift["began_at_shift"], shift["began_within_1"], cell) == (
+                    None,
+                    None,
+                    "- (-)",
+                )
 
 
 # Each tool in an interpreter of its own that imports it (torch and MLflow take
